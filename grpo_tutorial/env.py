@@ -1,0 +1,38 @@
+"""What a chapter prints first: versions, device and threads, so outputs can be compared."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+
+def in_colab() -> bool:
+    """True inside Google Colab (the install cells run only there)."""
+    return "google.colab" in sys.modules
+
+
+def describe_environment(print_it: bool = True) -> dict[str, str]:
+    """Collect (and print) the versions and the device a notebook runs on."""
+    import torch
+    import transformers
+
+    import grpo_tutorial
+
+    if torch.cuda.is_available():
+        device = f"cuda ({torch.cuda.get_device_name(0)})"
+    else:
+        device = f"cpu ({os.cpu_count()} cores, torch threads={torch.get_num_threads()})"
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "grpo_tutorial": grpo_tutorial.__version__,
+        "device": device,
+        "offline": "yes" if os.environ.get("HF_HUB_OFFLINE") == "1" else "no",
+    }
+    if print_it:
+        width = max(map(len, info))
+        for key, value in info.items():
+            print(f"{key:<{width}} : {value}")
+    return info
