@@ -10,32 +10,19 @@ Everything a chapter uses is importable from here.
 __version__ = "0.1.0"
 
 from .advantages import group_advantages
-from .logprobs import completion_mask, sequence_logprobs, token_logprobs
+from .logprobs import completion_logprobs, completion_mask, token_entropy, token_logprobs
 from .kl import kl_estimate
 from .loss import grpo_loss, sequence_logprob_loss
-from .rewards import (
-    combined_reward,
-    correctness_reward,
-    extract_answer,
-    format_reward,
-)
-from .tasks import load_gsm8k, make_arithmetic_dataset, make_countdown_dataset
 
 __all__ = [
     "group_advantages",
     "token_logprobs",
-    "sequence_logprobs",
+    "completion_logprobs",
+    "token_entropy",
     "completion_mask",
     "kl_estimate",
     "grpo_loss",
     "sequence_logprob_loss",
-    "extract_answer",
-    "correctness_reward",
-    "format_reward",
-    "combined_reward",
-    "make_arithmetic_dataset",
-    "make_countdown_dataset",
-    "load_gsm8k",
 ]
 
 
@@ -54,6 +41,8 @@ def _optional(module: str, names: list[str]) -> None:
         __all__.append(name)
 
 
+_optional("rewards", ["extract_answer", "correctness_reward", "format_reward", "combined_reward"])
+_optional("tasks", ["make_arithmetic_dataset", "make_countdown_dataset", "load_gsm8k"])
 _optional("models", ["load_policy", "build_tiny_policy"])
 _optional("rollout", ["generate_rollouts", "Rollout"])
 _optional("trainer", ["GRPOConfig", "GRPOTrainer"])

@@ -1,0 +1,94 @@
+"""Stage 3 of a GRPO step: group-relative advantages.
+
+Each prompt gets G sampled completions, and each completion a scalar reward. GRPO
+replaces PPO's learned value function (the critic) with the group itself: a
+completion's advantage is how much better it scored than its siblings,
+
+    A_i = (r_i - mean(r_group)) / (std(r_group) + eps)
+
+(DeepSeekMath, eq. 3 / the outcome-supervision case). Dr. GRPO drops the division.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import as_float_tensor, one_of
+
+SCALES = ("group", "batch", "none")
+STDS = ("sample", "population")
+
+
+def group_advantages(
+    rewards,
+    group_size: int | None = None,
+    *,
+    scale: str = "group",
+    std: str = "sample",
+    eps: float = 1e-4,
+) -> torch.Tensor:
+    """Z-score each reward within its group.
+
+    Args:
+        rewards: ``[P, G]`` (P prompts, G completions each) or flat ``[P*G]``
+            ordered group by group, in which case ``group_size`` is required.
+        group_size: G, for flat input. If given with 2-D input it must match.
+        scale: ``"group"`` divides by each group's std (GRPO), ``"batch"`` by the
+            std of all rewards in the batch, ``"none"`` only subtracts the group
+            mean (Dr. GRPO).
+        std: ``"sample"`` (Bessel's n-1, as torch and TRL) or ``"population"``
+            (n, numpy's default).
+        eps: added to the std so a near-constant group cannot divide by ~0.
+
+    Returns:
+        Advantages with the same shape as ``rewards``. A group whose rewards are
+        all equal gets exactly 0: it carries no learning signal.
+    """
+    one_of("scale", scale, SCALES)
+    one_of("std", std, STDS)
+    if not isinstance(eps, (int, float)) or eps < 0:
+        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    r = as_float_tensor("rewards", rewards)
+    if r.dim() == 1:
+        if group_size is None:
+            raise ValueError(
+                f"rewards is flat with shape {tuple(r.shape)}; pass group_size=G, or reshape to [P, G]"
+            )
+        if not isinstance(group_size, int) or group_size < 1:
+            raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+        if r.numel() % group_size != 0:
+            raise ValueError(
+                f"rewards has {r.numel()} entries, which is not a multiple of group_size={group_size}"
+            )
+        grouped = r.view(-1, group_size)  # [P, G]
+    elif r.dim() == 2:
+        if group_size is not None and group_size != r.shape[1]:
+            raise ValueError(
+                f"group_size={group_size} does not match rewards of shape {tuple(r.shape)} (G = {r.shape[1]})"
+            )
+        grouped = r  # [P, G]
+    else:
+        raise ValueError(f"rewards must have shape [P, G] or [P*G], got shape {tuple(r.shape)}")
+    if grouped.shape[0] == 0:
+        raise ValueError("rewards is empty")
+    G = grouped.shape[1]
+    if G < 2:
+        raise ValueError(
+            f"group size is {G}: a group needs at least 2 completions to have a baseline (use G >= 2)"
+        )
+    if not torch.isfinite(grouped).all():
+        bad = (~torch.isfinite(grouped)).nonzero()[0].tolist()
+        raise ValueError(f"rewards contain NaN or inf (first at group {bad[0]}, member {bad[1]})")
+
+    unbiased = std == "sample"
+    centred = grouped - grouped.mean(dim=1, keepdim=True)  # [P, G]
+    if scale == "group":
+        advantages = centred / (grouped.std(dim=1, keepdim=True, unbiased=unbiased) + eps)
+    elif scale == "batch":
+        advantages = centred / (grouped.std(unbiased=unbiased) + eps)
+    else:  # "none": Dr. GRPO keeps the raw reward scale
+        advantages = centred
+    # Floating-point means of equal numbers need not be exact; force exact zeros.
+    constant = (grouped == grouped[:, :1]).all(dim=1)  # [P]
+    advantages = advantages.masked_fill(constant[:, None], 0.0)
+    return advantages.reshape(r.shape)

@@ -1,0 +1,144 @@
+"""Stage 4 of a GRPO step: per-token log-probabilities and the completion mask.
+
+The policy's probability of a completion factorises over tokens,
+log pi(o | q) = sum_t log pi(o_t | q, o_<t), and GRPO works with the per-token
+terms: ratios, clipping and the KL penalty are all applied token by token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import require_tensor
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Log-probability of each given token under the logits.
+
+    ``log_softmax(logits).gather(tokens)`` gives the same numbers but keeps a full
+    ``[N, T, V]`` log-softmax alive for the backward pass. Here we gather the one
+    logit we need and subtract the log-normaliser: logit[token] - logsumexp(logits).
+
+    Args:
+        logits: ``[N, T, V]`` unnormalised scores.
+        tokens: ``[N, T]`` token ids in ``[0, V)``.
+
+    Returns:
+        ``[N, T]`` log-probs (float32 when the logits are half precision).
+    """
+    require_tensor("logits", logits, dim=3, floating=True)
+    require_tensor("tokens", tokens, dim=2, floating=False)
+    if tuple(tokens.shape) != tuple(logits.shape[:2]):
+        raise ValueError(
+            f"tokens has shape {tuple(tokens.shape)} but logits has shape {tuple(logits.shape)}; "
+            "expected tokens [N, T] matching logits [N, T, V]"
+        )
+    vocab = logits.shape[-1]
+    if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab):
+        raise ValueError(f"token ids must lie in [0, {vocab}), got min {int(tokens.min())}, max {int(tokens.max())}")
+    index = tokens.long().unsqueeze(-1)  # [N, T, 1]
+    if logits.dtype in _HALF:
+        # Half-precision logsumexp loses digits; upcast one row at a time so we
+        # never hold a float32 copy of the whole [N, T, V] tensor.
+        rows = [
+            torch.gather(row.float(), -1, idx).squeeze(-1) - torch.logsumexp(row.float(), dim=-1)
+            for row, idx in zip(logits, index)
+        ]
+        return torch.stack(rows)  # [N, T]
+    picked = torch.gather(logits, -1, index).squeeze(-1)  # [N, T]
+    return picked - torch.logsumexp(logits, dim=-1)  # [N, T]
+
+
+def completion_mask(completion_ids: torch.Tensor, eos_token_id) -> torch.Tensor:
+    """1.0 for every completion token up to and including the first EOS, 0.0 after it.
+
+    A completion with no EOS (truncated at the token budget) is all ones. Whatever
+    ``generate`` wrote after the EOS (padding) is masked out.
+
+    Args:
+        completion_ids: ``[N, T]`` generated token ids.
+        eos_token_id: an int, or a list of ints (any of them ends a completion).
+
+    Returns:
+        ``[N, T]`` float mask.
+    """
+    require_tensor("completion_ids", completion_ids, dim=2, floating=False)
+    if eos_token_id is None:
+        raise ValueError("eos_token_id is None: the tokenizer needs an EOS token to mask completions")
+    eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    if not eos_ids or not all(isinstance(e, int) for e in eos_ids):
+        raise TypeError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device))  # [N, T]
+    T = completion_ids.shape[1]
+    first_eos = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), T)  # [N]
+    positions = torch.arange(T, device=completion_ids.device)  # [T]
+    return (positions[None, :] <= first_eos[:, None]).float()  # [N, T]
+
+
+def completion_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_length: int,
+    *,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+):
+    """Per-token log-probs of the last ``completion_length`` tokens of each row.
+
+    ``input_ids`` is the (left-padded) prompt followed by the completion. The
+    logits at position t predict token t+1, so we keep the logits of the last
+    ``completion_length + 1`` positions and drop the final one.
+
+    Position ids come from the attention mask, as ``generate`` computes them: with
+    left padding, the first real token of every row sits at position 0. Without
+    this, a padded row's log-probs differ from the ones it was sampled with, and
+    the "ratio" is not 1 even before any update.
+
+    Logits are divided by ``temperature``, the distribution the tokens were sampled
+    from, so that old and new log-probs describe the same sampler.
+
+    Returns:
+        ``[N, Tc]`` log-probs, or ``(logp, entropy)`` with the per-token entropy
+        ``[N, Tc]`` (computed without gradient) when ``return_entropy``.
+    """
+    require_tensor("input_ids", input_ids, dim=2, floating=False)
+    require_tensor("attention_mask", attention_mask, dim=2)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids has {tuple(input_ids.shape)}"
+        )
+    if not (isinstance(completion_length, int) and 0 < completion_length < input_ids.shape[1]):
+        raise ValueError(
+            f"completion_length must be an int in [1, {input_ids.shape[1] - 1}], got {completion_length!r}"
+        )
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
+    position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # [N, T]
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=completion_length + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1, :]  # [N, Tc, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    tokens = input_ids[:, -completion_length:]  # [N, Tc]
+    logp = token_logprobs(logits, tokens)  # [N, Tc]
+    if not return_entropy:
+        return logp
+    with torch.no_grad():
+        entropy = token_entropy(logits)  # [N, Tc]
+    return logp, entropy
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the next-token distribution at every position: ``[N, T, V] -> [N, T]``."""
+    logits = logits.float()
+    log_z = torch.logsumexp(logits, dim=-1, keepdim=True)  # [N, T, 1]
+    probs = torch.exp(logits - log_z)  # [N, T, V]
+    return (log_z.squeeze(-1) - (probs * logits).sum(dim=-1))  # [N, T]
