@@ -93,9 +93,11 @@ def completion_logprobs(
     ``completion_length + 1`` positions and drop the final one.
 
     Position ids come from the attention mask, as ``generate`` computes them: with
-    left padding, the first real token of every row sits at position 0. Without
-    this, a padded row's log-probs differ from the ones it was sampled with, and
-    the "ratio" is not 1 even before any update.
+    left padding, the first real token of every row sits at position 0. Rotary
+    embeddings (Qwen2, Llama) only see relative positions, so for them a shift is
+    harmless; a model with absolute position embeddings (GPT-2) would score a
+    padded row differently from how it sampled it, and the first ratio would not
+    be 1. Matching ``generate`` keeps the function correct for both.
 
     Logits are divided by ``temperature``, the distribution the tokens were sampled
     from, so that old and new log-probs describe the same sampler.

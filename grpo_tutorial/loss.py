@@ -34,7 +34,8 @@ def aggregate_tokens(
 ) -> torch.Tensor:
     """Reduce a ``[N, T]`` per-token quantity to a scalar the way ``loss_type`` says."""
     one_of("loss_type", loss_type, LOSS_TYPES)
-    masked = per_token * mask  # [N, T]
+    # where(), not multiplication: a NaN/inf at a padded position must not leak in.
+    masked = torch.where(mask.bool(), per_token, torch.zeros_like(per_token))  # [N, T]
     if loss_type == "grpo":
         per_seq = masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # [N]
         return per_seq.mean()
@@ -111,7 +112,10 @@ def grpo_loss(
         raise ValueError("mask is all zeros: there are no completion tokens to train on")
 
     adv = advantages.detach().to(logp.dtype)[:, None]  # [N, 1]
-    ratio = torch.exp(logp - old_logp.detach())  # [N, T]
+    # Padded positions get log-ratio 0 (ratio 1) before exp(), so whatever the
+    # model said about pad tokens can never overflow into inf * 0 = NaN.
+    log_ratio = torch.where(mask.bool(), logp - old_logp.detach(), torch.zeros_like(logp))  # [N, T]
+    ratio = torch.exp(log_ratio)  # [N, T]
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_high)  # [N, T]
     per_token = -torch.min(ratio * adv, clipped_ratio * adv)  # [N, T]
     kl = None

@@ -1,0 +1,126 @@
+"""Stage 3: group-relative advantages."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grpo_tutorial import group_advantages, grpo_loss
+
+SEED_REWARDS = [0.8, 0.3, 0.6, 0.2, 0.7]
+
+
+def test_seed_example_sample_std():
+    adv = group_advantages(torch.tensor([SEED_REWARDS]))
+    expected = torch.tensor([[1.08, -0.85, 0.31, -1.24, 0.70]])
+    assert torch.allclose(adv.round(decimals=2), expected)
+
+
+def test_seed_example_population_std_matches_numpy():
+    r = np.array(SEED_REWARDS)
+    expected = (r - r.mean()) / (r.std() + 1e-4)  # numpy's std is the population std
+    adv = group_advantages([SEED_REWARDS], std="population")
+    np.testing.assert_allclose(adv[0].numpy(), expected, rtol=1e-5)
+    # the two conventions differ by sqrt(G / (G - 1)) (up to eps)
+    sample = group_advantages([SEED_REWARDS], std="sample", eps=0.0)
+    population = group_advantages([SEED_REWARDS], std="population", eps=0.0)
+    torch.testing.assert_close(population / sample, torch.full((1, 5), (5 / 4) ** 0.5))
+
+
+def test_flat_input_is_grouped_in_order():
+    flat = torch.tensor([1.0, 0.0, 0.0, 5.0, 5.0, 7.0])
+    torch.testing.assert_close(
+        group_advantages(flat, group_size=3), group_advantages(flat.view(2, 3)).view(-1)
+    )
+    # first group is [1, 0, 0]: its first member is the only winner
+    adv = group_advantages(flat, group_size=3)
+    assert adv[0] > 0 and adv[1] < 0 and adv[1] == adv[2]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 5),
+    st.integers(2, 8),
+    st.sampled_from(["group", "batch", "none"]),
+    st.sampled_from(["sample", "population"]),
+    st.integers(0, 10_000),
+)
+def test_advantages_sum_to_zero_per_group(P, G, scale, std, seed):
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randint(0, 3, (P, G), generator=g).float() * torch.rand(P, G, generator=g)
+    adv = group_advantages(rewards, scale=scale, std=std)
+    torch.testing.assert_close(adv.sum(dim=1), torch.zeros(P), atol=1e-5, rtol=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 16), st.integers(0, 10_000))
+def test_sample_std_of_advantages_is_one(G, seed):
+    rewards = torch.rand(3, G, generator=torch.Generator().manual_seed(seed)) + 0.01 * torch.arange(G)
+    adv = group_advantages(rewards, eps=0.0)
+    torch.testing.assert_close(adv.std(dim=1), torch.ones(3), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("value", [0.0, 1.0, 0.1, -3.7, 1e6])
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_zero_variance_group_gets_exactly_zero(value, scale):
+    rewards = torch.tensor([[value] * 7, [0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0]])
+    adv = group_advantages(rewards, scale=scale)
+    assert torch.equal(adv[0], torch.zeros(7))
+    assert adv[1].abs().sum() > 0
+
+
+def test_zero_variance_group_gives_zero_gradient():
+    """A group with equal rewards must not move the policy at all (beta = 0)."""
+    torch.manual_seed(0)
+    rewards = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 1.0]])
+    adv = group_advantages(rewards).view(-1)  # [8]
+    logp = (torch.randn(8, 5) - 1.0).requires_grad_()
+    old = logp.detach() + 0.05 * torch.randn(8, 5)  # ratio != 1, like a second pass
+    mask = torch.ones(8, 5)
+    loss, _ = grpo_loss(logp, old, adv, mask)
+    loss.backward()
+    assert torch.equal(logp.grad[:4], torch.zeros(4, 5))
+    assert logp.grad[4:].abs().sum() > 0
+
+
+def test_batch_scale_divides_by_the_whole_batch_std():
+    rewards = torch.tensor([[0.0, 1.0, 1.0], [0.0, 0.0, 5.0]])
+    adv = group_advantages(rewards, scale="batch", eps=0.0)
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    torch.testing.assert_close(adv, centred / rewards.std())
+
+
+def test_none_scale_is_mean_centring_only():
+    rewards = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
+    torch.testing.assert_close(group_advantages(rewards, scale="none"), torch.tensor([[-0.75, 0.25, 0.25, 0.25]]))
+
+
+def test_keeps_dtype_and_accepts_ints():
+    assert group_advantages(torch.tensor([[1.0, 0.0]], dtype=torch.float64)).dtype == torch.float64
+    assert group_advantages([[1, 0, 0]]).dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "rewards, kwargs, message",
+    [
+        ([[1.0], [0.0]], {}, "at least 2"),
+        ([1.0, 0.0, 1.0], {}, "group_size"),
+        ([1.0, 0.0, 1.0], {"group_size": 2}, "not a multiple of group_size=2"),
+        ([[1.0, 0.0, 1.0]], {"group_size": 2}, "does not match"),
+        ([[[1.0, 0.0]]], {}, r"shape \[P, G\]"),
+        ([[1.0, float("nan")]], {}, "NaN"),
+        ([[1.0, float("inf")]], {}, "NaN or inf"),
+        ([[1.0, 0.0]], {"scale": "groups"}, "scale must be one of"),
+        ([[1.0, 0.0]], {"std": "unbiased"}, "std must be one of"),
+        ([[1.0, 0.0]], {"eps": -1.0}, "eps"),
+    ],
+)
+def test_bad_input_raises_value_error_naming_the_problem(rewards, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        group_advantages(rewards, **kwargs)
+
+
+def test_non_numeric_rewards_raise_type_error():
+    with pytest.raises(TypeError, match="rewards"):
+        group_advantages([["a", "b"]])

@@ -1,0 +1,155 @@
+"""Stage 4: token log-probs, completion masks, and log-probs from a real (tiny) model."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from grpo_tutorial import completion_logprobs, completion_mask, token_entropy, token_logprobs
+
+PAD, EOS = 0, 1
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 6), st.integers(2, 50), st.integers(0, 10_000))
+def test_token_logprobs_matches_log_softmax_gather(N, T, V, seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(N, T, V, generator=g) * 5
+    tokens = torch.randint(0, V, (N, T), generator=g)
+    expected = torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
+    torch.testing.assert_close(token_logprobs(logits, tokens), expected)
+
+
+def test_token_logprobs_gradient_matches_log_softmax():
+    logits = torch.randn(2, 3, 11, requires_grad=True)
+    tokens = torch.randint(0, 11, (2, 3))
+    weights = torch.randn(2, 3)
+    (token_logprobs(logits, tokens) * weights).sum().backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    (torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1) * weights).sum().backward()
+    torch.testing.assert_close(ours, logits.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_logits_are_scored_in_float32(dtype):
+    logits = torch.randn(3, 4, 1000) * 4
+    tokens = torch.randint(0, 1000, (3, 4))
+    out = token_logprobs(logits.to(dtype), tokens)
+    assert out.dtype == torch.float32
+    expected = torch.log_softmax(logits.to(dtype).float(), -1).gather(-1, tokens[..., None]).squeeze(-1)
+    torch.testing.assert_close(out, expected)
+
+
+def test_token_logprobs_bad_input():
+    with pytest.raises(ValueError, match="tokens has shape"):
+        token_logprobs(torch.randn(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(TypeError, match="integer"):
+        token_logprobs(torch.randn(2, 3, 5), torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"\[0, 5\)"):
+        token_logprobs(torch.randn(2, 3, 5), torch.full((2, 3), 5))
+    with pytest.raises(ValueError, match="3 dimensions"):
+        token_logprobs(torch.randn(2, 5), torch.zeros(2, dtype=torch.long))
+
+
+def test_completion_mask_cases():
+    ids = torch.tensor(
+        [
+            [5, 6, 7, 8],  # no EOS: truncated, all tokens count
+            [EOS, PAD, PAD, PAD],  # EOS at position 0: only the EOS counts
+            [5, EOS, PAD, PAD],  # padding after EOS is masked
+            [5, EOS, 7, EOS],  # only the first EOS ends it
+            [EOS, EOS, EOS, EOS],  # pad == eos tokenizers
+        ]
+    )
+    expected = torch.tensor(
+        [[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.float32
+    )
+    assert torch.equal(completion_mask(ids, EOS), expected)
+
+
+def test_completion_mask_accepts_several_eos_ids():
+    ids = torch.tensor([[5, 9, 1, 1], [5, 5, 1, 9]])
+    assert completion_mask(ids, [1, 9]).tolist() == [[1, 1, 0, 0], [1, 1, 1, 0]]
+
+
+def test_completion_mask_bad_input():
+    with pytest.raises(ValueError, match="eos_token_id is None"):
+        completion_mask(torch.zeros(1, 2, dtype=torch.long), None)
+    with pytest.raises(TypeError, match="integer"):
+        completion_mask(torch.zeros(1, 2), 1)
+
+
+def test_token_entropy_matches_definition():
+    logits = torch.randn(2, 3, 7)
+    p = torch.softmax(logits, -1)
+    torch.testing.assert_close(token_entropy(logits), -(p * p.log()).sum(-1))
+
+
+# -- with a model ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=True, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=2,
+    )
+    model = Qwen2ForCausalLM(config).eval()
+    model.generation_config.pad_token_id = PAD
+    model.generation_config.eos_token_id = EOS
+    return model
+
+
+def _left_pad(rows, width):
+    ids = torch.full((len(rows), width), PAD)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = torch.tensor(row)
+        mask[i, width - len(row):] = 1
+    return ids, mask
+
+
+def test_left_padding_does_not_change_log_probs(tiny_model):
+    """A row scores the same alone as in a batch where it is left-padded."""
+    short, long = [2, 5, 6, 7, 8, 9], [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    ids, mask = _left_pad([short, long], 10)
+    batched = completion_logprobs(tiny_model, ids, mask, completion_length=3)
+    alone = completion_logprobs(tiny_model, torch.tensor([short]), torch.ones(1, 6, dtype=torch.long), 3)
+    torch.testing.assert_close(batched[0], alone[0])
+
+
+def test_log_probs_equal_the_distribution_generate_sampled_from(tiny_model):
+    """The forward-pass log-probs must equal the sampler's, or the first ratio is not 1."""
+    ids, mask = _left_pad([[2, 5, 6], [2, 3, 4, 5, 6, 7]], 6)
+    torch.manual_seed(1)
+    out = tiny_model.generate(
+        input_ids=ids, attention_mask=mask, do_sample=True, temperature=0.7, top_k=0, max_new_tokens=5,
+        output_logits=True, return_dict_in_generate=True, min_new_tokens=5,
+    )
+    completion = out.sequences[:, ids.shape[1]:]  # [N, 5]
+    sampler_logits = torch.stack(out.logits, dim=1) / 0.7  # [N, 5, V]
+    expected = token_logprobs(sampler_logits, completion)
+    full_mask = torch.cat([mask, torch.ones_like(completion)], dim=1)
+    ours = completion_logprobs(tiny_model, out.sequences, full_mask, 5, temperature=0.7)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_completion_logprobs_entropy_and_gradient(tiny_model):
+    ids = torch.tensor([[2, 5, 6, 7, 8]])
+    logp, entropy = completion_logprobs(tiny_model, ids, torch.ones_like(ids), 2, return_entropy=True)
+    assert logp.shape == entropy.shape == (1, 2)
+    assert logp.requires_grad and not entropy.requires_grad
+    assert (entropy > 0).all() and (logp < 0).all()
+
+
+def test_completion_logprobs_bad_input(tiny_model):
+    ids = torch.tensor([[2, 5, 6]])
+    with pytest.raises(ValueError, match="completion_length"):
+        completion_logprobs(tiny_model, ids, torch.ones_like(ids), 3)
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        completion_logprobs(tiny_model, ids, torch.ones(1, 2), 1)
+    with pytest.raises(ValueError, match="temperature"):
+        completion_logprobs(tiny_model, ids, torch.ones_like(ids), 1, temperature=0.0)
