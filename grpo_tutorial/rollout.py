@@ -1,0 +1,321 @@
+"""Stage 1: rollouts. B prompts x G completions from ONE batched ``generate`` call.
+
+GRPO needs a *group* of G completions for every prompt, so that each completion
+can be compared with its siblings. The expensive part of a step is producing
+them, and the cheap way to do it is a single batched call:
+
+1. render each prompt (a chat template for instruct models, the raw text for the
+   tiny model) and tokenize it;
+2. left-pad the B prompts to a common length, so every row ends where the
+   completion starts;
+3. repeat each prompt G times, group by group (all G copies of prompt 0 first);
+4. call ``model.generate`` once on all B*G rows, with the KV cache on;
+5. cut the output into prompt and completion, and mask everything after the
+   first EOS.
+
+Nothing here loops over completions one at a time.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from .logprobs import completion_mask
+
+__all__ = ["Rollout", "generate_rollouts", "render_prompts"]
+
+
+@dataclass
+class Rollout:
+    """Everything one batched generation produced, row by row.
+
+    There are N = B*G rows, ordered group by group: rows ``0..G-1`` are the G
+    completions of prompt 0, the next G rows belong to prompt 1, and so on.
+
+    Attributes:
+        prompt_ids: [N, Tp] prompt token ids, left-padded.
+        prompt_mask: [N, Tp] 1 for real prompt tokens, 0 for left padding.
+        completion_ids: [N, Tc] generated token ids (pad after EOS).
+        completion_mask: [N, Tc] float, 1.0 up to and including the first EOS.
+        completions: N decoded completion texts (special tokens removed).
+        truncated: [N] bool, True where no EOS appeared within max_new_tokens.
+        prompt_index: [N] long, which of the B prompts each row belongs to.
+        prompts: N prompt strings as given (before any chat template).
+        group_size: G.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    completions: list[str]
+    truncated: torch.Tensor
+    prompt_index: torch.Tensor
+    prompts: list[str]
+    group_size: int
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """[N, Tp+Tc] prompt and completion side by side (what the policy scores)."""
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """[N, Tp+Tc] 1 for every token the policy should attend to."""
+        completion_attention = self.completion_mask.to(self.prompt_mask.dtype)  # [N, Tc]
+        return torch.cat([self.prompt_mask, completion_attention], dim=1)
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:
+        """[N] number of completion tokens (including the EOS, if any)."""
+        return self.completion_mask.sum(dim=1)
+
+    @property
+    def num_prompts(self) -> int:
+        """B, the number of distinct prompts."""
+        return len(self.prompts) // self.group_size
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+
+def _uses_chat_template(tokenizer: Any, use_chat_template: bool | None) -> bool:
+    """Decide whether prompts go through the tokenizer's chat template."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if use_chat_template is None:
+        return has_template
+    if not isinstance(use_chat_template, bool):
+        raise TypeError(
+            f"use_chat_template must be True, False or None (auto), got {use_chat_template!r}"
+        )
+    if use_chat_template and not has_template:
+        raise ValueError(
+            "use_chat_template=True, but the tokenizer has no chat_template; "
+            "pass use_chat_template=False (or None) for a base or tiny model"
+        )
+    return use_chat_template
+
+
+def render_prompts(
+    tokenizer: Any,
+    prompts: Sequence[str],
+    *,
+    system_prompt: str | None = None,
+    use_chat_template: bool | None = None,
+) -> list[str]:
+    """Turn raw prompts into the exact text the model sees.
+
+    With a chat template (instruct models) each prompt becomes a user message,
+    after an optional system message, followed by the assistant header. Without
+    one (the tiny model) the prompt text is used as it is.
+    """
+    if _uses_chat_template(tokenizer, use_chat_template):
+        rendered = []
+        for prompt in prompts:
+            messages = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
+            messages.append({"role": "user", "content": prompt})
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            rendered.append(text)
+        return rendered
+    if system_prompt is not None:
+        raise ValueError(
+            f"system_prompt={system_prompt!r} needs a chat template, but prompts are used "
+            "as plain text here (the tokenizer has no chat_template or use_chat_template=False); "
+            "drop the system prompt or put the instruction into the prompt itself"
+        )
+    return list(prompts)
+
+
+def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists to one length. Returns ids [B, Tp] and mask [B, Tp]."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, Tp]
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # [B, Tp]
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row) :] = 1
+    return ids, mask
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+@contextmanager
+def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Seed torch inside the block and leave the caller's RNG state untouched."""
+    if seed is None:
+        yield
+        return
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def _check_args(
+    prompts: Any, group_size: Any, max_new_tokens: Any, temperature: Any, top_p: Any, do_sample: Any
+) -> None:
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts must be a list of strings, got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty; expected at least one prompt")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise TypeError(f"prompts[{i}] must be a str, got {type(p).__name__}: {p!r}")
+    for name, value in (("group_size", group_size), ("max_new_tokens", max_new_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not isinstance(do_sample, bool):
+        raise TypeError(f"do_sample must be a bool, got {do_sample!r}")
+    if do_sample:
+        if not isinstance(temperature, (int, float)) or not temperature > 0:
+            raise ValueError(f"temperature must be a number > 0 when sampling, got {temperature!r}")
+        if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+
+
+def _generation_kwargs(
+    model: Any, tokenizer: Any, *, max_new_tokens: int, temperature: float, top_p: float, do_sample: bool
+) -> dict[str, Any]:
+    """Arguments for ``generate`` that sample from exactly softmax(logits / T).
+
+    A checkpoint's own generation config may ask for top-k, a repetition penalty
+    and so on. Those would make the sampling distribution differ from the one
+    the log-probs are computed under, so each is switched off explicitly (a value
+    left as None would be filled in from the checkpoint's config).
+    """
+    eos_id = tokenizer.eos_token_id
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    kwargs: dict[str, Any] = dict(
+        max_new_tokens=max_new_tokens,
+        do_sample=do_sample,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        use_cache=True,
+        num_beams=1,
+        num_return_sequences=1,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+    )
+    if do_sample:
+        kwargs.update(temperature=float(temperature), top_p=float(top_p), top_k=0, typical_p=1.0)
+        if getattr(getattr(model, "generation_config", None), "min_p", None) is not None:
+            kwargs["min_p"] = 0.0
+    else:
+        # neutral values, so a checkpoint's sampling defaults don't trigger warnings
+        kwargs.update(temperature=1.0, top_p=1.0, top_k=0)
+    return kwargs
+
+
+def generate_rollouts(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    *,
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    do_sample: bool = True,
+    system_prompt: str | None = None,
+    use_chat_template: bool | None = None,
+    generator_seed: int | None = None,
+) -> Rollout:
+    """Sample ``group_size`` completions for each prompt in ONE ``generate`` call.
+
+    Args:
+        model: a causal LM with ``generate`` (a transformers model).
+        tokenizer: its tokenizer; needs an ``eos_token_id``.
+        prompts: B prompt strings.
+        group_size: G completions per prompt.
+        max_new_tokens: the completion budget; a completion without EOS within it
+            is marked ``truncated``.
+        temperature, top_p: sampling parameters (top-k and repetition penalties
+            are always off, so the samples follow softmax(logits / T)).
+        do_sample: False for greedy decoding (evaluation uses it with G = 1).
+        system_prompt: optional system message (chat template only).
+        use_chat_template: None = use it when the tokenizer has one.
+        generator_seed: if given, sampling is seeded with it and the global torch
+            RNG state is left as it was.
+
+    Returns:
+        A :class:`Rollout` with N = B*G rows, ordered group by group.
+
+    The model is put in eval mode for generation and then returned to the mode
+    it was in.
+    """
+    _check_args(prompts, group_size, max_new_tokens, temperature, top_p, do_sample)
+    if getattr(tokenizer, "eos_token_id", None) is None:
+        raise ValueError("tokenizer.eos_token_id is None; generation needs an EOS token to stop at")
+    device = _model_device(model)
+
+    # 1. render and tokenize each of the B prompts
+    texts = render_prompts(
+        tokenizer, prompts, system_prompt=system_prompt, use_chat_template=use_chat_template
+    )
+    add_special = not _uses_chat_template(tokenizer, use_chat_template)  # templates add their own
+    token_rows = tokenizer(texts, add_special_tokens=add_special)["input_ids"]
+    for i, row in enumerate(token_rows):
+        if len(row) == 0:
+            raise ValueError(f"prompts[{i}]={prompts[i]!r} tokenizes to zero tokens")
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    longest = max(len(r) for r in token_rows)
+    if isinstance(limit, int) and longest + max_new_tokens > limit:
+        raise ValueError(
+            f"the longest prompt has {longest} tokens; with max_new_tokens={max_new_tokens} that "
+            f"exceeds the model's context of {limit} tokens; shorten the prompts or the budget"
+        )
+
+    # 2. left-pad, so every prompt ends where its completion starts
+    eos_id = tokenizer.eos_token_id
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    ids, mask = _left_pad(token_rows, pad_id)  # [B, Tp], [B, Tp]
+
+    # 3. repeat each prompt G times, group by group
+    prompt_ids = ids.repeat_interleave(group_size, dim=0).to(device)  # [N, Tp]
+    prompt_mask = mask.repeat_interleave(group_size, dim=0).to(device)  # [N, Tp]
+    prompt_index = torch.arange(len(prompts), device=device).repeat_interleave(group_size)  # [N]
+
+    # 4. one batched generate call, KV cache on, eval mode, no gradients
+    kwargs = _generation_kwargs(
+        model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
+        top_p=top_p, do_sample=do_sample,
+    )
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), (_seeded(generator_seed, device) if do_sample else nullcontext()):
+            output = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
+    finally:
+        model.train(was_training)
+    sequences = output.sequences if hasattr(output, "sequences") else output  # [N, Tp+Tc]
+
+    # 5. split off the completion and mask everything after the first EOS
+    completion_ids = sequences[:, prompt_ids.shape[1] :]  # [N, Tc]
+    comp_mask = completion_mask(completion_ids, eos_id)  # [N, Tc]
+    has_eos = (completion_ids == eos_id).any(dim=1)  # [N]
+    truncated = ~has_eos  # [N]
+    lengths = comp_mask.sum(dim=1).long().tolist()
+    kept = [row[:n] for row, n in zip(completion_ids.tolist(), lengths)]
+    completions = tokenizer.batch_decode(kept, skip_special_tokens=True)
+
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=comp_mask,
+        completions=list(completions),
+        truncated=truncated,
+        prompt_index=prompt_index,
+        prompts=[p for p in prompts for _ in range(group_size)],
+        group_size=group_size,
+    )
