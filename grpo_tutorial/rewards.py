@@ -1,0 +1,661 @@
+"""Stage 2 of a GRPO step: verifiable rewards.
+
+A verifiable reward is a plain function that reads a completion and checks it
+against a known answer; no reward model is involved. Every reward function here
+follows TRL's convention, so the same functions plug into our trainer and into
+``trl.GRPOTrainer``::
+
+    fn(completions, *, answer, **kwargs) -> list[float | None]
+
+* ``completions`` is a list of strings, or a list of chat message lists such as
+  ``[{"role": "assistant", "content": "..."}]`` (TRL's conversational format).
+* ``answer`` is the dataset's ``answer`` column: one reference per completion.
+* Any other keyword (``prompts``, ``completion_ids``, ``trainer_state``, other
+  dataset columns) is accepted and ignored.
+* ``None`` for a completion means "this function does not apply here".
+
+How several functions combine (the rule ``compute_rewards`` and
+``combined_reward`` share, which is also TRL's):
+
+    total_i = sum over functions f with r_f,i not None of  w_f * r_f,i
+
+A ``None`` is left out of the sum (TRL turns it into NaN and uses ``nansum``). If
+*every* function returns ``None`` for completion i, it cannot be scored at all;
+``compute_rewards`` then sets ``total_i = NaN`` (TRL 1.16 does the same and gives
+such a completion zero advantage). A function's logged mean skips its ``None``s.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from collections.abc import Callable, Mapping, Sequence
+from fractions import Fraction
+
+import torch
+
+__all__ = [
+    "RewardFunctionError",
+    "answers_match",
+    "combined_reward",
+    "completion_to_text",
+    "compute_rewards",
+    "correctness_reward",
+    "extract_answer",
+    "format_reward",
+    "partial_credit_reward",
+    "reward_function_means",
+    "reward_function_name",
+]
+
+RewardFn = Callable[..., Sequence]
+
+# ---------------------------------------------------------------------------
+# Numbers: finding them in text and writing them one canonical way
+# ---------------------------------------------------------------------------
+
+# A number in free text. Pieces, in order:
+#   (?<![\d.])                 do not start in the middle of a number
+#   sign                       "-", "+" or the unicode minus, but only when it is
+#                              not glued to a word or a closing bracket, so the
+#                              "-" in "12-5" is an operator and "5" is the number
+#   \frac{p}{q}                a LaTeX fraction (also \dfrac, \tfrac)
+#   1,234,567.8                commas only as thousands separators (groups of 3)
+#   1234.5 / .5                plain integers and decimals
+_NUMBER_RE = re.compile(
+    r"(?<![\d.])"
+    r"(?:(?<![\w)\]}])(?P<sign>[-+\u2212]))?"
+    r"(?:"
+    r"\\[dt]?frac\{\s*(?P<fnum>\d+)\s*\}\{\s*(?P<fden>\d+)\s*\}"
+    r"|(?P<num>\d{1,3}(?:,\d{3})+(?!\d)(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
+    r")"
+)
+
+# A string that is *only* a number, give or take "$", "%", spaces and a full stop.
+_PLAIN_NUMBER_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)")
+_FRACTION_RE = re.compile(r"([-+]?)(\d+)\s*/\s*(\d+)")
+_LATEX_FRACTION_RE = re.compile(r"([-+]?)\\[dt]?frac\{\s*(\d+)\s*\}\{\s*(\d+)\s*\}")
+
+_ANSWER_TAG_RE = re.compile(r"<answer>((?:(?!<answer>).)*?)</answer>", re.DOTALL | re.IGNORECASE)
+_GSM8K_RE = re.compile(r"^[ \t]*####[ \t]*(.*?)[ \t]*$", re.MULTILINE)
+_BOXED_RE = re.compile(r"\\boxed\s*\{")
+
+
+def _canonical(value: Fraction) -> str:
+    """Write a rational number one way only: ``12``, ``-3.5`` or ``1/3``.
+
+    Integers lose any ``.0``; a value with a finite decimal expansion is written
+    as a decimal without trailing zeros; anything else stays a reduced fraction.
+    """
+    if value.denominator == 1:
+        return str(value.numerator)
+    den = value.denominator
+    twos = fives = 0
+    while den % 2 == 0:
+        den //= 2
+        twos += 1
+    while den % 5 == 0:
+        den //= 5
+        fives += 1
+    if den != 1:  # e.g. 1/3: no finite decimal
+        return f"{value.numerator}/{value.denominator}"
+    places = max(twos, fives)
+    scaled = abs(value.numerator) * 10**places // value.denominator
+    digits = str(scaled).rjust(places + 1, "0")
+    text = f"{digits[:-places]}.{digits[-places:]}".rstrip("0").rstrip(".")
+    return f"-{text}" if value < 0 else text
+
+
+def _clean_number_text(text: str) -> str:
+    """Drop the decorations that do not change a number's value."""
+    t = text.strip().replace("\u2212", "-")
+    t = t.replace("\\$", "").replace("\\%", "").replace("{,}", ",").replace("\\!", "")
+    t = t.strip().rstrip(".").strip()
+    t = t.replace("$", "").replace("%", "").strip()
+    return t
+
+
+def _parse_number(text: str) -> Fraction | None:
+    """The value of a string that holds exactly one number, else None.
+
+    Accepts ``1,234``, ``-7``, ``3.50``, ``$5``, ``50%``, ``3/4`` and ``\\frac{3}{4}``.
+    """
+    t = _clean_number_text(text)
+    if _PLAIN_NUMBER_RE.fullmatch(t):
+        return Fraction(t.replace(",", ""))
+    for pattern in (_FRACTION_RE, _LATEX_FRACTION_RE):
+        m = pattern.fullmatch(t)
+        if m and int(m.group(3)) != 0:
+            value = Fraction(int(m.group(2)), int(m.group(3)))
+            return -value if m.group(1) == "-" else value
+    return None
+
+
+def _match_value(m: re.Match) -> Fraction | None:
+    """The value of one ``_NUMBER_RE`` match (None for a fraction over zero)."""
+    if m.group("num") is not None:
+        value = Fraction(m.group("num").replace(",", ""))
+    else:
+        den = int(m.group("fden"))
+        if den == 0:
+            return None
+        value = Fraction(int(m.group("fnum")), den)
+    return -value if m.group("sign") in ("-", "\u2212") else value
+
+
+def _last_number(text: str) -> Fraction | None:
+    """The value of the last number written anywhere in ``text``."""
+    values = [v for v in map(_match_value, _NUMBER_RE.finditer(text)) if v is not None]
+    return values[-1] if values else None
+
+
+def _normalise_text(text: str) -> str:
+    """Strip, collapse runs of whitespace and casefold (for non-numeric answers)."""
+    return " ".join(text.split()).casefold()
+
+
+def _answer_from_content(content: str) -> str | None:
+    """What an ``<answer>`` tag or a ``\\boxed{}`` holds, normalised.
+
+    A content that is one number, or that contains numbers, gives the (last)
+    number in canonical form. Text without numbers is returned stripped. An
+    empty content gives None.
+    """
+    stripped = content.strip()
+    if not stripped:
+        return None
+    value = _parse_number(stripped)
+    if value is None:
+        value = _last_number(stripped)
+    if value is not None:
+        return _canonical(value)
+    return " ".join(stripped.split())
+
+
+def _last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` whose braces balance, else None."""
+    found = None
+    for m in _BOXED_RE.finditer(text):
+        depth, start = 1, m.end()
+        for i in range(start, len(text)):
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    found = text[start:i]
+                    break
+    return found
+
+
+def extract_answer(text: str) -> str | None:
+    """Pull the final answer out of a model's text, normalised for comparison.
+
+    Looks for, in this order of priority (the first kind present decides):
+
+    1. the last ``<answer>...</answer>``;
+    2. the last ``\\boxed{...}`` (nested braces are fine: ``\\boxed{\\frac{1}{2}}``);
+    3. GSM8K's final line ``#### 42`` (only when that line is just a number);
+    4. the last number anywhere in the text.
+
+    Numbers come back in one canonical form, so equal values give equal
+    strings: commas as thousands separators are dropped (``1,234`` -> ``1234``),
+    signs are kept (``-7``), ``$`` and ``%`` are dropped, decimals lose trailing
+    zeros (``3.50`` -> ``3.5``, ``12.0`` -> ``12``), and ``\\frac{3}{4}`` -> ``0.75``.
+
+    Inside a tag or a box the last number wins (``<answer>2+2=4</answer>`` -> ``4``);
+    if there is no number there, the stripped text is returned
+    (``<answer> Paris </answer>`` -> ``Paris``). An empty tag or box returns None
+    without falling back to later rules: the model did answer, with nothing.
+
+    Returns:
+        The normalised answer, or None when nothing answer-like is found.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}: {text!r:.80}")
+    tags = _ANSWER_TAG_RE.findall(text)
+    if tags:
+        return _answer_from_content(tags[-1])
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return _answer_from_content(boxed)
+    for line in reversed(_GSM8K_RE.findall(text)):
+        value = _parse_number(line)
+        if value is not None:
+            return _canonical(value)
+    value = _last_number(text)
+    return None if value is None else _canonical(value)
+
+
+def _reference_value(ref: object, name: str) -> Fraction | str:
+    """A reference answer as a number when it is one, else as normalised text."""
+    if isinstance(ref, bool) or not isinstance(ref, (str, numbers.Real)):
+        raise TypeError(f"{name} must be a str or a number, got {type(ref).__name__}: {ref!r:.80}")
+    if isinstance(ref, str):
+        value = _parse_number(ref)
+        return value if value is not None else _normalise_text(ref)
+    if isinstance(ref, numbers.Integral):
+        return Fraction(int(ref))
+    if not math.isfinite(float(ref)):
+        raise ValueError(f"{name} must be a finite number, got {ref!r}")
+    return Fraction(repr(float(ref)))  # 0.1 means the decimal 0.1, not its binary neighbour
+
+
+def answers_match(pred: str | float | None, ref: str | float) -> bool:
+    """True when a predicted answer equals the reference.
+
+    If both parse as numbers (``"1,234"``, ``"3.50"``, ``"$5"``, ``"3/4"``, ints,
+    floats) they are compared as exact rationals, so ``"3.5" == 3.50`` and
+    ``"12" == 12.0``. Otherwise both are compared as text after stripping,
+    collapsing whitespace and casefolding. A ``pred`` of None never matches.
+    """
+    if pred is None:
+        return False
+    p = _reference_value(pred, "pred")
+    r = _reference_value(ref, "ref")
+    if isinstance(p, Fraction) and isinstance(r, Fraction):
+        return p == r
+    if isinstance(p, Fraction) or isinstance(r, Fraction):
+        return False  # a number never equals a non-numeric text
+    return p == r
+
+
+# ---------------------------------------------------------------------------
+# Reward functions (TRL signature)
+# ---------------------------------------------------------------------------
+
+
+def completion_to_text(completion: object) -> str:
+    """The text of one completion, in either of TRL's two formats.
+
+    A string is returned as is. A list of chat messages gives the content of the
+    last ``assistant`` message (or of the last message if none has that role);
+    a content given as a list of blocks (``{"type": "text", "text": ...}``)
+    is joined.
+    """
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Mapping):
+        completion = [completion]
+    if isinstance(completion, Sequence) and completion and all(isinstance(m, Mapping) for m in completion):
+        assistant = [m for m in completion if m.get("role") == "assistant"]
+        message = (assistant or list(completion))[-1]
+        content = message.get("content", "")
+        if content is None:
+            return ""
+        if isinstance(content, str):
+            return content
+        if isinstance(content, Sequence):
+            return "".join(
+                block.get("text", "") if isinstance(block, Mapping) else str(block) for block in content
+            )
+    raise TypeError(
+        "a completion must be a str or a list of chat messages like "
+        f"[{{'role': 'assistant', 'content': '...'}}], got {type(completion).__name__}: {completion!r:.80}"
+    )
+
+
+def _texts(completions: object) -> list[str]:
+    """Check ``completions`` is a list and turn each item into text."""
+    if isinstance(completions, (str, Mapping)) or not isinstance(completions, Sequence):
+        raise TypeError(
+            f"completions must be a list (one item per completion), got {type(completions).__name__}"
+        )
+    texts = []
+    for i, c in enumerate(completions):
+        try:
+            texts.append(completion_to_text(c))
+        except TypeError as err:
+            raise TypeError(f"completions[{i}]: {err}") from None
+    return texts
+
+
+def _references(answer: object, n: int, name: str = "answer") -> list:
+    """Check ``answer`` (called ``name`` in messages) holds one reference per completion."""
+    if isinstance(answer, (str, Mapping)) or not isinstance(answer, Sequence):
+        raise TypeError(
+            f"{name} must be a list with one reference per completion, got {type(answer).__name__}: {answer!r:.80}"
+        )
+    if len(answer) != n:
+        raise ValueError(f"{name} has {len(answer)} items but there are {n} completions; expected one per completion")
+    return list(answer)
+
+
+def correctness_reward(completions: Sequence, *, answer: Sequence, **kwargs) -> list[float]:
+    """1.0 when the answer extracted from a completion matches the reference, else 0.0.
+
+    Extraction is ``extract_answer`` and comparison is ``answers_match``, so
+    ``"<answer>1,234</answer>"`` earns 1.0 against ``"1234"`` and so does
+    ``"... so the total is 1234."`` (the last number counts when there is no tag).
+    """
+    texts = _texts(completions)
+    refs = _references(answer, len(texts))
+    return [1.0 if answers_match(extract_answer(t), r) else 0.0 for t, r in zip(texts, refs)]
+
+
+_BODY = r"((?:(?!</?(?:think|answer)>).)*)"  # any text that holds no think/answer tag
+_FORMAT_RE = re.compile(rf"\s*<think>{_BODY}</think>\s*<answer>{_BODY}</answer>\s*", re.DOTALL)
+
+
+def format_reward(completions: Sequence, **kwargs) -> list[float]:
+    """1.0 for a completion laid out exactly as ``<think>...</think><answer>...</answer>``.
+
+    Whitespace is allowed before, between and after the two blocks; nothing else
+    is. Both blocks must hold some non-blank text and no further think/answer
+    tags (so a second ``<answer>`` cannot sneak in). There is no partial credit:
+    a nearly-right layout scores 0.0, because partial credit is exactly what a
+    policy learns to farm (chapter 6). The answer's correctness is not checked;
+    combine with ``correctness_reward`` for that.
+    """
+    scores = []
+    for text in _texts(completions):
+        m = _FORMAT_RE.fullmatch(text)
+        ok = m is not None and m.group(1).strip() != "" and m.group(2).strip() != ""
+        scores.append(1.0 if ok else 0.0)
+    return scores
+
+
+_EQUATION_RE = re.compile(r"\+|\d\s*[-*/x\u00d7]\s*\d|=")
+
+
+def partial_credit_reward(completions: Sequence, *, answer: Sequence, **kwargs) -> list[float]:
+    """THE BAD EXAMPLE for chapter 6: a reward that is easy to hack.
+
+    1.0 for a correct answer, 0.3 for a wrong answer that "shows some work"
+    (contains a ``+``, an ``=``, or an operator between digits, such as ``3*4``),
+    0.0 otherwise. It sounds generous; in practice a policy that cannot yet
+    solve a problem learns that writing any equation is a sure 0.3, so wrong but
+    equation-shaped completions crowd out the signal the correct ones carry.
+    Use ``correctness_reward`` (optionally with ``format_reward``) instead.
+    """
+    texts = _texts(completions)
+    refs = _references(answer, len(texts))
+    scores = []
+    for text, ref in zip(texts, refs):
+        if answers_match(extract_answer(text), ref):
+            scores.append(1.0)
+        elif _EQUATION_RE.search(text):
+            scores.append(0.3)
+        else:
+            scores.append(0.0)
+    return scores
+
+
+_NAMED_REWARDS: dict[str, RewardFn] = {
+    "correctness": correctness_reward,
+    "correctness_reward": correctness_reward,
+    "format": format_reward,
+    "format_reward": format_reward,
+    "partial_credit": partial_credit_reward,
+    "partial_credit_reward": partial_credit_reward,
+}
+
+
+def reward_function_name(fn: object) -> str:
+    """The name a reward function is logged under (as TRL names it)."""
+    while hasattr(fn, "func") and hasattr(fn, "args") and hasattr(fn, "keywords"):  # functools.partial
+        fn = fn.func
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def _check_weight(weight: object, where: str) -> float:
+    if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(float(weight)):
+        raise TypeError(f"{where} must be a finite number, got {type(weight).__name__}: {weight!r}")
+    return float(weight)
+
+
+def _resolve_reward(fn: object, where: str) -> RewardFn:
+    if isinstance(fn, str):
+        if fn not in _NAMED_REWARDS:
+            raise ValueError(f"{where}: unknown reward name {fn!r}; expected a callable or one of {sorted(_NAMED_REWARDS)}")
+        return _NAMED_REWARDS[fn]
+    if not callable(fn):
+        raise TypeError(f"{where} must be a reward function or its name, got {type(fn).__name__}: {fn!r:.80}")
+    return fn
+
+
+def combined_reward(weights: Mapping | Sequence) -> RewardFn:
+    """Build one reward function that is the weighted sum of several.
+
+    Args:
+        weights: ``{fn_or_name: weight}`` or ``[(fn_or_name, weight), ...]``.
+            Names are ``"correctness"``, ``"format"`` and ``"partial_credit"``
+            (with or without the ``_reward`` suffix).
+
+    Returns:
+        A function with the TRL signature whose value for completion i is
+        ``sum_f w_f * r_f,i`` over the functions that did not return None for
+        it; None if all of them did. Its ``__name__`` spells out the sum, e.g.
+        ``"1*correctness_reward+0.2*format_reward"``, so logs stay readable.
+
+    Example:
+        >>> reward = combined_reward({"correctness": 1.0, "format": 0.2})
+        >>> reward(["<think>4</think><answer>4</answer>", "5"], answer=["4", "4"])
+        [1.2, 0.0]
+    """
+    if isinstance(weights, Mapping):
+        pairs = list(weights.items())
+    elif isinstance(weights, Sequence) and not isinstance(weights, str):
+        pairs = list(weights)
+        for i, pair in enumerate(pairs):
+            if not (isinstance(pair, Sequence) and not isinstance(pair, str) and len(pair) == 2):
+                raise TypeError(f"weights[{i}] must be a (reward function, weight) pair, got {pair!r:.80}")
+    else:
+        raise TypeError(
+            f"weights must be a dict {{fn: weight}} or a list of (fn, weight) pairs, got {type(weights).__name__}"
+        )
+    if not pairs:
+        raise ValueError("weights is empty; expected at least one (reward function, weight) pair")
+    parts = [
+        (_resolve_reward(fn, f"weights[{i}] function"), _check_weight(w, f"weights[{i}] weight"))
+        for i, (fn, w) in enumerate(pairs)
+    ]
+
+    def combined(completions: Sequence, **kwargs) -> list[float | None]:
+        totals: list[float | None] = [None] * len(completions)
+        for fn, w in parts:
+            values = fn(completions, **kwargs)
+            if len(values) != len(completions):
+                raise ValueError(
+                    f"reward function {reward_function_name(fn)!r} returned {len(values)} rewards "
+                    f"for {len(completions)} completions"
+                )
+            for i, v in enumerate(values):
+                if v is not None:
+                    totals[i] = (totals[i] or 0.0) + w * float(v)
+        return totals
+
+    combined.__name__ = "+".join(f"{w:g}*{reward_function_name(fn)}" for fn, w in parts)
+    combined.__qualname__ = combined.__name__
+    combined.__doc__ = f"Weighted sum of reward functions: {combined.__name__}."
+    return combined
+
+
+# ---------------------------------------------------------------------------
+# Calling reward functions safely (used by the trainer)
+# ---------------------------------------------------------------------------
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function raised. Carries its name and the completion's index.
+
+    Attributes:
+        function: the reward function's name.
+        index: the first completion on which it fails when called alone, or
+            None if it only fails on the whole batch.
+    """
+
+    def __init__(self, message: str, function: str, index: int | None):
+        super().__init__(message)
+        self.function = function
+        self.index = index
+
+
+def _unique_names(fns: Sequence) -> list[str]:
+    """Each function's logged name; a repeated name gets ``_2``, ``_3``, ..."""
+    names: list[str] = []
+    for fn in fns:
+        base = reward_function_name(fn)
+        name, k = base, 2
+        while name in names:
+            name, k = f"{base}_{k}", k + 1
+        names.append(name)
+    return names
+
+
+def _slice_columns(columns: Mapping, i: int, n: int) -> dict:
+    """Row i of every per-completion column (lists of length n); others pass whole."""
+    return {
+        k: [v[i]] if isinstance(v, (list, tuple)) and len(v) == n else v for k, v in columns.items()
+    }
+
+
+def _find_failing_index(fn: RewardFn, prompts: list, completions: list, answers: list, columns: Mapping) -> int | None:
+    """Call ``fn`` on one completion at a time; the first index that raises."""
+    n = len(completions)
+    for i in range(n):
+        try:
+            fn(
+                prompts=[prompts[i]],
+                completions=[completions[i]],
+                answer=[answers[i]],
+                **_slice_columns(columns, i, n),
+            )
+        except Exception:  # noqa: BLE001 - any error pins down the index
+            return i
+    return None
+
+
+def _as_reward_list(name: str, output: object, n: int) -> list[float]:
+    """Check one function's output and turn it into floats (NaN for None)."""
+    if isinstance(output, torch.Tensor):
+        output = output.tolist() if output.dim() == 1 else output
+    if hasattr(output, "tolist") and not isinstance(output, (list, tuple)):  # numpy arrays
+        output = output.tolist()
+    if isinstance(output, (str, bytes, Mapping)) or not isinstance(output, Sequence):
+        raise TypeError(
+            f"reward function {name!r} returned {type(output).__name__} {output!r:.80}; "
+            f"expected a list of {n} floats (one per completion, None for 'not applicable')"
+        )
+    if len(output) != n:
+        raise ValueError(
+            f"reward function {name!r} returned {len(output)} rewards but got {n} completions; "
+            "expected exactly one reward per completion"
+        )
+    values = []
+    for i, v in enumerate(output):
+        if v is None:
+            values.append(math.nan)
+            continue
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            v = v.item()
+        if not isinstance(v, numbers.Real):  # bool is accepted as 0/1, like int
+            raise TypeError(
+                f"reward function {name!r} returned a non-numeric value {v!r:.80} ({type(v).__name__}) "
+                f"at index {i}; expected a float, an int or None"
+            )
+        x = float(v)
+        if not math.isfinite(x):
+            raise ValueError(
+                f"reward function {name!r} returned {x} at index {i}; rewards must be finite "
+                "(return None for 'not applicable')"
+            )
+        values.append(x)
+    return values
+
+
+def compute_rewards(
+    reward_fns: Sequence[RewardFn] | RewardFn,
+    weights: Sequence[float] | None,
+    prompts: Sequence,
+    completions: Sequence,
+    answers: Sequence,
+    *,
+    dtype: torch.dtype = torch.float32,
+    **columns,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Stage 2: call every reward function on a batch, check what comes back, weight and sum.
+
+    Each function is called TRL-style as
+    ``fn(prompts=..., completions=..., answer=answers, **columns)``, where
+    ``columns`` are further dataset columns (one value per completion).
+
+    Args:
+        reward_fns: a reward function or a list of them.
+        weights: one weight per function, or None for all 1.0.
+        prompts, completions, answers: one entry per completion, N in all.
+        dtype: dtype of the returned tensors.
+
+    Returns:
+        ``(total, per_fn)``. ``total`` is ``[N]``: the weighted sum over the
+        functions that did not return None (NaN where all of them did).
+        ``per_fn`` maps each function's name to its ``[N]`` raw rewards, NaN
+        where it returned None; use ``reward_function_means`` (a NaN-skipping
+        mean) to log them.
+
+    Raises:
+        RewardFunctionError: a function raised; the message names it and the
+            first completion it fails on, and the original error is chained.
+        ValueError: a function returned the wrong number of rewards, NaN or inf,
+            or the inputs disagree in length.
+        TypeError: a function returned a non-numeric value, or an input has
+            the wrong type.
+    """
+    fns = [reward_fns] if callable(reward_fns) else reward_fns
+    if isinstance(fns, (str, Mapping)) or not isinstance(fns, Sequence) or not fns:
+        raise TypeError(f"reward_fns must be a reward function or a non-empty list of them, got {reward_fns!r:.80}")
+    for i, fn in enumerate(fns):
+        if not callable(fn):
+            raise TypeError(f"reward_fns[{i}] must be callable, got {type(fn).__name__}: {fn!r:.80}")
+    if weights is None:
+        w = [1.0] * len(fns)
+    else:
+        if isinstance(weights, (str, Mapping)) or not isinstance(weights, Sequence):
+            raise TypeError(f"weights must be a list of numbers or None, got {type(weights).__name__}")
+        if len(weights) != len(fns):
+            raise ValueError(f"weights has {len(weights)} entries but there are {len(fns)} reward functions")
+        w = [_check_weight(x, f"weights[{i}]") for i, x in enumerate(weights)]
+    for arg_name, arg in (("prompts", prompts), ("completions", completions), ("answers", answers)):
+        if isinstance(arg, (str, Mapping)) or not isinstance(arg, Sequence):
+            raise TypeError(f"{arg_name} must be a list with one entry per completion, got {type(arg).__name__}")
+    n = len(completions)
+    if n == 0:
+        raise ValueError("completions is empty; expected at least one completion to score")
+    if len(prompts) != n or len(answers) != n:
+        raise ValueError(
+            f"prompts, completions and answers must have the same length, got "
+            f"{len(prompts)}, {n} and {len(answers)}"
+        )
+    if "answer" in columns:
+        raise ValueError("pass the references as answers=..., not as an extra 'answer' column")
+    prompts, completions, answers = list(prompts), list(completions), list(answers)
+
+    names = _unique_names(fns)
+    per_fn: dict[str, torch.Tensor] = {}
+    for fn, name in zip(fns, names):
+        try:
+            output = fn(prompts=prompts, completions=completions, answer=answers, **columns)
+        except Exception as err:  # noqa: BLE001 - re-raised with context below
+            index = _find_failing_index(fn, prompts, completions, answers, columns)
+            where = f"on completion {index} ({completions[index]!r:.60})" if index is not None else (
+                "on the whole batch (no single completion fails alone)"
+            )
+            raise RewardFunctionError(
+                f"reward function {name!r} raised {type(err).__name__} {where}: {err}", name, index
+            ) from err
+        per_fn[name] = torch.tensor(_as_reward_list(name, output, n), dtype=dtype)  # [N]
+
+    stacked = torch.stack(list(per_fn.values()), dim=1)  # [N, F]
+    weight = torch.tensor(w, dtype=dtype)  # [F]
+    total = (stacked * weight).nansum(dim=1)  # [N]  None (NaN) terms drop out
+    total[torch.isnan(stacked).all(dim=1)] = math.nan  # unscorable: every function said None
+    return total, per_fn
+
+
+def reward_function_means(per_fn: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """Each function's mean reward for logging, skipping its None (NaN) entries.
+
+    A function that returned None for every completion logs NaN.
+    """
+    return {name: float(torch.nanmean(values.float())) for name, values in per_fn.items()}

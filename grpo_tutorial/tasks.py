@@ -1,0 +1,556 @@
+"""Stage 0 of a GRPO step: the prompts, each with an answer a program can check.
+
+* ``make_arithmetic_dataset``: generated sums, differences and products. It
+  needs no network, so every chapter can run offline.
+* ``make_countdown_dataset``: reach a target from given numbers; the reward is
+  ``countdown_reward``, which checks the expression with a whitelist parser.
+* ``load_gsm8k``: grade-school word problems from the Hugging Face hub, online only.
+* ``validate_dataset``: the checks the trainer runs before it starts.
+
+Every row is a dict with at least ``"prompt"`` and ``"answer"`` (a string), the
+columns TRL's ``GRPOTrainer`` passes to reward functions as keyword arguments.
+"""
+
+from __future__ import annotations
+
+import ast
+import numbers
+import operator
+import os
+import random
+import re
+import socket
+import threading
+from collections.abc import Collection, Mapping, Sequence
+from fractions import Fraction
+from urllib.parse import urlparse
+
+from .rewards import _canonical, _parse_number, _references, _texts
+
+__all__ = [
+    "DatasetUnavailableError",
+    "countdown_expression",
+    "countdown_reward",
+    "evaluate_expression",
+    "gsm8k_final_answer",
+    "load_gsm8k",
+    "make_arithmetic_dataset",
+    "make_countdown_dataset",
+    "train_test_split_arithmetic",
+    "validate_dataset",
+]
+
+_ARITH_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+_STYLES = ("plain", "question")
+_ENUMERATE_LIMIT = 100_000  # below this many problems, list them all and sample from the list
+
+
+# ---------------------------------------------------------------------------
+# Arithmetic
+# ---------------------------------------------------------------------------
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _check_ops(op: str | Sequence[str]) -> list[str]:
+    ops = [op] if isinstance(op, str) else list(op) if isinstance(op, Sequence) else None
+    if not ops or any(o not in _ARITH_OPS for o in ops):
+        raise ValueError(f"op must be one of {sorted(_ARITH_OPS)} or a list of them, got {op!r}")
+    return list(dict.fromkeys(ops))  # drop repeats, keep order
+
+
+def _arith_prompt(a: int, op: str, b: int, style: str) -> str:
+    """``12+34=`` for the character-level model, a question for an instruct LLM."""
+    if style == "plain":
+        return f"{a}{op}{b}="
+    return f"What is {a} {op} {b}?"
+
+
+def _arith_row(a: int, op: str, b: int, style: str) -> dict:
+    return {"prompt": _arith_prompt(a, op, b, style), "answer": str(_ARITH_OPS[op](a, b)), "a": a, "b": b, "op": op}
+
+
+def make_arithmetic_dataset(
+    n: int,
+    seed: int,
+    *,
+    op: str | Sequence[str] = "+",
+    digits: int = 2,
+    style: str = "plain",
+    allow_negative: bool = True,
+    unique: bool = False,
+    exclude: Collection[str] | None = None,
+) -> list[dict]:
+    """Generate ``n`` arithmetic problems, the same ones for the same arguments.
+
+    Args:
+        n: number of rows (>= 1).
+        seed: seed of the private ``random.Random`` that draws them.
+        op: ``"+"``, ``"-"``, ``"*"``, or a list of them (one drawn per row).
+        digits: each operand is drawn uniformly from ``0 .. 10**digits - 1``,
+            so ``digits=1`` means 0-9 and ``digits=2`` means 0-99.
+        style: ``"plain"`` gives ``"12+34="``, built only from the characters
+            ``0123456789+-*=`` (for the tiny character-level model);
+            ``"question"`` gives ``"What is 12 + 34?"`` (for an instruct LLM).
+        allow_negative: if False, subtraction only draws ``a >= b``.
+        unique: if True, no prompt appears twice (raises if there are too few).
+        exclude: prompts never to produce, e.g. a test set's
+            (``train_test_split_arithmetic`` does this for you).
+
+    Returns:
+        Rows ``{"prompt", "answer", "a", "b", "op"}``; ``answer`` is the exact
+        integer result as a string, such as ``"46"`` or ``"-22"``.
+    """
+    n = _check_int("n", n, 1)
+    seed = _check_int("seed", seed, -(2**63))
+    digits = _check_int("digits", digits, 1)
+    ops = _check_ops(op)
+    if style not in _STYLES:
+        raise ValueError(f"style must be one of {list(_STYLES)}, got {style!r}")
+    if exclude is not None and (isinstance(exclude, str) or not isinstance(exclude, Collection)):
+        raise TypeError(f"exclude must be a set or list of prompt strings, got {type(exclude).__name__}")
+    banned = set(exclude or ())
+    rng = random.Random(seed)
+    hi = 10**digits
+
+    def allowed(a: int, o: str, b: int) -> bool:
+        return allow_negative or o != "-" or a >= b
+
+    if len(ops) * hi * hi <= _ENUMERATE_LIMIT:
+        pool = [
+            (a, o, b)
+            for o in ops
+            for a in range(hi)
+            for b in range(hi)
+            if allowed(a, o, b) and _arith_prompt(a, o, b, style) not in banned
+        ]
+        if not pool:
+            raise ValueError(f"exclude removes every possible problem (op={op!r}, digits={digits})")
+        if unique and n > len(pool):
+            raise ValueError(
+                f"n={n} unique problems requested but only {len(pool)} exist for op={op!r}, "
+                f"digits={digits} after exclusions"
+            )
+        picks = rng.sample(pool, n) if unique else [rng.choice(pool) for _ in range(n)]
+        return [_arith_row(a, o, b, style) for a, o, b in picks]
+
+    # Too many problems to list: draw and reject repeats/excluded ones.
+    rows: list[dict] = []
+    seen: set[str] = set()
+    budget = 50 * n + 10_000
+    while len(rows) < n:
+        if budget == 0:
+            raise ValueError(
+                f"could not draw {n} allowed problems (op={op!r}, digits={digits}, unique={unique}); "
+                "relax unique or exclude"
+            )
+        budget -= 1
+        o = rng.choice(ops)
+        a, b = rng.randrange(hi), rng.randrange(hi)
+        prompt = _arith_prompt(a, o, b, style)
+        if not allowed(a, o, b) or prompt in banned or (unique and prompt in seen):
+            continue
+        seen.add(prompt)
+        rows.append(_arith_row(a, o, b, style))
+    return rows
+
+
+def train_test_split_arithmetic(
+    n_train: int,
+    n_test: int,
+    seed: int,
+    *,
+    op: str | Sequence[str] = "+",
+    digits: int = 2,
+    style: str = "plain",
+    allow_negative: bool = True,
+) -> tuple[list[dict], list[dict]]:
+    """A training set and a held-out test set that share no prompt.
+
+    The test set has ``n_test`` distinct problems; the training set draws (with
+    repeats) from everything else. Both are fixed by ``seed``.
+    """
+    n_train = _check_int("n_train", n_train, 1)
+    n_test = _check_int("n_test", n_test, 1)
+    seeds = random.Random(seed)
+    common = {"op": op, "digits": digits, "style": style, "allow_negative": allow_negative}
+    test = make_arithmetic_dataset(n_test, seeds.getrandbits(32), unique=True, **common)
+    train = make_arithmetic_dataset(
+        n_train, seeds.getrandbits(32), exclude={row["prompt"] for row in test}, **common
+    )
+    return train, test
+
+
+# ---------------------------------------------------------------------------
+# Countdown
+# ---------------------------------------------------------------------------
+
+_COUNTDOWN_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+_AST_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_EXPRESSION_CHARS = frozenset("0123456789+-*/() \t")
+_MAX_EXPRESSION_CHARS = 200
+
+
+def _fraction_op(op: str, x: Fraction, y: Fraction) -> Fraction | None:
+    """x op y exactly, or None for a division by zero."""
+    if op == "/" and y == 0:
+        return None
+    return _COUNTDOWN_OPS[op](x, y)
+
+
+def make_countdown_dataset(
+    n: int,
+    seed: int,
+    *,
+    num_numbers: int = 3,
+    max_number: int = 10,
+    ops: Sequence[str] = ("+", "-", "*"),
+) -> list[dict]:
+    """Countdown puzzles: combine the given numbers to hit the target.
+
+    Each instance is built backwards from a random expression, so it is always
+    solvable: draw ``num_numbers`` integers in ``1..max_number``, then join two
+    random sub-expressions with a random operator until one is left. Every
+    intermediate value must be a positive integer (so ``/`` only divides
+    exactly), as in the TV game.
+
+    Args:
+        n: number of rows (>= 1).
+        seed: seed of the private ``random.Random``.
+        num_numbers: how many numbers each puzzle gives (>= 2).
+        max_number: the largest number drawn (>= 1).
+        ops: the operators the generator may use, from ``+ - * /``. The
+            verifier accepts all four whatever the generator used.
+
+    Returns:
+        Rows ``{"prompt", "answer", "target", "numbers", "solution"}``:
+        ``answer`` is the target as a string, ``numbers`` a shuffled list of
+        ints and ``solution`` one expression that works.
+    """
+    n = _check_int("n", n, 1)
+    num_numbers = _check_int("num_numbers", num_numbers, 2)
+    max_number = _check_int("max_number", max_number, 1)
+    if isinstance(ops, str):
+        ops = list(ops)
+    if not ops or any(o not in _COUNTDOWN_OPS for o in ops):
+        raise ValueError(f"ops must be a non-empty list from {sorted(_COUNTDOWN_OPS)}, got {ops!r}")
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        numbers_ = [rng.randint(1, max_number) for _ in range(num_numbers)]
+        solution, target = _random_expression(rng, numbers_, list(ops))
+        shown = numbers_[:]
+        rng.shuffle(shown)
+        rows.append(
+            {
+                "prompt": (
+                    f"Using the numbers {shown}, write an expression that equals {target}. "
+                    "Use each number exactly once, with + - * / and parentheses. "
+                    "Put the expression inside <answer></answer>."
+                ),
+                "answer": str(target),
+                "target": target,
+                "numbers": shown,
+                "solution": solution,
+            }
+        )
+    return rows
+
+
+def _random_expression(rng: random.Random, nums: list[int], ops: list[str]) -> tuple[str, int]:
+    """Join the numbers into one random expression with positive integer steps."""
+    for _ in range(10_000):
+        items = [(str(x), Fraction(x)) for x in nums]
+        while len(items) > 1:
+            i, j = rng.sample(range(len(items)), 2)
+            (ls, lv), (rs, rv) = items[i], items[j]
+            op = rng.choice(ops)
+            value = _fraction_op(op, lv, rv)
+            if value is None or value <= 0 or value.denominator != 1:
+                break  # not a legal Countdown step; start this puzzle over
+            items = [it for k, it in enumerate(items) if k not in (i, j)]
+            items.append((f"({ls} {op} {rs})", value))
+        else:
+            text, value = items[0]
+            return (text[1:-1] if text.startswith("(") else text), int(value)
+    raise ValueError(f"ops={ops!r} could not build a puzzle from {nums} with positive integer steps")
+
+
+def evaluate_expression(expr: str) -> tuple[Fraction, list[int]]:
+    """Safely evaluate an arithmetic expression from model output. Never calls ``eval``.
+
+    Allowed: non-negative integer literals, the binary operators ``+ - * /``
+    and parentheses (``x``/``×`` and ``÷`` are read as ``*`` and ``/``).
+    Everything else is rejected before evaluation: names, calls, attributes,
+    strings, ``**``, ``//``, unary minus, decimals. The text is first checked
+    against a character whitelist, then parsed with ``ast`` and walked with a
+    whitelist of node types; values are exact fractions.
+
+    Returns:
+        ``(value, numbers_used)``, the literals in the order written.
+
+    Raises:
+        ValueError: the expression is empty, too long (> 200 characters), uses
+            anything outside the whitelist, or divides by zero.
+    """
+    if not isinstance(expr, str):
+        raise TypeError(f"expr must be a str, got {type(expr).__name__}")
+    text = expr.replace("\u00d7", "*").replace("\u00f7", "/").replace("\u2212", "-").strip()
+    if not text:
+        raise ValueError("expr is empty; expected an arithmetic expression like '(3 + 5) * 2'")
+    if len(text) > _MAX_EXPRESSION_CHARS:
+        raise ValueError(f"expr has {len(text)} characters; at most {_MAX_EXPRESSION_CHARS} are allowed")
+    bad = sorted(set(text) - _EXPRESSION_CHARS)
+    if bad:
+        raise ValueError(f"expr {expr!r:.80} contains {bad!r}; only digits, + - * /, parentheses and spaces are allowed")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
+        raise ValueError(f"expr {expr!r:.80} is not a valid expression: {err}") from None
+    used: list[int] = []
+
+    def walk(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.BinOp) and type(node.op) not in _AST_OPS:
+            raise ValueError(f"expr {expr!r:.80} uses the operator {type(node.op).__name__}, which is not allowed")
+        if isinstance(node, ast.BinOp):
+            left, right = walk(node.left), walk(node.right)
+            if isinstance(node.op, ast.Div) and right == 0:
+                raise ValueError(f"expr {expr!r:.80} divides by zero")
+            return _AST_OPS[type(node.op)](left, right)
+        if isinstance(node, ast.Constant) and type(node.value) is int and node.value >= 0:
+            used.append(node.value)
+            return Fraction(node.value)
+        raise ValueError(f"expr {expr!r:.80} uses {type(node).__name__}, which is not allowed")
+
+    return walk(tree.body), used
+
+
+_TAG_RE = re.compile(r"<answer>((?:(?!<answer>).)*?)</answer>", re.DOTALL | re.IGNORECASE)
+
+
+def countdown_expression(text: str) -> str | None:
+    """The expression a Countdown completion proposes, or None.
+
+    Taken from the last ``<answer>...</answer>``, else from the last non-blank
+    line. A trailing ``= result`` is dropped: ``"3 * 7 + 2 = 23"`` gives
+    ``"3 * 7 + 2"``.
+    """
+    tags = _TAG_RE.findall(text)
+    if tags:
+        candidate = tags[-1]
+    else:
+        lines = [line for line in text.splitlines() if line.strip()]
+        if not lines:
+            return None
+        candidate = lines[-1]
+    candidate = candidate.split("=")[0].strip()
+    return candidate or None
+
+
+def countdown_reward(
+    completions: Sequence,
+    *,
+    numbers: Sequence[Sequence[int]],
+    target: Sequence | None = None,
+    answer: Sequence | None = None,
+    **kwargs,
+) -> list[float]:
+    """1.0 when a completion's expression uses each given number exactly once and equals the target.
+
+    "Exactly once" means the multiset of literals written equals ``numbers``:
+    none missing, none reused, nothing extra. The expression is read by
+    ``countdown_expression`` and checked by ``evaluate_expression`` (a whitelist
+    parser, never ``eval``); anything it rejects scores 0.0. ``target`` is used
+    when given, else ``answer`` (the dataset has both columns).
+    """
+    texts = _texts(completions)
+    refs = target if target is not None else answer
+    if refs is None:
+        raise TypeError("countdown_reward needs target=[...] or answer=[...], one target per completion")
+    refs = _references(refs, len(texts), "target" if target is not None else "answer")
+    nums_per_row = _references(numbers, len(texts), "numbers")
+    scores = []
+    for i, (text, nums, ref) in enumerate(zip(texts, nums_per_row, refs)):
+        goal = _parse_number(str(ref))
+        if goal is None:
+            raise ValueError(f"target[{i}] must be a number, got {ref!r}")
+        expr = countdown_expression(text)
+        if expr is None:
+            scores.append(0.0)
+            continue
+        try:
+            value, used = evaluate_expression(expr)
+        except ValueError:
+            scores.append(0.0)
+            continue
+        scores.append(1.0 if sorted(used) == sorted(int(x) for x in nums) and value == goal else 0.0)
+    return scores
+
+
+# ---------------------------------------------------------------------------
+# GSM8K (online only)
+# ---------------------------------------------------------------------------
+
+
+class DatasetUnavailableError(ConnectionError):
+    """The dataset needs the Hugging Face hub, which is offline or unreachable."""
+
+
+_FALLBACK_ADVICE = (
+    "Use the generated problems instead, which work offline: "
+    "grpo_tutorial.make_arithmetic_dataset(n=1000, seed=0, style='question')."
+)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _hub_reachable(timeout: float) -> bool:
+    """Can we open a TCP connection to the hub within ``timeout`` seconds?
+
+    Runs in a daemon thread so that a slow DNS lookup cannot block us either.
+    """
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(result and result[0])
+
+
+def gsm8k_final_answer(solution: str) -> str:
+    """The number after ``####`` in a GSM8K solution, canonical (``"1,000"`` -> ``"1000"``)."""
+    if not isinstance(solution, str) or "####" not in solution:
+        raise ValueError(f"solution must be a GSM8K answer text ending in '#### <number>', got {solution!r:.80}")
+    tail = solution.rsplit("####", 1)[1]
+    value = _parse_number(tail)
+    if value is None:
+        raise ValueError(f"no number after '####' in {solution!r:.80}")
+    return _canonical(value)
+
+
+def load_gsm8k(split: str = "train", *, timeout: float = 3.0) -> list[dict]:
+    """GSM8K from the Hugging Face hub (``openai/gsm8k``, config ``main``). Online only.
+
+    Returns:
+        Rows ``{"prompt", "answer", "solution"}``: the question, the final number
+        (canonical string) and the worked solution.
+
+    Raises:
+        DatasetUnavailableError: (a ``ConnectionError``) at once when
+            ``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` is set, or when the hub
+            does not answer within ``timeout`` seconds. The message points to
+            ``make_arithmetic_dataset``, which needs no network.
+        ImportError: the ``datasets`` package is missing.
+    """
+    if not isinstance(split, str) or not split.strip():
+        raise TypeError(f"split must be a str such as 'train' or 'test', got {split!r}")
+    for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if _env_flag(flag):
+            raise DatasetUnavailableError(f"load_gsm8k needs the Hugging Face hub, but {flag} is set. {_FALLBACK_ADVICE}")
+    if not _hub_reachable(timeout):
+        raise DatasetUnavailableError(
+            f"load_gsm8k could not reach the Hugging Face hub within {timeout:g} s. {_FALLBACK_ADVICE}"
+        )
+    try:
+        from datasets import load_dataset
+    except ImportError as err:
+        raise ImportError("load_gsm8k needs the datasets package: pip install datasets") from err
+    try:
+        data = load_dataset("openai/gsm8k", "main", split=split)
+    except (ConnectionError, TimeoutError) as err:
+        raise DatasetUnavailableError(f"load_gsm8k could not download openai/gsm8k: {err}. {_FALLBACK_ADVICE}") from err
+    return [
+        {"prompt": row["question"], "answer": gsm8k_final_answer(row["answer"]), "solution": row["answer"]}
+        for row in data
+    ]
+
+
+# ---------------------------------------------------------------------------
+# Validation (the trainer calls this before training)
+# ---------------------------------------------------------------------------
+
+_HUGE_MAX_LENGTH = 10**9  # transformers uses a ~1e30 placeholder when a model sets no limit
+
+
+def _prompt_lengths(prompts: list, tokenizer) -> list[int]:
+    """Tokens in each prompt: text as is, chat messages through the chat template."""
+    lengths = []
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            ids = tokenizer(prompt)["input_ids"]
+        else:
+            ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, Mapping) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+        lengths.append(len(ids))
+    return lengths
+
+
+def validate_dataset(rows: Sequence[Mapping], *, tokenizer=None, max_prompt_tokens: int | None = None) -> None:
+    """Check a dataset before training; raise with the row and the problem.
+
+    Checks: the dataset is a non-empty list of dicts; every row has a
+    ``"prompt"`` (a string, or a list of chat messages) and an ``"answer"``
+    that is not None; and, when a tokenizer is given, no prompt is longer than
+    ``max_prompt_tokens`` (default: ``tokenizer.model_max_length`` when that is
+    a real limit).
+
+    Raises:
+        TypeError: not a list of dicts, or a prompt of the wrong type.
+        ValueError: empty dataset, a missing key, a None answer, or a prompt
+            that is too long (naming the row, its length and the limit).
+    """
+    if isinstance(rows, (str, Mapping)) or not hasattr(rows, "__len__") or not hasattr(rows, "__getitem__"):
+        raise TypeError(f"rows must be a list of dicts with 'prompt' and 'answer', got {type(rows).__name__}")
+    if len(rows) == 0:
+        raise ValueError("the dataset is empty; expected at least one row with 'prompt' and 'answer'")
+    if max_prompt_tokens is not None:
+        _check_int("max_prompt_tokens", max_prompt_tokens, 1)
+        if tokenizer is None:
+            raise ValueError("max_prompt_tokens needs a tokenizer to count tokens; pass tokenizer=...")
+    prompts = []
+    for i in range(len(rows)):
+        row = rows[i]
+        if not isinstance(row, Mapping):
+            raise TypeError(f"dataset row {i} must be a dict, got {type(row).__name__}: {row!r:.80}")
+        for key in ("prompt", "answer"):
+            if key not in row:
+                raise ValueError(f"dataset row {i} is missing the key {key!r} (it has {sorted(row)}); every row needs 'prompt' and 'answer'")
+        prompt = row["prompt"]
+        is_chat = isinstance(prompt, Sequence) and not isinstance(prompt, str) and all(isinstance(m, Mapping) for m in prompt)
+        if not (isinstance(prompt, str) or (is_chat and len(prompt) > 0)):
+            raise TypeError(f"dataset row {i}: 'prompt' must be a str or a list of chat messages, got {type(prompt).__name__}: {prompt!r:.80}")
+        if row["answer"] is None:
+            raise ValueError(f"dataset row {i}: 'answer' is None; expected the reference answer")
+        prompts.append(prompt)
+    if tokenizer is None:
+        return
+    limit = max_prompt_tokens
+    if limit is None:
+        model_max = getattr(tokenizer, "model_max_length", None)
+        limit = model_max if isinstance(model_max, int) and model_max < _HUGE_MAX_LENGTH else None
+    if limit is None:
+        return
+    for i, length in enumerate(_prompt_lengths(prompts, tokenizer)):
+        if length > limit:
+            raise ValueError(
+                f"dataset row {i}: the prompt is {length} tokens, longer than the limit of {limit} "
+                f"(max_prompt_tokens / the model's context); shorten it or raise the limit. Prompt: {prompts[i]!r:.80}"
+            )
