@@ -1,0 +1,313 @@
+"""The book's conventions, checked on every chapter notebook and on the book config.
+
+Every notebook in notebooks/ must:
+- be committed without outputs or execution counts;
+- start with a "# N. Title" markdown cell (N from the file name, e.g. 02_...),
+  then a Colab-only install cell that pip-installs the repository named in
+  _config.yml, then a cell that calls describe_environment();
+- number its "## " sections "N.k ..." and end with "## Summary" and "## Exercises";
+- put every solution in a dropdown (":class: dropdown");
+- carry a per-notebook timeout (<= 600 s) for both nbmake and myst-nb.
+Every notebook and book page is listed in _toc.yml, and everything listed exists.
+
+To clear the outputs of notebooks before committing:
+    .venv/bin/python tests/test_notebooks_meta.py --clear notebooks/*.ipynb
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+MAX_TIMEOUT = 600
+NAME_RE = re.compile(r"^(\d{2})_[a-z0-9_]+\.ipynb$")
+SOLUTION_RE = re.compile(r"^(?:`{3,}|:{3,})\{solution(?:-start)?\}[^\n]*\n((?:[ \t]*:[^\n]*\n)*)", re.M)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def load_config() -> dict:
+    """The parsed _config.yml."""
+    return yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf8"))
+
+
+def repository_url() -> str:
+    """The repository URL, defined once in _config.yml."""
+    return load_config()["repository"]["url"]
+
+
+def toc_files(toc: dict) -> list[str]:
+    """Every document named in a jb-book _toc.yml: the root, then all `file:` entries."""
+    found = [toc["root"]]
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            if "file" in node:
+                found.append(node["file"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk({k: v for k, v in toc.items() if k != "root"})
+    return found
+
+
+def book_documents(root: Path) -> set[str]:
+    """Pages and notebooks that must appear in the toc, as suffix-less posix paths."""
+    docs = {p.relative_to(root).with_suffix("").as_posix() for p in (root / "notebooks").glob("*.ipynb")}
+    for pattern in ("*.md", "*.ipynb"):
+        for page in (root / "book").rglob(pattern):
+            rel = page.relative_to(root)
+            if rel.parts[:2] == ("book", "data") or ".ipynb_checkpoints" in rel.parts:
+                continue
+            docs.add(rel.with_suffix("").as_posix())
+    return docs
+
+
+def notebook_problems_outputs(nb: nbformat.NotebookNode) -> list[str]:
+    """Cells that carry outputs or execution counts (both must be empty when committed)."""
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        if cell.get("outputs"):
+            problems.append(f"cell {i} has {len(cell.outputs)} output(s)")
+        if cell.get("execution_count") is not None:
+            problems.append(f"cell {i} has execution_count={cell.execution_count}")
+    return problems
+
+
+def clear_outputs(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Remove outputs and execution counts in place; return the notebook."""
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+    return nb
+
+
+def headings(nb: nbformat.NotebookNode, level: int) -> list[str]:
+    """Text of the markdown headings of one level, outside fenced code blocks."""
+    prefix = "#" * level + " "
+    found = []
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        in_fence = False
+        for line in cell.source.splitlines():
+            if line.lstrip().startswith(("```", "~~~")):
+                in_fence = not in_fence
+            elif not in_fence and line.startswith(prefix):
+                found.append(line[len(prefix):].strip())
+    return found
+
+
+def solutions_without_dropdown(markdown: str) -> list[str]:
+    """The opening lines of {solution} / {solution-start} directives lacking :class: dropdown."""
+    bad = []
+    for match in SOLUTION_RE.finditer(markdown):
+        options = match.group(1)
+        classes = re.findall(r":class:\s*([^\n]*)", options)
+        if not any("dropdown" in c.split() for c in classes):
+            bad.append(match.group(0).splitlines()[0])
+    return bad
+
+
+def code_cells(nb: nbformat.NotebookNode) -> list[str]:
+    return [c.source for c in nb.cells if c.cell_type == "code"]
+
+
+# ------------------------------------------------------ the helpers themselves
+
+
+def test_helpers_detect_outputs_and_clear_them():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# 1. T"),
+        nbformat.v4.new_code_cell("1 + 1", execution_count=3, outputs=[nbformat.v4.new_output("execute_result", {"text/plain": "2"}, execution_count=3)]),
+        nbformat.v4.new_code_cell("x = 1"),
+    ]
+    assert notebook_problems_outputs(nb) == ["cell 1 has 1 output(s)", "cell 1 has execution_count=3"]
+    assert notebook_problems_outputs(clear_outputs(nb)) == []
+
+
+def test_solution_check_finds_missing_dropdown():
+    text = (
+        "```{solution} ex-a\n:class: dropdown\nok\n```\n"
+        "````{solution-start} ex-b\n:label: x\n````\n"
+        ":::{solution} ex-c\n:class: tip dropdown\n:::\n"
+        "```{solution} ex-d\nno options\n```\n"
+    )
+    assert solutions_without_dropdown(text) == ["````{solution-start} ex-b", "```{solution} ex-d"]
+
+
+def test_headings_skip_code_fences():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("## 3.1 A\n```python\n## not a heading\n```\n## Summary")]
+    assert headings(nb, 2) == ["3.1 A", "Summary"]
+
+
+def test_toc_files_walks_parts_and_sections():
+    toc = {
+        "format": "jb-book",
+        "root": "book/intro",
+        "parts": [{"caption": "A", "chapters": [{"file": "x", "sections": [{"file": "y"}]}]}],
+    }
+    assert toc_files(toc) == ["book/intro", "x", "y"]
+
+
+# ------------------------------------------------------------- the config
+
+
+def test_config_settings():
+    config = load_config()
+    assert config["title"] == "GRPO from the Ground Up"
+    execute = config["execute"]
+    assert execute["execute_notebooks"] == "force", "the cache cannot see package changes"
+    assert execute["allow_errors"] is False
+    assert 0 < execute["timeout"] <= MAX_TIMEOUT
+    for pattern in [".venv", "_build", ".pytest_cache", ".mathjax", ".hypothesis", "README.md", "benchmarks", "tests"]:
+        assert pattern in config["exclude_patterns"], pattern
+    assert config["repository"]["branch"] == "main"
+    assert config["launch_buttons"]["colab_url"].startswith("https://colab.research.google.com")
+    assert "sphinx_exercise" in config["sphinx"]["extra_extensions"]
+    for bib in config["bibtex_bibfiles"]:
+        assert (ROOT / bib).is_file(), bib
+
+
+def test_mathjax_is_local():
+    """MathJax must come from the build (npm package), never from a CDN."""
+    sphinx = load_config()["sphinx"]["config"]
+    assert "://" not in sphinx["mathjax_path"]
+    assert sphinx["mathjax_path"].endswith("tex-chtml.js")
+    assert not (ROOT / "_static").exists(), "JB1 would turn every MathJax .js into a script tag"
+
+
+def test_repository_url_is_written_once_in_config():
+    url = repository_url()
+    assert url.startswith("https://github.com/")
+    assert (ROOT / "_config.yml").read_text(encoding="utf8").count(url) == 1
+
+
+# ------------------------------------------------------------------ the toc
+
+
+def test_toc_lists_every_document_and_nothing_else():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf8"))
+    assert toc["format"] == "jb-book"
+    assert toc["root"] == "book/intro"
+    listed = toc_files(toc)
+    assert len(listed) == len(set(listed)), "a document is listed twice"
+    missing_files = [f for f in listed if not any((ROOT / f"{f}{ext}").is_file() for ext in (".md", ".ipynb"))]
+    assert not missing_files, f"listed in _toc.yml but no such file: {missing_files}"
+    unlisted = sorted(book_documents(ROOT) - set(listed))
+    assert not unlisted, f"not listed in _toc.yml: {unlisted}"
+
+
+# ---------------------------------------------------------- every notebook
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "notebooks/ is empty"
+
+
+@pytest.fixture(params=NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def notebook(request) -> tuple[Path, nbformat.NotebookNode]:
+    path = request.param
+    return path, nbformat.read(path, as_version=4)
+
+
+def test_file_name(notebook):
+    path, _ = notebook
+    assert NAME_RE.match(path.name), f"{path.name}: expected NN_lowercase_words.ipynb"
+
+
+def test_no_outputs_committed(notebook):
+    path, nb = notebook
+    problems = notebook_problems_outputs(nb)
+    assert not problems, f"{path.name}: {problems}; clear with: python tests/test_notebooks_meta.py --clear {path.name}"
+
+
+def test_metadata_kernel_and_timeout(notebook):
+    path, nb = notebook
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3", path.name
+    timeout = nb.metadata.get("execution", {}).get("timeout")
+    assert isinstance(timeout, int) and 0 < timeout <= MAX_TIMEOUT, f"{path.name}: execution.timeout={timeout!r}"
+    mystnb = nb.metadata.get("mystnb", {}).get("execution_timeout")
+    assert mystnb == timeout, f"{path.name}: mystnb.execution_timeout={mystnb!r} must equal execution.timeout={timeout}"
+
+
+def test_title_cell(notebook):
+    path, nb = notebook
+    first = nb.cells[0]
+    assert first.cell_type == "markdown", f"{path.name}: the first cell must be the title"
+    number = int(path.name[:2])
+    title = first.source.splitlines()[0]
+    assert re.match(rf"^# {number}\. \S", title), f"{path.name}: title {title!r}, expected '# {number}. ...'"
+    assert len(first.source.split()) > 30, f"{path.name}: the title cell needs a 'what you will learn' paragraph"
+
+
+def test_colab_install_cell(notebook):
+    path, nb = notebook
+    cell = code_cells(nb)[0]
+    assert 'if "google.colab" in sys.modules:' in cell, f"{path.name}: the first code cell must be Colab-only"
+    assert "sys.executable" in cell and '"pip"' in cell, f"{path.name}: install with sys.executable -m pip"
+    assert "git+" in cell, f"{path.name}: install the package from the git repository"
+    urls = re.findall(r"https?://[^\s\"'{}]+", cell)
+    assert urls, f"{path.name}: no repository URL in the install cell"
+    assert set(urls) == {repository_url()}, f"{path.name}: {urls} != repository.url in _config.yml"
+
+
+def test_environment_cell(notebook):
+    path, nb = notebook
+    cell = code_cells(nb)[1]
+    assert "from grpo_tutorial.env import describe_environment" in cell, path.name
+    assert "describe_environment()" in cell, path.name
+
+
+def test_sections_summary_and_exercises(notebook):
+    path, nb = notebook
+    number = int(path.name[:2])
+    sections = headings(nb, 2)
+    assert sections[-2:] == ["Summary", "Exercises"], f"{path.name}: must end with Summary then Exercises, got {sections[-2:]}"
+    numbered = sections[:-2]
+    assert numbered, f"{path.name}: no numbered sections"
+    expected = [f"{number}.{k}" for k in range(1, len(numbered) + 1)]
+    got = [s.split()[0] for s in numbered]
+    assert got == expected, f"{path.name}: section numbers {got}, expected {expected}"
+    assert len(headings(nb, 1)) == 1, f"{path.name}: exactly one '# ' title"
+
+
+def test_exercises_have_dropdown_solutions(notebook):
+    path, nb = notebook
+    markdown = "\n".join(c.source + "\n" for c in nb.cells if c.cell_type == "markdown")
+    assert "{exercise}" in markdown or "{exercise-start}" in markdown, f"{path.name}: no exercise"
+    assert re.search(r"\{solution(-start)?\}", markdown), f"{path.name}: no solution"
+    assert not solutions_without_dropdown(markdown), f"{path.name}: {solutions_without_dropdown(markdown)}"
+
+
+def test_at_least_one_figure(notebook):
+    path, nb = notebook
+    assert any("plt.show()" in c for c in code_cells(nb)), f"{path.name}: no figure"
+
+
+# ----------------------------------------------------------------- command line
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] != "--clear":
+        sys.exit("usage: python tests/test_notebooks_meta.py --clear NOTEBOOK.ipynb ...")
+    for name in sys.argv[2:]:
+        nb = nbformat.read(name, as_version=4)
+        nbformat.write(clear_outputs(nb), name)
+        print("cleared", name)
