@@ -31,9 +31,11 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 # MathJax comes from the npm registry at build time; nothing of it is committed.
+# _config.yml has Sphinx copy .mathjax/node_modules/ into _build/html/_static/.
 $(MATHJAX_DIR)/node_modules/mathjax/es5/tex-chtml.js:
+	@command -v npm >/dev/null || { echo "make book needs npm (to fetch MathJax 3 for offline math)" >&2; exit 1; }
 	mkdir -p $(MATHJAX_DIR)
-	npm install --silent --no-audit --no-fund --prefix $(MATHJAX_DIR) mathjax@3
+	npm install --silent --no-audit --no-fund --prefix $(MATHJAX_DIR) mathjax@3 </dev/null
 
 test: $(STAMP)
 	$(BIN)/python -m pytest --nbmake --nbmake-kernel=python3 tests notebooks $(PYTEST_ARGS)
@@ -42,13 +44,19 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" tests $(PYTEST_ARGS)
 
 book: $(STAMP) $(MATHJAX_DIR)/node_modules/mathjax/es5/tex-chtml.js
-	rm -rf _build/html _build/.doctrees
+	rm -rf _build/html _build/.doctrees _build/jupyter_execute
 	$(BIN)/jupyter-book build . -W -n --keep-going $(BOOK_ARGS)
 
-# Render notebooks that already carry outputs (CI: nbmake wrote them) without re-executing.
+# Render notebooks that already carry outputs (CI: nbmake wrote them) without
+# executing them again. `jupyter-book build --config FILE` (JB 1.0.4) replaces
+# _config.yml rather than merging with it, so the noexec config is generated from
+# _config.yml with only execute_notebooks changed, and nothing is written twice.
+NOEXEC_CONFIG := _build/_config_noexec.yml
 book-noexec: $(STAMP) $(MATHJAX_DIR)/node_modules/mathjax/es5/tex-chtml.js
-	rm -rf _build/html _build/.doctrees
-	$(BIN)/jupyter-book build . -W -n --keep-going --config _config_noexec.yml $(BOOK_ARGS)
+	rm -rf _build/html _build/.doctrees _build/jupyter_execute
+	mkdir -p _build
+	$(BIN)/python -c 'import sys, yaml; c = yaml.safe_load(open("_config.yml")); c["execute"]["execute_notebooks"] = "off"; yaml.safe_dump(c, open(sys.argv[1], "w"), sort_keys=False)' $(NOEXEC_CONFIG)
+	$(BIN)/jupyter-book build . -W -n --keep-going --config $(NOEXEC_CONFIG) $(BOOK_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
