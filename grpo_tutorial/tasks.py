@@ -19,11 +19,8 @@ import operator
 import os
 import random
 import re
-import socket
-import threading
 from collections.abc import Collection, Mapping, Sequence
 from fractions import Fraction
-from urllib.parse import urlparse
 
 from .rewards import _canonical, _parse_number, _references, _texts
 
@@ -195,6 +192,7 @@ _COUNTDOWN_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": 
 _AST_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 _EXPRESSION_CHARS = frozenset("0123456789+-*/() \t")
 _MAX_EXPRESSION_CHARS = 200
+_MAX_DRAWS = 20_000  # attempts at a legal random puzzle before giving up
 
 
 def _fraction_op(op: str, x: Fraction, y: Fraction) -> Fraction | None:
@@ -211,6 +209,7 @@ def make_countdown_dataset(
     num_numbers: int = 3,
     max_number: int = 10,
     ops: Sequence[str] = ("+", "-", "*"),
+    max_target: int | None = None,
 ) -> list[dict]:
     """Countdown puzzles: combine the given numbers to hit the target.
 
@@ -227,6 +226,8 @@ def make_countdown_dataset(
         max_number: the largest number drawn (>= 1).
         ops: the operators the generator may use, from ``+ - * /``. The
             verifier accepts all four whatever the generator used.
+        max_target: if given, puzzles whose target exceeds it are redrawn
+            (products grow fast: 4 numbers up to 10 can give 10000).
 
     Returns:
         Rows ``{"prompt", "answer", "target", "numbers", "solution"}``:
@@ -236,6 +237,8 @@ def make_countdown_dataset(
     n = _check_int("n", n, 1)
     num_numbers = _check_int("num_numbers", num_numbers, 2)
     max_number = _check_int("max_number", max_number, 1)
+    if max_target is not None:
+        max_target = _check_int("max_target", max_target, 1)
     if isinstance(ops, str):
         ops = list(ops)
     if not ops or any(o not in _COUNTDOWN_OPS for o in ops):
@@ -243,8 +246,7 @@ def make_countdown_dataset(
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
-        numbers_ = [rng.randint(1, max_number) for _ in range(num_numbers)]
-        solution, target = _random_expression(rng, numbers_, list(ops))
+        numbers_, solution, target = _random_puzzle(rng, num_numbers, max_number, list(ops), max_target)
         shown = numbers_[:]
         rng.shuffle(shown)
         rows.append(
@@ -263,9 +265,16 @@ def make_countdown_dataset(
     return rows
 
 
-def _random_expression(rng: random.Random, nums: list[int], ops: list[str]) -> tuple[str, int]:
-    """Join the numbers into one random expression with positive integer steps."""
-    for _ in range(10_000):
+def _random_puzzle(
+    rng: random.Random, k: int, max_number: int, ops: list[str], max_target: int | None
+) -> tuple[list[int], str, int]:
+    """Draw k numbers and join them into a random expression with positive integer steps.
+
+    A draw that hits an illegal step (a non-positive or fractional value), or
+    whose target exceeds ``max_target``, is thrown away and redrawn, numbers included.
+    """
+    for _ in range(_MAX_DRAWS):
+        nums = [rng.randint(1, max_number) for _ in range(k)]
         items = [(str(x), Fraction(x)) for x in nums]
         while len(items) > 1:
             i, j = rng.sample(range(len(items)), 2)
@@ -278,8 +287,13 @@ def _random_expression(rng: random.Random, nums: list[int], ops: list[str]) -> t
             items.append((f"({ls} {op} {rs})", value))
         else:
             text, value = items[0]
-            return (text[1:-1] if text.startswith("(") else text), int(value)
-    raise ValueError(f"ops={ops!r} could not build a puzzle from {nums} with positive integer steps")
+            if max_target is not None and value > max_target:
+                continue
+            return nums, (text[1:-1] if text.startswith("(") else text), int(value)
+    raise ValueError(
+        f"ops={ops!r} could not build a puzzle of {k} numbers up to {max_number} with positive integer "
+        f"steps and a target <= {max_target} in {_MAX_DRAWS} draws; add '+' to ops or raise max_target"
+    )
 
 
 def evaluate_expression(expr: str) -> tuple[Fraction, list[int]]:
@@ -408,32 +422,6 @@ _FALLBACK_ADVICE = (
 )
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-
-
-def _hub_reachable(timeout: float) -> bool:
-    """Can we open a TCP connection to the hub within ``timeout`` seconds?
-
-    Runs in a daemon thread so that a slow DNS lookup cannot block us either.
-    """
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
-    result: list[bool] = []
-
-    def probe() -> None:
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            result.append(True)
-        except OSError:
-            result.append(False)
-
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return bool(result and result[0])
-
-
 def gsm8k_final_answer(solution: str) -> str:
     """The number after ``####`` in a GSM8K solution, canonical (``"1,000"`` -> ``"1000"``)."""
     if not isinstance(solution, str) or "####" not in solution:
@@ -454,17 +442,26 @@ def load_gsm8k(split: str = "train", *, timeout: float = 3.0) -> list[dict]:
 
     Raises:
         DatasetUnavailableError: (a ``ConnectionError``) at once when
-            ``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` is set, or when the hub
-            does not answer within ``timeout`` seconds. The message points to
+            ``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE`` or ``HF_DATASETS_OFFLINE``
+            is set, or when the hub does not answer within about ``timeout``
+            seconds (the probe is ``models.hub_reachable``). The message points to
             ``make_arithmetic_dataset``, which needs no network.
         ImportError: the ``datasets`` package is missing.
     """
     if not isinstance(split, str) or not split.strip():
         raise TypeError(f"split must be a str such as 'train' or 'test', got {split!r}")
-    for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        if _env_flag(flag):
-            raise DatasetUnavailableError(f"load_gsm8k needs the Hugging Face hub, but {flag} is set. {_FALLBACK_ADVICE}")
-    if not _hub_reachable(timeout):
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    from .models import hub_reachable  # one hub probe for models and data
+
+    flags = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+    set_flags = [f for f in flags if os.environ.get(f, "").strip().upper() in {"1", "ON", "YES", "TRUE"}]
+    if set_flags:
+        raise DatasetUnavailableError(
+            f"load_gsm8k needs the Hugging Face hub, but {set_flags[0]}={os.environ[set_flags[0]]!r} "
+            f"is set (offline mode). {_FALLBACK_ADVICE}"
+        )
+    if not hub_reachable(timeout):
         raise DatasetUnavailableError(
             f"load_gsm8k could not reach the Hugging Face hub within {timeout:g} s. {_FALLBACK_ADVICE}"
         )
