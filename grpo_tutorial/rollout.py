@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
@@ -44,7 +44,7 @@ class Rollout:
         completions: N decoded completion texts (special tokens removed).
         truncated: [N] bool, True where no EOS appeared within max_new_tokens.
         prompt_index: [N] long, which of the B prompts each row belongs to.
-        prompts: N prompt strings as given (before any chat template).
+        prompts: N prompts as given (before any chat template), one per row.
         group_size: G.
     """
 
@@ -55,7 +55,7 @@ class Rollout:
     completions: list[str]
     truncated: torch.Tensor
     prompt_index: torch.Tensor
-    prompts: list[str]
+    prompts: list[Any]
     group_size: int
 
     @property
@@ -100,27 +100,46 @@ def _uses_chat_template(tokenizer: Any, use_chat_template: bool | None) -> bool:
     return use_chat_template
 
 
+def _is_messages(prompt: Any) -> bool:
+    """True for a chat prompt given as messages: [{"role": ..., "content": ...}, ...]."""
+    return (
+        isinstance(prompt, Sequence)
+        and not isinstance(prompt, str)
+        and len(prompt) > 0
+        and all(isinstance(m, Mapping) and "role" in m and "content" in m for m in prompt)
+    )
+
+
 def render_prompts(
     tokenizer: Any,
-    prompts: Sequence[str],
+    prompts: Sequence[str | list[dict]],
     *,
     system_prompt: str | None = None,
     use_chat_template: bool | None = None,
 ) -> list[str]:
     """Turn raw prompts into the exact text the model sees.
 
-    With a chat template (instruct models) each prompt becomes a user message,
-    after an optional system message, followed by the assistant header. Without
-    one (the tiny model) the prompt text is used as it is.
+    With a chat template (instruct models) a string prompt becomes a user
+    message, after an optional system message, followed by the assistant header;
+    a prompt given as a list of messages is used as it is (with the system
+    message put first if it has none). Without a template (the tiny model) the
+    prompt text is used as it is.
     """
     if _uses_chat_template(tokenizer, use_chat_template):
         rendered = []
         for prompt in prompts:
-            messages = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
-            messages.append({"role": "user", "content": prompt})
+            messages = list(prompt) if _is_messages(prompt) else [{"role": "user", "content": prompt}]
+            if system_prompt is not None and messages[0].get("role") != "system":
+                messages.insert(0, {"role": "system", "content": system_prompt})
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             rendered.append(text)
         return rendered
+    chats = [i for i, p in enumerate(prompts) if _is_messages(p)]
+    if chats:
+        raise ValueError(
+            f"prompts[{chats[0]}] is a list of chat messages, but the tokenizer has no chat_template "
+            "(or use_chat_template=False); give plain-text prompts for this model"
+        )
     if system_prompt is not None:
         raise ValueError(
             f"system_prompt={system_prompt!r} needs a chat template, but prompts are used "
@@ -169,8 +188,11 @@ def _check_args(
     if len(prompts) == 0:
         raise ValueError("prompts is empty; expected at least one prompt")
     for i, p in enumerate(prompts):
-        if not isinstance(p, str):
-            raise TypeError(f"prompts[{i}] must be a str, got {type(p).__name__}: {p!r}")
+        if not (isinstance(p, str) or _is_messages(p)):
+            raise TypeError(
+                f"prompts[{i}] must be a str or a list of chat messages "
+                f"[{{'role': ..., 'content': ...}}], got {type(p).__name__}: {p!r:.80}"
+            )
     for name, value in (("group_size", group_size), ("max_new_tokens", max_new_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -210,16 +232,13 @@ def _generation_kwargs(
         kwargs.update(temperature=float(temperature), top_p=float(top_p), top_k=0, typical_p=1.0)
         if getattr(getattr(model, "generation_config", None), "min_p", None) is not None:
             kwargs["min_p"] = 0.0
-    else:
-        # neutral values, so a checkpoint's sampling defaults don't trigger warnings
-        kwargs.update(temperature=1.0, top_p=1.0, top_k=0)
     return kwargs
 
 
 def generate_rollouts(
     model: Any,
     tokenizer: Any,
-    prompts: Sequence[str],
+    prompts: Sequence[str | list[dict]],
     *,
     group_size: int,
     max_new_tokens: int,
@@ -235,7 +254,7 @@ def generate_rollouts(
     Args:
         model: a causal LM with ``generate`` (a transformers model).
         tokenizer: its tokenizer; needs an ``eos_token_id``.
-        prompts: B prompt strings.
+        prompts: B prompts: strings, or lists of chat messages (chat models).
         group_size: G completions per prompt.
         max_new_tokens: the completion budget; a completion without EOS within it
             is marked ``truncated``.

@@ -44,6 +44,7 @@ from .logprobs import completion_logprobs
 from .loss import LOSS_TYPES, grpo_loss
 from .rewards import answers_match, compute_rewards, extract_answer, reward_function_means
 from .rollout import Rollout, generate_rollouts
+from .tasks import validate_dataset
 
 __all__ = [
     "GRPOConfig",
@@ -375,8 +376,11 @@ def _check_rows(rows: Any, name: str) -> None:
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise TypeError(f"{name}[{i}] must be a dict with a 'prompt' key, got {type(row).__name__}: {row!r:.80}")
-        if not isinstance(row.get("prompt"), str):
-            raise ValueError(f"{name}[{i}] has no 'prompt' string: {row!r:.80}")
+        prompt = row.get("prompt")
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt))):
+            raise ValueError(
+                f"{name}[{i}] needs a 'prompt' that is a string or a list of chat messages, got {row!r:.80}"
+            )
 
 
 def _rng_state() -> dict:
@@ -866,6 +870,18 @@ class GRPOTrainer:
         self.history = list(meta["history"])[: int(meta["history_len"])]
         return True
 
+    def _validate(self, dataset: Sequence[dict]) -> None:
+        """The dataset checks of tasks.validate_dataset, with the model's context as the limit."""
+        _check_rows(dataset, "dataset")
+        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        max_prompt = limit - self.config.max_new_tokens if isinstance(limit, int) else None
+        if max_prompt is not None and max_prompt < 1:
+            raise ValueError(
+                f"GRPOConfig.max_new_tokens={self.config.max_new_tokens} leaves no room for a prompt "
+                f"in the model's context of {limit} tokens"
+            )
+        validate_dataset(dataset, tokenizer=self.tokenizer, max_prompt_tokens=max_prompt)
+
     def _require_output_dir(self, what: str) -> str:
         if self.config.output_dir is None:
             raise ValueError(f"{what} needs a directory: set GRPOConfig.output_dir or pass output_dir=...")
@@ -929,7 +945,7 @@ class GRPOTrainer:
         consistent, so calling ``train`` again continues. A second Ctrl-C
         aborts the step at once; resume from the last checkpoint then.
         """
-        _check_rows(dataset, "dataset")
+        self._validate(dataset)
         if not _is_int(steps) or steps < 1:
             raise ValueError(f"steps must be a positive int, got {steps!r}")
         cfg = self.config
@@ -1013,7 +1029,7 @@ class GRPOTrainer:
             ``completion_len_mean``, ``frac_truncated``, ``n`` and ``samples``:
             the first ``num_samples`` (prompt, completion, answer) dicts.
         """
-        _check_rows(dataset, "dataset")
+        self._validate(dataset)
         size = self.config.eval_batch_size if batch_size is None else batch_size
         if not _is_int(size) or size < 1:
             raise ValueError(f"batch_size must be a positive int, got {size!r}")
