@@ -418,7 +418,7 @@ def _load_smollm2(dtype: torch.dtype, env: Mapping[str, str] | None = None):
             print(f"grpo_tutorial: the cached copy at {cached} could not be read ({err}); rebuilding it", file=sys.stderr)
             shutil.rmtree(cached, ignore_errors=True)
 
-    print(f"grpo_tutorial: dequantizing {gguf.name} once (about half a minute); caching it at {cached}", file=sys.stderr)
+    print(f"grpo_tutorial: dequantizing {gguf.name} once (about 30 s on an idle 2-core CPU, longer under load); caching it at {cached}", file=sys.stderr)
     gguf_model, tokenizer = _dequantize_gguf(gguf)
     model = _plain_copy(gguf_model)
     max_diff = _same_logits(gguf_model, model, tokenizer)
