@@ -100,10 +100,10 @@ def _canonical(value: Fraction) -> str:
         fives += 1
     if den != 1:  # e.g. 1/3: no finite decimal
         return f"{value.numerator}/{value.denominator}"
-    places = max(twos, fives)
+    places = max(twos, fives)  # the fewest decimal places that are exact, so no trailing zeros
     scaled = abs(value.numerator) * 10**places // value.denominator
     digits = str(scaled).rjust(places + 1, "0")
-    text = f"{digits[:-places]}.{digits[-places:]}".rstrip("0").rstrip(".")
+    text = f"{digits[:-places]}.{digits[-places:]}"
     return f"-{text}" if value < 0 else text
 
 

@@ -64,7 +64,12 @@ from grpo_tutorial.rewards import (
         ("x = -7", "-7"),
         ("12-5=7", "7"),
         ("12-5", "5"),  # the "-" between digits is an operator, not a sign
+        ("(3+4)-2", "2"),  # ... and after a closing bracket
+        ("[7]-1", "1"),
+        ("(-3)", "-3"),  # after an opening bracket it is a sign
+        ("answer:-3", "-3"),
         ("a list 1,2,3", "3"),
+        ("pairs 1,2345", "2345"),  # not a thousands group: two numbers
         ("value .5", "0.5"),
         ("-0.0", "0"),
         ("\u22124", "-4"),  # unicode minus
