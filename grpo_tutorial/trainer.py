@@ -266,6 +266,15 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(n, generator=gen).tolist()
 
 
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside this package."""
+    package_dir = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1  # level 1 = the function calling warnings.warn
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package_dir):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((values * mask).sum() / mask.sum().clamp(min=1.0))
 
@@ -493,7 +502,7 @@ class GRPOTrainer:
         if kind in self._warned:
             return
         self._warned.add(kind)
-        warnings.warn(message, GRPOWarning, stacklevel=3)
+        warnings.warn(message, GRPOWarning, stacklevel=_caller_stacklevel())
 
     # ------------------------------------------------------------------ scoring
     def _logprobs(

@@ -1,0 +1,602 @@
+"""The trainer: what a step changes, old/reference log-probs, determinism, resume, guards."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import grpo_tutorial.trainer as trainer_module
+from grpo_tutorial.models import build_tiny_policy
+from grpo_tutorial.tasks import make_arithmetic_dataset
+from grpo_tutorial.trainer import (
+    TIMING_KEYS,
+    GRPOConfig,
+    GRPOTrainer,
+    GRPOWarning,
+    derive_seed,
+    epoch_permutation,
+    find_checkpoint,
+    read_history,
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny(seed=0):
+    return build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=seed)
+
+
+def data(n=16, seed=0):
+    return make_arithmetic_dataset(n, seed, digits=1)
+
+
+def length_reward(completions, **kwargs):
+    """Varies a lot for a random model, so groups have a learning signal."""
+    return [float(len(c)) for c in completions]
+
+
+def constant_reward(completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+def config(**kwargs):
+    base = dict(group_size=4, prompts_per_step=2, max_new_tokens=3)
+    base.update(kwargs)
+    return GRPOConfig(**base)
+
+
+def snapshot(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def same_params(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def comparable(history):
+    """History rows as JSON without the wall-clock fields (NaN == NaN as text)."""
+    return [json.dumps({k: v for k, v in row.items() if k not in TIMING_KEYS}, sort_keys=True) for row in history]
+
+
+def quiet(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GRPOWarning)
+        return fn(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------
+# GRPOConfig validation
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("group_size", 1, "group_size must be an int >= 2"),
+        ("group_size", 2.0, "group_size"),
+        ("prompts_per_step", 0, "prompts_per_step"),
+        ("max_new_tokens", 0, "max_new_tokens"),
+        ("clip_eps", 0.0, r"clip_eps must be a number in \(0, 1\)"),
+        ("clip_eps", 1.0, "clip_eps"),
+        ("clip_eps_high", 1.5, "clip_eps_high"),
+        ("beta", -0.1, "beta must be a number >= 0"),
+        ("learning_rate", 0.0, "learning_rate must be a positive number"),
+        ("learning_rate", -1e-4, "learning_rate"),
+        ("temperature", 0.0, "temperature"),
+        ("top_p", 0.0, "top_p"),
+        ("loss_type", "ppo", r"loss_type must be one of \['grpo', 'bnpo', 'dapo', 'dr_grpo'\]"),
+        ("scale_rewards", True, "scale_rewards"),
+        ("scale_rewards", "std", "scale_rewards"),
+        ("std", "unbiased", "std"),
+        ("kl_kind", "k4", "kl_kind"),
+        ("num_iterations", 0, "num_iterations"),
+        ("max_grad_norm", 0.0, "max_grad_norm"),
+        ("ref_sync_every", 0, "ref_sync_every"),
+        ("seed", -1, "seed"),
+        ("checkpoint_every", -1, "checkpoint_every"),
+        ("reward_weights", [1.0, "a"], "reward_weights"),
+        ("use_chat_template", "yes", "use_chat_template"),
+    ],
+)
+def test_config_rejects_bad_values(field, value, match):
+    with pytest.raises(ValueError, match=match) as info:
+        GRPOConfig(**{field: value})
+    assert f"GRPOConfig.{field}" in str(info.value) and repr(value) in str(info.value)
+
+
+def test_config_minibatch_must_divide_the_batch():
+    with pytest.raises(ValueError, match=r"minibatch_size must be a divisor of .* = 4\*3 = 12, got 5"):
+        GRPOConfig(prompts_per_step=4, group_size=3, minibatch_size=5)
+    cfg = GRPOConfig(prompts_per_step=4, group_size=3, minibatch_size=6, num_iterations=2)
+    assert cfg.batch_completions == 12 and cfg.updates_per_step == 4
+
+
+def test_trainer_rejects_bad_arguments():
+    model, tok = tiny()
+    with pytest.raises(ValueError, match="reward_weights has 2 entries but there are 1 reward functions"):
+        GRPOTrainer(model, tok, [length_reward], config(reward_weights=[1.0, 2.0]))
+    with pytest.raises(TypeError, match="reward_fns"):
+        GRPOTrainer(model, tok, "length", config())
+    with pytest.raises(TypeError, match="config must be a GRPOConfig"):
+        GRPOTrainer(model, tok, length_reward, {"group_size": 4})
+    trainer = GRPOTrainer(model, tok, length_reward, config())
+    with pytest.raises(ValueError, match="steps must be a positive int, got 0"):
+        trainer.train(data(), 0, progress=False)
+    with pytest.raises(ValueError, match="dataset is empty"):
+        trainer.train([], 2, progress=False)
+    with pytest.raises(ValueError, match="missing the key 'answer'"):
+        trainer.train([{"prompt": "1+2="}], 2, progress=False)
+    with pytest.raises(ValueError, match="needs GRPOConfig.output_dir"):
+        trainer.train(data(), 2, resume=True, progress=False)
+
+
+# ---------------------------------------------------------------------------
+# What one step does
+# ---------------------------------------------------------------------------
+
+
+def test_equal_rewards_leave_parameters_exactly_unchanged():
+    model, tok = tiny()
+    before = snapshot(model)
+    trainer = GRPOTrainer(model, tok, constant_reward, config(beta=0.0, weight_decay=0.0))
+    with pytest.warns(GRPOWarning, match="no learning signal"):
+        row = trainer.train_step(data()[:2])
+    assert row["frac_zero_std"] == 1.0 and row["reward_std"] == 0.0
+    assert row["loss"] == 0.0
+    assert same_params(before, snapshot(model))
+
+
+def test_varied_rewards_change_parameters():
+    model, tok = tiny()
+    before = snapshot(model)
+    trainer = GRPOTrainer(model, tok, length_reward, config())
+    row = quiet(trainer.train_step, data()[:2])
+    assert row["reward_std"] > 0 and row["frac_zero_std"] < 1.0
+    assert row["grad_norm"] > 0
+    assert not same_params(before, snapshot(model))
+
+
+def test_history_row_fields_are_plain_json_numbers():
+    model, tok = tiny()
+    trainer = GRPOTrainer(model, tok, length_reward, config())
+    row = quiet(trainer.train_step, data()[:2])
+    expected = {
+        "step", "reward_mean", "reward_std", "reward/length_reward", "accuracy", "kl",
+        "clip_frac_low", "clip_frac_high", "clip_frac", "ratio_mean", "ratio_max", "entropy",
+        "completion_len_mean", "completion_len_max", "frac_zero_std", "frac_truncated",
+        "grad_norm", "loss", "lr", "step_seconds", "tokens_per_s", "skipped_updates",
+    }
+    assert expected <= set(row)
+    assert all(type(v) in (int, float) for v in row.values())
+    assert json.loads(json.dumps(row)).keys() == row.keys()
+    assert row["step"] == 1 and trainer.step == 1 and trainer.history == [row]
+    assert math.isnan(row["kl"])  # beta = 0: no reference model, KL not measured
+    assert 1.0 <= row["completion_len_mean"] <= row["completion_len_max"] <= 3.0
+    assert row["reward_mean"] == pytest.approx(row["reward/length_reward"])
+    assert row["entropy"] > 0 and row["lr"] == 1e-4
+
+
+def test_accuracy_counts_correct_completions(monkeypatch):
+    model, tok = tiny()
+    rows = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "2+2=", "answer": "4"}]
+    scripted = ["3", "3", "03", "x", "4", "5", "44", "4"]
+
+    def fake_rollout(*args, **kwargs):
+        from grpo_tutorial.rollout import generate_rollouts
+
+        r = generate_rollouts(*args, **kwargs)
+        r.completions = list(scripted)
+        return r
+
+    monkeypatch.setattr(trainer_module, "generate_rollouts", fake_rollout)
+    trainer = GRPOTrainer(model, tok, trainer_module.compute_rewards.__globals__["correctness_reward"], config())
+    row = quiet(trainer.train_step, rows)
+    # prompt 0: "3","3","03" match 3; prompt 1: "4","4" match 4 -> 5 of 8
+    assert row["accuracy"] == 5 / 8
+    assert row["reward_mean"] == 5 / 8
+    assert row["frac_zero_std"] == 0.0
+
+
+def test_mu_2_second_pass_uses_the_stored_old_logprobs(monkeypatch):
+    calls = []
+    real = trainer_module.grpo_loss
+
+    def spy(logp, old_logp, advantages, mask, **kwargs):
+        calls.append({"logp": logp.detach().clone(), "old": old_logp.clone(), "ratio": torch.exp(logp.detach() - old_logp)})
+        return real(logp, old_logp, advantages, mask, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    model, tok = tiny()
+    trainer = GRPOTrainer(model, tok, length_reward, config(num_iterations=2, learning_rate=1e-2))
+    quiet(trainer.train_step, data()[:2])
+    assert len(calls) == 2
+    first, second = calls
+    # pass 1: the policy has not moved, so the ratio is 1 everywhere
+    assert torch.allclose(first["ratio"], torch.ones_like(first["ratio"]), atol=1e-5)
+    # pass 2: same stored old log-probs (up to the shuffle), new policy -> ratio != 1
+    assert torch.equal(torch.sort(first["old"].flatten()).values, torch.sort(second["old"].flatten()).values)
+    assert (second["ratio"] - 1).abs().max() > 1e-3
+
+
+def test_minibatches_make_mu_times_n_over_m_updates(monkeypatch):
+    seen = []
+    real = trainer_module.grpo_loss
+
+    def spy(logp, *args, **kwargs):
+        seen.append(logp.shape[0])
+        return real(logp, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    model, tok = tiny()
+    trainer = GRPOTrainer(model, tok, length_reward, config(num_iterations=2, minibatch_size=4))
+    quiet(trainer.train_step, data()[:2])
+    assert seen == [4, 4, 4, 4]  # 2 passes x 8 completions / 4
+    state = trainer.optimizer.state_dict()["state"]
+    assert all(int(s["step"]) == 4 for s in state.values())
+
+
+def test_frozen_reference_stays_frozen_and_syncs():
+    model, tok = tiny()
+    initial = snapshot(model)
+    trainer = GRPOTrainer(model, tok, length_reward, config(beta=0.1, ref_sync_every=2, learning_rate=1e-2))
+    ref = trainer.ref_model
+    assert ref is not None and ref is not model
+    assert all(not p.requires_grad for p in ref.parameters()) and not ref.training
+    row = quiet(trainer.train_step, data()[:2])
+    assert same_params(initial, snapshot(ref))  # the reference did not move
+    assert not same_params(initial, snapshot(model))  # the policy did
+    assert row["kl"] >= 0.0 and not math.isnan(row["kl"])
+    quiet(trainer.train_step, data()[2:4])  # step 2: sync
+    assert same_params(snapshot(model), snapshot(ref))
+    assert all(not p.requires_grad for p in ref.parameters())
+    quiet(trainer.train_step, data()[4:6])  # step 3: policy moves on, reference stays
+    assert not same_params(snapshot(model), snapshot(ref))
+
+
+def test_no_reference_model_when_beta_is_zero():
+    model, tok = tiny()
+    other, _ = tiny(seed=1)
+    assert GRPOTrainer(model, tok, length_reward, config(beta=0.0), ref_model=other).ref_model is None
+    given = GRPOTrainer(model, tok, length_reward, config(beta=0.05), ref_model=other)
+    assert given.ref_model is other and not any(p.requires_grad for p in other.parameters())
+
+
+def test_generate_called_once_per_step(monkeypatch):
+    model, tok = tiny()
+    rows = []
+    real = model.generate
+
+    def wrapper(*args, **kwargs):
+        rows.append(kwargs["input_ids"].shape[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", wrapper)
+    trainer = GRPOTrainer(model, tok, length_reward, config(prompts_per_step=3, group_size=4))
+    quiet(trainer.train, data(), 3, progress=False)
+    assert rows == [12, 12, 12]
+
+
+def test_data_order_is_a_seeded_permutation_per_epoch():
+    seen = []
+
+    def record(completions, prompts, **kwargs):
+        seen.extend(prompts[::4])  # one entry per group
+        return [float(len(c)) for c in completions]
+
+    ds = data(n=6)
+    model, tok = tiny()
+    trainer = GRPOTrainer(model, tok, record, config(prompts_per_step=4))
+    quiet(trainer.train, ds, 3, progress=False)  # 12 prompts = 2 epochs of 6
+    prompts = [row["prompt"] for row in ds]
+    assert seen[:6] == [prompts[i] for i in epoch_permutation(6, 0, 0)]
+    assert seen[6:] == [prompts[i] for i in epoch_permutation(6, 0, 1)]
+    assert sorted(seen[:6]) == sorted(prompts) and sorted(seen[6:]) == sorted(prompts)
+    assert epoch_permutation(6, 0, 0) != epoch_permutation(6, 0, 1)  # reshuffled each epoch
+    assert derive_seed(0, 5) == derive_seed(0, 5) != derive_seed(0, 6)
+
+
+# ---------------------------------------------------------------------------
+# Warnings and numerical guards
+# ---------------------------------------------------------------------------
+
+
+def test_non_finite_loss_skips_the_update_counts_and_warns_once(monkeypatch):
+    real = trainer_module.grpo_loss
+    bad_steps = {2, 3}
+    model, tok = tiny()
+    trainer = GRPOTrainer(model, tok, length_reward, config())
+
+    def poisoned(*args, **kwargs):
+        loss, stats = real(*args, **kwargs)
+        return (loss * float("nan") if trainer.step + 1 in bad_steps else loss), stats
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", poisoned)
+    ds = data()
+    quiet(trainer.train_step, ds[0:2])
+    after_1 = snapshot(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        row2 = trainer.train_step(ds[2:4])
+        row3 = trainer.train_step(ds[4:6])
+    skipped = [w for w in caught if "skipped this optimizer update" in str(w.message)]
+    assert len(skipped) == 1 and issubclass(skipped[0].category, GRPOWarning)
+    assert same_params(after_1, snapshot(model))  # neither poisoned step moved the weights
+    assert (row2["skipped_updates"], row3["skipped_updates"]) == (1.0, 2.0)
+    assert math.isnan(row2["loss"])
+    row4 = quiet(trainer.train_step, ds[6:8])  # training continues
+    assert row4["skipped_updates"] == 2.0 and math.isfinite(row4["loss"])
+    assert not same_params(after_1, snapshot(model))
+
+
+def test_non_finite_gradient_skips_the_update(monkeypatch):
+    real = trainer_module.grpo_loss
+
+    def inf_gradient(logp, *args, **kwargs):
+        loss, stats = real(logp, *args, **kwargs)
+        return loss + torch.sqrt((logp * 0).sum()), stats  # value unchanged, d sqrt(x)/dx = inf at 0
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", inf_gradient)
+    model, tok = tiny()
+    before = snapshot(model)
+    trainer = GRPOTrainer(model, tok, length_reward, config())
+    with pytest.warns(GRPOWarning, match="gradient norm is nan"):
+        row = trainer.train_step(data()[:2])
+    assert math.isfinite(row["loss"]) and math.isnan(row["grad_norm"])
+    assert row["skipped_updates"] == 1.0
+    assert same_params(before, snapshot(model))
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_truncation_and_collapse_warnings():
+    model, tok = tiny()
+    ds = data(n=8)
+    special = ds[0]["prompt"]
+
+    def one_group_varies(completions, prompts, **kwargs):
+        positions = [i for i, p in enumerate(prompts) if p == special]
+        return [float(positions.index(i)) if i in positions else 0.0 for i in range(len(prompts))]
+
+    trainer = GRPOTrainer(model, tok, one_group_varies, config(prompts_per_step=8, max_new_tokens=1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        row = trainer.train_step(ds)
+        trainer.train_step(ds)
+    messages = [str(w.message) for w in caught]
+    assert row["frac_zero_std"] == 7 / 8
+    assert sum("possible collapse" in m for m in messages) == 1  # once, though both steps qualify
+    assert row["frac_truncated"] > 0.5
+    assert sum("raise max_new_tokens" in m for m in messages) == 1
+
+
+def test_unscorable_completions_get_zero_advantage(monkeypatch):
+    filled, used = [], []
+    real_adv, real_loss = trainer_module.group_advantages, trainer_module.grpo_loss
+
+    def spy_adv(rewards, *args, **kwargs):
+        filled.append(rewards.clone())
+        return real_adv(rewards, *args, **kwargs)
+
+    def spy_loss(logp, old, advantages, *args, **kwargs):
+        used.append(advantages.clone())
+        return real_loss(logp, old, advantages, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "group_advantages", spy_adv)
+    monkeypatch.setattr(trainer_module, "grpo_loss", spy_loss)
+
+    def sometimes_none(completions, **kwargs):
+        return [None if i % 4 == 0 else float(i) for i in range(len(completions))]
+
+    model, tok = tiny()
+    trainer = GRPOTrainer(model, tok, sometimes_none, config(num_iterations=1))
+    with pytest.warns(GRPOWarning, match="2 of 8 completions could not be scored"):
+        row = trainer.train_step(data()[:2])
+    # a None-only completion takes its group's mean, so it does not move the baseline ...
+    assert filled[0].tolist() == [2.0, 1.0, 2.0, 3.0, 6.0, 5.0, 6.0, 7.0]
+    # ... and its advantage is exactly 0 (the loss sees the rows shuffled, so compare sorted)
+    expected = real_adv(filled[0], 4).clone()
+    expected[[0, 4]] = 0.0
+    assert torch.equal(torch.sort(used[0]).values, torch.sort(expected).values)
+    assert row["reward_mean"] == 4.0  # the mean of 1, 2, 3, 5, 6, 7: unscorable ones left out
+
+
+# ---------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------
+
+
+def test_evaluate_is_greedy_batched_and_side_effect_free():
+    from grpo_tutorial.rewards import correctness_reward
+    from grpo_tutorial.rollout import generate_rollouts
+
+    model, tok = tiny()
+    ds = data(n=10)
+    trainer = GRPOTrainer(model, tok, correctness_reward, config())
+    model.train()
+    rng = torch.get_rng_state()
+    result = trainer.evaluate(ds, batch_size=4, num_samples=2)
+    assert model.training is True
+    assert torch.equal(torch.get_rng_state(), rng)
+    greedy = generate_rollouts(model, tok, [r["prompt"] for r in ds], group_size=1, max_new_tokens=3, do_sample=False)
+    expected = sum(c.strip() == r["answer"] for c, r in zip(greedy.completions, ds)) / len(ds)
+    assert result["n"] == 10 and result["accuracy"] == expected
+    assert result["completion_len_mean"] == pytest.approx(float(greedy.completion_lengths.mean()))
+    assert result["samples"] == [
+        {"prompt": r["prompt"], "completion": c, "answer": r["answer"]} for r, c in zip(ds[:2], greedy.completions)
+    ]
+    assert trainer.evaluate(ds, batch_size=3)["accuracy"] == result["accuracy"]  # batching does not matter
+
+
+# ---------------------------------------------------------------------------
+# Determinism, checkpoints, resume, Ctrl-C
+# ---------------------------------------------------------------------------
+
+
+def run(steps, out=None, resume=False, seed=0, **cfg):
+    model, tok = tiny(seed=seed)
+    trainer = GRPOTrainer(model, tok, length_reward, config(seed=seed, output_dir=out, **cfg))
+    history = quiet(trainer.train, data(), steps, resume=resume, progress=False)
+    return trainer, history
+
+
+def test_same_seed_same_history_in_process():
+    _, a = run(3, beta=0.05)
+    _, b = run(3, beta=0.05)
+    _, c = run(3, seed=1, beta=0.05)
+    assert comparable(a) == comparable(b)
+    assert comparable(a) != comparable(c)
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys, warnings
+    import torch
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    from grpo_tutorial.models import build_tiny_policy
+    from grpo_tutorial.tasks import make_arithmetic_dataset
+    from grpo_tutorial.trainer import GRPOConfig, GRPOTrainer, TIMING_KEYS
+
+    def length_reward(completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    cfg = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=3, beta=0.05, num_iterations=2)
+    history = GRPOTrainer(model, tok, length_reward, cfg).train(
+        make_arithmetic_dataset(16, 0, digits=1), 3, progress=False)
+    print(json.dumps([{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in history], sort_keys=True))
+    """
+)
+
+
+@pytest.mark.slow
+def test_same_seed_same_history_across_processes(tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONHASHSEED="random")
+    outputs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout.strip().splitlines()[-1])
+    assert outputs[0] == outputs[1]
+    rows = json.loads(outputs[0])
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["reward_std"] > 0
+
+
+def test_resume_continues_from_the_checkpoint_step(tmp_path):
+    _, full = run(6, num_iterations=2, beta=0.05)
+    out = str(tmp_path / "run")
+    first, _ = run(4, out=out, num_iterations=2, beta=0.05, checkpoint_every=2)
+    assert find_checkpoint(out) == tmp_path / "run" / "checkpoint"
+    meta = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())
+    assert meta["step"] == 4 and meta["history_len"] == 4
+    # simulate a kill after step 5 was logged but before it was checkpointed,
+    # with a half-written checkpoint left behind
+    with open(tmp_path / "run" / "history.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": 5, "reward_mean": -1.0}) + "\n" + '{"step": 6, "rew')
+    (tmp_path / "run" / "checkpoint.tmp").mkdir()
+    (tmp_path / "run" / "checkpoint.tmp" / "state.pt").write_bytes(b"garbage")
+
+    steps_run = []
+
+    model, tok = tiny()
+    resumed = GRPOTrainer(model, tok, length_reward, config(output_dir=out, num_iterations=2, beta=0.05, checkpoint_every=2))
+    real_step = resumed.train_step
+
+    def counting(batch):
+        steps_run.append(resumed.step + 1)
+        return real_step(batch)
+
+    resumed.train_step = counting
+    history = quiet(resumed.train, data(), 6, resume=True, progress=False)
+    assert steps_run == [5, 6]  # continued from the checkpoint, nothing redone before it
+    assert comparable(history) == comparable(full)
+    on_disk = read_history(out)
+    assert [r["step"] for r in on_disk] == [1, 2, 3, 4, 5, 6]
+    assert comparable(on_disk) == comparable(full)
+    assert not (tmp_path / "run" / "checkpoint.tmp").exists()
+
+
+def test_resume_after_a_kill_between_the_two_renames(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    _, full = run(4, beta=0.05)
+    run(2, out=str(out), beta=0.05, checkpoint_every=2)
+
+    # the next save dies right after moving the old checkpoint aside
+    model, tok = tiny()
+    trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=str(out), beta=0.05, checkpoint_every=2))
+    quiet(trainer.train, data(), 2, resume=True, progress=False)
+    quiet(trainer.train_step, data()[:2])
+    real_replace = os.replace
+
+    def dying_replace(src, dst):
+        if str(src).endswith("checkpoint.tmp"):
+            raise OSError("simulated kill")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(trainer_module.os, "replace", dying_replace)
+    with pytest.raises(OSError, match="simulated kill"):
+        trainer.save_checkpoint()
+    monkeypatch.setattr(trainer_module.os, "replace", real_replace)
+    assert not (out / "checkpoint").exists()
+    assert find_checkpoint(out) == out / "checkpoint.old"
+
+    _, history = run(4, out=str(out), resume=True, beta=0.05, checkpoint_every=2)
+    assert comparable(history) == comparable(full)
+    assert (out / "checkpoint").exists() and not (out / "checkpoint.old").exists()
+
+
+def test_resume_refuses_a_different_dataset(tmp_path):
+    out = str(tmp_path / "run")
+    run(2, out=out, checkpoint_every=2)
+    model, tok = tiny()
+    trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=out))
+    with pytest.raises(ValueError, match="the dataset differs"):
+        trainer.train(data(seed=5), 4, resume=True, progress=False)
+
+
+def test_resume_without_a_checkpoint_starts_fresh(tmp_path):
+    out = str(tmp_path / "run")
+    _, full = run(2)
+    with pytest.warns(GRPOWarning, match="no checkpoint"):
+        model, tok = tiny()
+        trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=out))
+        history = trainer.train(data(), 2, resume=True, progress=False)
+    assert comparable(history) == comparable(full)
+
+
+def test_ctrl_c_finishes_the_step_saves_and_raises(tmp_path):
+    out = str(tmp_path / "run")
+    _, full = run(4)
+
+    model, tok = tiny()
+    trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=out))
+
+    def interrupting(completions, **kwargs):
+        if trainer.step == 1:  # during step 2
+            os.kill(os.getpid(), signal.SIGINT)
+        return length_reward(completions)
+
+    interrupting.__name__ = "length_reward"
+    trainer.reward_fns = [interrupting]
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt, match="interrupted after step 2; checkpoint saved"):
+        quiet(trainer.train, data(), 4, progress=False)
+    assert signal.getsignal(signal.SIGINT) is handler  # our handler is removed again
+    assert trainer.step == 2
+    assert json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())["step"] == 2
+    _, history = run(4, out=out, resume=True)
+    assert comparable(history) == comparable(full)
