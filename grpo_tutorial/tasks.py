@@ -529,11 +529,22 @@ def validate_dataset(rows: Sequence[Mapping], *, tokenizer=None, max_prompt_toke
             raise TypeError(f"dataset row {i} must be a dict, got {type(row).__name__}: {row!r:.80}")
         for key in ("prompt", "answer"):
             if key not in row:
-                raise ValueError(f"dataset row {i} is missing the key {key!r} (it has {sorted(row)}); every row needs 'prompt' and 'answer'")
+                raise ValueError(
+                    f"dataset row {i} is missing the key {key!r} (it has {sorted(row)}); "
+                    "every row needs 'prompt' and 'answer'"
+                )
         prompt = row["prompt"]
-        is_chat = isinstance(prompt, Sequence) and not isinstance(prompt, str) and all(isinstance(m, Mapping) for m in prompt)
-        if not (isinstance(prompt, str) or (is_chat and len(prompt) > 0)):
-            raise TypeError(f"dataset row {i}: 'prompt' must be a str or a list of chat messages, got {type(prompt).__name__}: {prompt!r:.80}")
+        is_chat = (
+            isinstance(prompt, Sequence)
+            and not isinstance(prompt, str)
+            and len(prompt) > 0
+            and all(isinstance(m, Mapping) for m in prompt)
+        )
+        if not (isinstance(prompt, str) or is_chat):
+            raise TypeError(
+                f"dataset row {i}: 'prompt' must be a str or a list of chat messages, "
+                f"got {type(prompt).__name__}: {prompt!r:.80}"
+            )
         if row["answer"] is None:
             raise ValueError(f"dataset row {i}: 'answer' is None; expected the reference answer")
         prompts.append(prompt)
