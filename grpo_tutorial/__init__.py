@@ -10,40 +10,69 @@ Everything a chapter uses is importable from here.
 __version__ = "0.1.0"
 
 from .advantages import group_advantages
-from .logprobs import completion_logprobs, completion_mask, token_entropy, token_logprobs
 from .kl import kl_estimate
+from .logprobs import completion_logprobs, completion_mask, token_entropy, token_logprobs
 from .loss import grpo_loss, sequence_logprob_loss
+from .models import build_tiny_policy, load_policy
+from .plotting import plot_history
+from .rewards import (
+    RewardFunctionError,
+    answers_match,
+    combined_reward,
+    compute_rewards,
+    correctness_reward,
+    extract_answer,
+    format_reward,
+    partial_credit_reward,
+)
+from .rollout import Rollout, generate_rollouts
+from .sft import SFTConfig, supervised_warmup
+from .tasks import (
+    countdown_reward,
+    load_gsm8k,
+    make_arithmetic_dataset,
+    make_countdown_dataset,
+    train_test_split_arithmetic,
+    validate_dataset,
+)
+from .trainer import GRPOConfig, GRPOTrainer
 
 __all__ = [
+    # stage 3: advantages
     "group_advantages",
+    # stage 4: log-probs and masks
     "token_logprobs",
     "completion_logprobs",
-    "token_entropy",
     "completion_mask",
+    "token_entropy",
+    # stage 5-6: KL and loss
     "kl_estimate",
     "grpo_loss",
     "sequence_logprob_loss",
+    # stage 2: rewards
+    "extract_answer",
+    "answers_match",
+    "correctness_reward",
+    "format_reward",
+    "partial_credit_reward",
+    "combined_reward",
+    "compute_rewards",
+    "RewardFunctionError",
+    # tasks
+    "make_arithmetic_dataset",
+    "train_test_split_arithmetic",
+    "make_countdown_dataset",
+    "countdown_reward",
+    "load_gsm8k",
+    "validate_dataset",
+    # models, rollout, training
+    "load_policy",
+    "build_tiny_policy",
+    "generate_rollouts",
+    "Rollout",
+    "SFTConfig",
+    "supervised_warmup",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "plot_history",
 ]
-
-
-def _optional(module: str, names: list[str]) -> None:
-    """Export the stateful half (models, rollout, trainer) when it is present."""
-    import importlib
-
-    try:
-        mod = importlib.import_module(f".{module}", __name__)
-    except ModuleNotFoundError as err:  # the module itself is not written yet
-        if err.name != f"{__name__}.{module}":
-            raise
-        return
-    for name in names:
-        globals()[name] = getattr(mod, name)
-        __all__.append(name)
-
-
-_optional("rewards", ["extract_answer", "correctness_reward", "format_reward", "combined_reward"])
-_optional("tasks", ["make_arithmetic_dataset", "make_countdown_dataset", "load_gsm8k"])
-_optional("models", ["load_policy", "build_tiny_policy"])
-_optional("rollout", ["generate_rollouts", "Rollout"])
-_optional("trainer", ["GRPOConfig", "GRPOTrainer"])
-_optional("plotting", ["plot_history"])
