@@ -296,7 +296,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise ValueError(f"--steps must be a positive int, got {args.steps}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    resuming = args.resume and find_checkpoint(out) is not None
+    checkpoint = find_checkpoint(out) if args.resume else None
+    resuming = checkpoint is not None
+    if resuming:
+        meta = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+        print(f"resuming from {checkpoint} at step {meta['step']}", flush=True)
+    elif args.resume:
+        print(f"--resume: no checkpoint in {out} yet, starting from step 0", flush=True)
     tiny = _is_tiny(args.model)
     data_seed = args.seed if args.data_seed is None else args.data_seed
 

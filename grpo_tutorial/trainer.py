@@ -79,8 +79,8 @@ class GRPOWarning(UserWarning):
 # ---------------------------------------------------------------------------
 
 
-def _fail(name: str, value: Any, expected: str) -> None:
-    raise ValueError(f"GRPOConfig.{name} must be {expected}, got {value!r}")
+def _fail(name: str, value: Any, expected: str, hint: str = "") -> None:
+    raise ValueError(f"GRPOConfig.{name} must be {expected}, got {value!r}{hint}")
 
 
 def _is_int(value: Any) -> bool:
@@ -171,8 +171,8 @@ class GRPOConfig:
         ):
             value = getattr(self, name)
             if not _is_int(value) or value < minimum:
-                hint = " (a group needs at least 2 completions to have a baseline)" if name == "group_size" else ""
-                _fail(name, value, f"an int >= {minimum}{hint}")
+                hint = "; a group needs at least 2 completions to have a baseline" if name == "group_size" else ""
+                _fail(name, value, f"an int >= {minimum}", hint)
         for name in ("warmup_steps", "checkpoint_every", "seed"):
             value = getattr(self, name)
             if not _is_int(value) or value < 0:
