@@ -9,6 +9,12 @@ Everything a chapter uses is importable from here.
 
 __version__ = "0.1.0"
 
+import warnings as _warnings
+
+# transformers imports tqdm.auto, which warns in a Jupyter kernel without
+# ipywidgets; our own bars pick the right kind themselves (see _progress.py).
+_warnings.filterwarnings("ignore", message="IProgress not found")
+
 from .advantages import group_advantages
 from .kl import kl_estimate
 from .logprobs import completion_logprobs, completion_mask, token_entropy, token_logprobs

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ._progress import progress_bar
+
 __all__ = ["SFTConfig", "encode_sft_batch", "supervised_warmup"]
 
 
@@ -97,9 +99,7 @@ def supervised_warmup(
     history = []
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=config.steps, desc="warm start", leave=False)
+        bar = progress_bar(total=config.steps, desc="warm start", leave=False)
     start = time.perf_counter()
     model.train()
     for step in range(1, config.steps + 1):
