@@ -147,10 +147,11 @@ def sample_batches(
     """Draw M independent GRPO-style batches at once.
 
     ``logits`` is one policy ``[P, K]`` that every batch samples from, or one
-    policy per batch ``[M, P, K]`` (M training runs side by side). Each batch takes ``prompts_per_step`` distinct prompts uniformly at random
-    (B of the P, without replacement), samples G arms per prompt from the policy,
-    and draws a 0/1 reward for each, plus ``reward_offset`` (a constant added to
-    every reward, to show what it does to each estimator).
+    policy per batch ``[M, P, K]`` (M training runs side by side). Each batch
+    takes ``prompts_per_step`` distinct prompts uniformly at random (B of the P,
+    without replacement), samples G arms per prompt from the policy, and draws a
+    0/1 reward for each, plus ``reward_offset`` (a constant added to every
+    reward, to show what it does to each estimator).
 
     Returns:
         ``(prompts [M, B], actions [M, B, G], rewards [M, B, G])``.
@@ -249,7 +250,9 @@ def policy_gradient_loss(
     ``logits`` is ``[P, K]`` (one policy for all batches) or ``[M, P, K]`` (one
     copy per batch, so that a single backward pass gives each batch's own
     gradient in ``logits.grad[m]``). The loss is scaled by M so that
-    ``d loss / d logits[m]`` is batch m's loss gradient, not 1/M of it.
+    ``d loss / d logits[m]`` is batch m's loss gradient, not 1/M of it; with
+    ``[P, K]`` logits and M > 1 the gradient is therefore the sum of the M
+    batches' gradients.
     An action is a one-token completion, so its sequence log-prob is just
     ``log_softmax(logits)[p, a]``.
     """
