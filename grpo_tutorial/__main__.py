@@ -34,9 +34,15 @@ TASKS = ("addition", "multiplication", "countdown", "gsm8k")
 #: GRPOConfig values per kind of model, used for every flag not given.
 PRESETS: dict[str, dict[str, Any]] = {
     # DESIGN.md's calibration: B=16, G=8, 4 new tokens, mu=2, lr 1e-4, clip 1.0
-    "tiny": dict(group_size=8, prompts_per_step=16, max_new_tokens=4, num_iterations=2, learning_rate=1e-4),
+    "tiny": dict(
+        group_size=8, prompts_per_step=16, max_new_tokens=4, num_iterations=2, learning_rate=1e-4,
+        checkpoint_every=50,
+    ),
     # a starting point for 135M-0.5B instruct models on CPU/GPU
-    "chat": dict(group_size=8, prompts_per_step=4, max_new_tokens=48, num_iterations=1, learning_rate=1e-5),
+    "chat": dict(
+        group_size=8, prompts_per_step=4, max_new_tokens=48, num_iterations=1, learning_rate=1e-5,
+        checkpoint_every=10,
+    ),
 }
 
 _FLAG_TO_FIELD = {
@@ -145,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-grad-norm", type=float)
     g.add_argument("--ref-sync-every", type=int)
     g.add_argument("--system-prompt", help="system message for chat models")
-    g.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (0 = only at the end/on Ctrl-C)")
+    g.add_argument("--checkpoint-every", type=int, help="steps between checkpoints, also saved at the end (0 = none; Ctrl-C still saves)")
     g.add_argument("--eval-batch-size", type=int)
     t.set_defaults(func=_cmd_train)
 

@@ -283,9 +283,16 @@ def generate_rollouts(
     )
     add_special = not _uses_chat_template(tokenizer, use_chat_template)  # templates add their own
     token_rows = tokenizer(texts, add_special_tokens=add_special)["input_ids"]
+    unk_id = getattr(tokenizer, "unk_token_id", None)
     for i, row in enumerate(token_rows):
         if len(row) == 0:
             raise ValueError(f"prompts[{i}]={prompts[i]!r} tokenizes to zero tokens")
+        if unk_id is not None and unk_id in row:
+            raise ValueError(
+                f"prompts[{i}]={prompts[i]!r} contains characters the tokenizer does not know "
+                f"(they became {tokenizer.unk_token!r}); the tiny model's vocabulary is digits, "
+                "'+-*=()' and space, so use plain prompts such as '12+34='"
+            )
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     longest = max(len(r) for r in token_rows)
     if isinstance(limit, int) and longest + max_new_tokens > limit:

@@ -125,8 +125,9 @@ class GRPOConfig:
         use_chat_template: None = automatic (use it when the tokenizer has one).
         seed: seeds the data order, sampling and minibatch shuffles.
         log_every: refresh the progress bar's reward/KL every this many steps.
-        checkpoint_every: save a checkpoint every this many steps (0 = only on
-            Ctrl-C and at the end of ``train``... and only if output_dir is set).
+        checkpoint_every: save a checkpoint every this many steps and at the
+            end of ``train`` (0 = no periodic checkpoints; Ctrl-C still saves
+            one). Needs output_dir.
         output_dir: where ``history.jsonl`` and ``checkpoint/`` go (None = keep
             the history in memory only).
         eval_batch_size: prompts per ``generate`` call in :meth:`GRPOTrainer.evaluate`.
@@ -970,6 +971,13 @@ class GRPOTrainer:
                     f"the dataset differs from the one the checkpoint in {str(out)!r} was trained on "
                     f"(fingerprint {fingerprint} vs {self._dataset_fingerprint}); resume with the same dataset"
                 )
+        elif out is not None and self.step == 0 and find_checkpoint(out) is not None:
+            warnings.warn(
+                f"{str(out)!r} already holds a checkpoint; starting a new run from step 0 that will "
+                "replace it at its first save (pass resume=True to continue the old run instead)",
+                GRPOWarning,
+                stacklevel=2,
+            )
         self._dataset_fingerprint = fingerprint
 
         history_file = None
@@ -985,7 +993,7 @@ class GRPOTrainer:
             bar = tqdm(total=steps, initial=min(self.step, steps), desc="GRPO", unit="step", dynamic_ncols=True)
         self._stop_requested = False
         previous_handler = self._install_sigint()
-        saved_at = -1
+        saved_at = self.step  # nothing new to save unless a step runs
         try:
             while self.step < steps:
                 batch, epoch, index = self._next_batch(dataset)

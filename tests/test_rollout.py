@@ -190,6 +190,7 @@ def test_chat_template_and_system_prompt(tiny):
         (dict(temperature=0.0), ValueError, "temperature"),
         (dict(top_p=1.5), ValueError, "top_p"),
         (dict(prompts=["1" * 70]), ValueError, "context of 64 tokens"),
+        (dict(prompts=["1+1=", "What is 2+3?"]), ValueError, r"prompts\[1\]='What is 2\+3\?' contains characters"),
     ],
 )
 def test_bad_arguments(tiny, kwargs, error, match):

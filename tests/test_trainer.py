@@ -559,6 +559,16 @@ def test_resume_after_a_kill_between_the_two_renames(tmp_path, monkeypatch):
     assert (out / "checkpoint").exists() and not (out / "checkpoint.old").exists()
 
 
+def test_a_fresh_run_warns_before_replacing_a_checkpoint(tmp_path):
+    out = str(tmp_path / "run")
+    run(2, out=out, checkpoint_every=2)
+    model, tok = tiny()
+    trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=out))
+    with pytest.warns(GRPOWarning, match="already holds a checkpoint; starting a new run"):
+        trainer.train(data(), 1, progress=False)
+    assert len(read_history(out)) == 1  # the new run's history replaced the old one
+
+
 def test_resume_refuses_a_different_dataset(tmp_path):
     out = str(tmp_path / "run")
     run(2, out=out, checkpoint_every=2)
