@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -281,8 +281,22 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def _nanmean(values: Sequence[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return float(sum(finite) / len(finite)) if finite else math.nan
+    """Mean of the non-NaN values (NaN if there are none)."""
+    kept = [v for v in values if not math.isnan(v)]
+    return float(sum(kept) / len(kept)) if kept else math.nan
+
+
+def _finite_mean(values: Sequence[float]) -> float:
+    """Mean of the finite values; if none is finite, the first value (NaN or inf) itself."""
+    kept = [v for v in values if math.isfinite(v)]
+    if kept:
+        return float(sum(kept) / len(kept))
+    return float(values[0]) if values else math.nan
+
+
+def _nanmax(values: Sequence[float]) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return float(max(kept)) if kept else math.nan
 
 
 def _fill_unscorable(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -560,8 +574,9 @@ class GRPOTrainer:
         over the step's updates, max for ratio_max); ``entropy`` (mean per
         completion token, from the old-policy pass); ``completion_len_mean``,
         ``completion_len_max``; ``frac_zero_std`` (groups whose rewards are all
-        equal); ``frac_truncated``; ``grad_norm`` (before clipping, mean over
-        updates); ``loss``; ``lr``; ``skipped_updates`` (cumulative); and the
+        equal); ``frac_truncated``; ``grad_norm`` (before clipping) and ``loss``
+        (means over the step's updates that were finite; NaN/inf only if
+        none was); ``lr``; ``skipped_updates`` (cumulative); and the
         timing fields ``step_seconds``, ``rollout_seconds``, ``tokens_per_s``.
         """
         _check_rows(batch, "batch")
@@ -646,14 +661,14 @@ class GRPOTrainer:
                 "clip_frac_high": _nanmean([s["clip_frac_high"] for s in stats]),
                 "clip_frac": _nanmean([s["clip_frac"] for s in stats]),
                 "ratio_mean": _nanmean([s["ratio_mean"] for s in stats]),
-                "ratio_max": max((s["ratio_max"] for s in stats), default=math.nan),
+                "ratio_max": _nanmax([s["ratio_max"] for s in stats]),
                 "entropy": _masked_mean(entropy, mask),
                 "completion_len_mean": float(lengths.mean()),
                 "completion_len_max": float(lengths.max()),
                 "frac_zero_std": float(zero_std.float().mean()),
                 "frac_truncated": float(rollout.truncated.float().mean()),
-                "grad_norm": float(np.mean(grad_norms)),
-                "loss": float(np.mean(losses)),
+                "grad_norm": _finite_mean(grad_norms),
+                "loss": _finite_mean(losses),
                 "lr": lr,
                 "skipped_updates": float(self.skipped_updates),
                 "step_seconds": step_seconds,

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
-from grpo_tutorial.__main__ import build_parser, main, parse_rewards
+from grpo_tutorial.__main__ import main, parse_rewards
 from grpo_tutorial.plotting import moving_average, plot_history
 from grpo_tutorial.rewards import correctness_reward, format_reward
 
