@@ -312,22 +312,21 @@ def _cmd_train(args: argparse.Namespace) -> int:
     tiny = _is_tiny(args.model)
     data_seed = args.seed if args.data_seed is None else args.data_seed
 
-    # data first: a dataset that cannot be built (gsm8k offline) fails before a slow model load
+    # data and config first: bad flags or gsm8k offline fail before a slow model load
     train_rows, eval_rows, reward_fns = make_task_data(
         args.task, tiny=tiny, n_train=args.n_train, n_eval=args.n_eval, seed=data_seed, digits=args.digits
     )
-    torch.manual_seed(args.seed)
-    model, tokenizer = _load_model(args, args.seed)
     weights = None
     if args.reward:
         reward_fns, weights = parse_rewards(args.reward)
-
     preset = dict(PRESETS["tiny" if tiny else "chat"])
     for flag, field_name in _FLAG_TO_FIELD.items():
         value = getattr(args, flag)
         if value is not None:
             preset[field_name] = value
     config = GRPOConfig(**preset, reward_weights=weights, seed=args.seed, output_dir=str(out))
+    torch.manual_seed(args.seed)
+    model, tokenizer = _load_model(args, args.seed)
     _write_json(out / "run.json", {"argv": sys.argv[1:], "args": vars(args) | {"func": None}, "config": config.to_dict()})
 
     evals: dict[str, Any] = {}
