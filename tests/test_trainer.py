@@ -486,11 +486,15 @@ def test_same_seed_same_history_across_processes(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONHASHSEED="random")
+    procs = [  # two independent processes, run side by side
+        subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for _ in range(2)
+    ]
     outputs = []
-    for _ in range(2):
-        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
-        assert done.returncode == 0, done.stderr
-        outputs.append(done.stdout.strip().splitlines()[-1])
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        outputs.append(out.strip().splitlines()[-1])
     assert outputs[0] == outputs[1]
     rows = json.loads(outputs[0])
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["reward_std"] > 0
