@@ -247,6 +247,15 @@ def make_task_data(
     raise ValueError(f"--task must be one of {list(TASKS)}, got {task!r}")
 
 
+def accuracy_fn_for(task: str) -> Any:
+    """What counts as a correct completion: the countdown checker, else the default (answer matches)."""
+    if task == "countdown":
+        from .tasks import countdown_reward
+
+        return countdown_reward
+    return None
+
+
 def parse_rewards(specs: Sequence[str]) -> tuple[list, list[float]]:
     """``["correctness", "format:0.2"]`` -> reward functions and their weights."""
     from .rewards import correctness_reward, format_reward, partial_credit_reward
@@ -339,7 +348,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         stop_when = None
         if args.sft_target_accuracy is not None:
-            probe = GRPOTrainer(model, tokenizer, reward_fns, config)
+            probe = GRPOTrainer(model, tokenizer, reward_fns, config, accuracy_fn=accuracy_fn_for(args.task))
             probe_rows = train_rows[-200:]  # training problems: the held-out set stays unseen
 
             def stop_when(m: Any) -> bool:
@@ -353,7 +362,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"warm start: {len(sft_history)} supervised steps in {evals['sft']['seconds']:.1f} s", flush=True)
         torch.manual_seed(args.seed)  # GRPO starts from the same RNG state however long the warm start ran
 
-    trainer = GRPOTrainer(model, tokenizer, reward_fns, config)
+    trainer = GRPOTrainer(model, tokenizer, reward_fns, config, accuracy_fn=accuracy_fn_for(args.task))
     if args.eval_before and not resuming:
         evals["before"] = trainer.evaluate(eval_rows)
         _print_eval("before GRPO", evals["before"])
@@ -420,7 +429,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         config_values["max_new_tokens"] = args.max_new_tokens
     if args.system_prompt is not None:
         config_values["system_prompt"] = args.system_prompt
-    trainer = GRPOTrainer(model, tokenizer, reward_fns, GRPOConfig(**config_values))
+    trainer = GRPOTrainer(model, tokenizer, reward_fns, GRPOConfig(**config_values), accuracy_fn=accuracy_fn_for(task))
     result = trainer.evaluate(eval_rows, batch_size=args.batch_size)
     _print_eval(f"{model_name} on {task}" + (f" ({args.checkpoint})" if args.checkpoint else ""), result)
     if args.out:

@@ -446,6 +446,11 @@ class GRPOTrainer:
         config: a :class:`GRPOConfig` (default: ``GRPOConfig()``).
         ref_model: the reference policy for the KL penalty. Only used when
             ``config.beta > 0``; if None, a frozen deep copy of ``model`` is made.
+        accuracy_fn: what the ``accuracy`` metric counts as correct: a function
+            with the reward signature returning 1.0 (correct) or 0.0 per
+            completion. Default: the answer ``extract_answer`` finds equals the
+            row's ``answer`` (``answers_match``). Pass ``countdown_reward`` for
+            Countdown, whose answer is an expression, not a number.
 
     Attributes:
         step: completed training steps.
@@ -459,6 +464,8 @@ class GRPOTrainer:
         reward_fns: Callable | Sequence[Callable],
         config: GRPOConfig | None = None,
         ref_model: torch.nn.Module | None = None,
+        *,
+        accuracy_fn: Callable | None = None,
     ) -> None:
         config = GRPOConfig() if config is None else config
         if not isinstance(config, GRPOConfig):
@@ -476,6 +483,9 @@ class GRPOTrainer:
             )
         if getattr(tokenizer, "eos_token_id", None) is None:
             raise ValueError("tokenizer.eos_token_id is None; the trainer needs an EOS token")
+        if accuracy_fn is not None and not callable(accuracy_fn):
+            raise TypeError(f"accuracy_fn must be None or a function, got {type(accuracy_fn).__name__}")
+        self.accuracy_fn = accuracy_fn
 
         self.model = model
         self.tokenizer = tokenizer
@@ -556,11 +566,20 @@ class GRPOTrainer:
         keys = [k for k in batch[0] if k not in ("prompt", "answer") and all(k in row for row in batch)]
         return {k: [row[k] for row in batch for _ in range(group_size)] for k in keys}
 
-    def _accuracy(self, completions: Sequence[str], answers: Sequence[Any]) -> float:
-        """Fraction of completions whose extracted answer matches (NaN without answers)."""
-        if any(a is None for a in answers):
-            return math.nan
-        return float(np.mean([answers_match(extract_answer(c), a) for c, a in zip(completions, answers)]))
+    def _correct(
+        self, prompts: list, completions: list[str], answers: list, columns: dict[str, list]
+    ) -> list[float] | None:
+        """1.0/0.0 per completion as ``accuracy_fn`` judges it (None: cannot be judged)."""
+        if self.accuracy_fn is None:
+            if any(a is None for a in answers):
+                return None
+            return [1.0 if answers_match(extract_answer(c), a) else 0.0 for c, a in zip(completions, answers)]
+        values = self.accuracy_fn(prompts=prompts, completions=completions, answer=answers, **columns)
+        if len(values) != len(completions):
+            raise ValueError(
+                f"accuracy_fn returned {len(values)} values for {len(completions)} completions; expected one each"
+            )
+        return [math.nan if v is None else float(v) for v in values]
 
     # ------------------------------------------------------------------ one step
     def train_step(self, batch: Sequence[dict]) -> dict:
@@ -604,14 +623,11 @@ class GRPOTrainer:
 
         # stage 2: rewards
         answers = [row.get("answer") for row in batch for _ in range(G)]
+        columns = self._columns(batch, G)
         rewards, per_fn = compute_rewards(
-            self.reward_fns,
-            cfg.reward_weights,
-            rollout.prompts,
-            rollout.completions,
-            answers,
-            **self._columns(batch, G),
+            self.reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers, **columns
         )  # [N], {name: [N]}
+        correct = self._correct(rollout.prompts, rollout.completions, answers, columns)
         device = rollout.completion_ids.device
         filled, unscorable = _fill_unscorable(rewards, G)  # [N], [N]
         if unscorable.any():
@@ -655,7 +671,7 @@ class GRPOTrainer:
         row.update({f"reward/{name}": value for name, value in reward_function_means(per_fn).items()})
         row.update(
             {
-                "accuracy": self._accuracy(rollout.completions, answers),
+                "accuracy": _nanmean(correct) if correct is not None else math.nan,
                 "kl": _nanmean([s["kl"] for s in stats]),
                 "clip_frac_low": _nanmean([s["clip_frac_low"] for s in stats]),
                 "clip_frac_high": _nanmean([s["clip_frac_high"] for s in stats]),
@@ -1066,6 +1082,7 @@ class GRPOTrainer:
         if not _is_int(size) or size < 1:
             raise ValueError(f"batch_size must be a positive int, got {size!r}")
         completions: list[str] = []
+        correct: list[float] | None = []
         rewards: list[torch.Tensor] = []
         lengths: list[torch.Tensor] = []
         truncated: list[torch.Tensor] = []
@@ -1081,22 +1098,20 @@ class GRPOTrainer:
                 system_prompt=self.config.system_prompt,
                 use_chat_template=self.config.use_chat_template,
             )
+            answers = [row.get("answer") for row in rows]
+            columns = self._columns(rows, 1)
             total, _ = compute_rewards(
-                self.reward_fns,
-                self.config.reward_weights,
-                rollout.prompts,
-                rollout.completions,
-                [row.get("answer") for row in rows],
-                **self._columns(rows, 1),
+                self.reward_fns, self.config.reward_weights, rollout.prompts, rollout.completions, answers, **columns
             )
+            judged = self._correct(rollout.prompts, rollout.completions, answers, columns)
+            correct = None if correct is None or judged is None else correct + judged
             completions.extend(rollout.completions)
             rewards.append(total)
             lengths.append(rollout.completion_lengths.float().cpu())
             truncated.append(rollout.truncated.float().cpu())
-        answers = [row.get("answer") for row in dataset]
         all_rewards = torch.cat(rewards)  # [n]
         return {
-            "accuracy": self._accuracy(completions, answers),
+            "accuracy": _nanmean(correct) if correct is not None else math.nan,
             "reward_mean": float(torch.nanmean(all_rewards)),
             "completion_len_mean": float(torch.cat(lengths).mean()),
             "frac_truncated": float(torch.cat(truncated).mean()),

@@ -210,6 +210,24 @@ def test_accuracy_counts_correct_completions(monkeypatch):
     assert row["frac_zero_std"] == 0.0
 
 
+def test_custom_accuracy_fn_sees_columns_and_defines_accuracy():
+    seen = {}
+
+    def first_of_each_group(completions, answer, numbers, **kwargs):
+        seen["numbers"] = numbers
+        return [1.0 if i % 4 == 0 else 0.0 for i in range(len(completions))]
+
+    model, tok = tiny()
+    rows = [{"prompt": "1+2=", "answer": "3", "numbers": [1, 2]}, {"prompt": "2+2=", "answer": "4", "numbers": [2, 2]}]
+    trainer = GRPOTrainer(model, tok, length_reward, config(), accuracy_fn=first_of_each_group)
+    row = quiet(trainer.train_step, rows)
+    assert row["accuracy"] == 0.25
+    assert seen["numbers"] == [[1, 2]] * 4 + [[2, 2]] * 4  # extra dataset columns, one per completion
+    assert trainer.evaluate(rows * 4, batch_size=4)["accuracy"] == 0.25  # rows 0 and 4 of 8, per batch
+    with pytest.raises(TypeError, match="accuracy_fn must be None or a function"):
+        GRPOTrainer(model, tok, length_reward, config(), accuracy_fn="exact")
+
+
 def test_mu_2_second_pass_uses_the_stored_old_logprobs(monkeypatch):
     calls = []
     real = trainer_module.grpo_loss
