@@ -527,6 +527,22 @@ def _find_failing_index(fn: RewardFn, prompts: list, completions: list, answers:
     return None
 
 
+def _signature_hint(err: Exception) -> str:
+    """Advice when a reward function's signature, not the data, is the problem."""
+    text = str(err) if isinstance(err, TypeError) else ""
+    if "unexpected keyword argument" in text:
+        return (
+            ". Reward functions are called as fn(prompts=..., completions=..., answer=..., **columns); "
+            "give yours a **kwargs parameter so it accepts the keywords it does not use"
+        )
+    if "required keyword-only argument" in text:
+        return (
+            ". Keywords other than prompts, completions and answer come from the dataset's other "
+            "columns; add that column to every row, or give the parameter a default"
+        )
+    return ""
+
+
 def _as_reward_list(name: str, output: object, n: int) -> list[float]:
     """Check one function's output and turn it into floats (NaN for None)."""
     if isinstance(output, torch.Tensor):
@@ -642,7 +658,9 @@ def compute_rewards(
                 "on the whole batch (no single completion fails alone)"
             )
             raise RewardFunctionError(
-                f"reward function {name!r} raised {type(err).__name__} {where}: {err}", name, index
+                f"reward function {name!r} raised {type(err).__name__} {where}: {err}{_signature_hint(err)}",
+                name,
+                index,
             ) from err
         per_fn[name] = torch.tensor(_as_reward_list(name, output, n), dtype=dtype)  # [N]
 

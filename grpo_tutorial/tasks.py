@@ -504,15 +504,16 @@ def validate_dataset(rows: Sequence[Mapping], *, tokenizer=None, max_prompt_toke
     """Check a dataset before training; raise with the row and the problem.
 
     Checks: the dataset is a non-empty list of dicts; every row has a
-    ``"prompt"`` (a string, or a list of chat messages) and an ``"answer"``
-    that is not None; and, when a tokenizer is given, no prompt is longer than
+    ``"prompt"`` (a non-blank string, or a list of chat messages) and an
+    ``"answer"`` that is not None; and, when a tokenizer is given, no prompt is longer than
     ``max_prompt_tokens`` (default: ``tokenizer.model_max_length`` when that is
     a real limit).
 
     Raises:
         TypeError: not a list of dicts, or a prompt of the wrong type.
-        ValueError: empty dataset, a missing key, a None answer, or a prompt
-            that is too long (naming the row, its length and the limit).
+        ValueError: empty dataset, a missing key, a blank prompt, a None
+            answer, or a prompt that is too long (naming the row, its length
+            and the limit).
     """
     if isinstance(rows, (str, Mapping)) or not hasattr(rows, "__len__") or not hasattr(rows, "__getitem__"):
         raise TypeError(f"rows must be a list of dicts with 'prompt' and 'answer', got {type(rows).__name__}")
@@ -545,6 +546,8 @@ def validate_dataset(rows: Sequence[Mapping], *, tokenizer=None, max_prompt_toke
                 f"dataset row {i}: 'prompt' must be a str or a list of chat messages, "
                 f"got {type(prompt).__name__}: {prompt!r:.80}"
             )
+        if isinstance(prompt, str) and not prompt.strip():
+            raise ValueError(f"dataset row {i}: 'prompt' is {prompt!r}; expected the text of a problem")
         if row["answer"] is None:
             raise ValueError(f"dataset row {i}: 'answer' is None; expected the reference answer")
         prompts.append(prompt)
