@@ -535,6 +535,11 @@ def _signature_hint(err: Exception) -> str:
             ". Reward functions are called as fn(prompts=..., completions=..., answer=..., **columns); "
             "give yours a **kwargs parameter so it accepts the keywords it does not use"
         )
+    if "required positional argument" in text:
+        return (
+            ". Everything is passed by keyword (prompts=..., completions=..., answer=..., **columns); "
+            "name the parameters completions, prompts and answer, and add **kwargs"
+        )
     if "required keyword-only argument" in text:
         return (
             ". Keywords other than prompts, completions and answer come from the dataset's other "

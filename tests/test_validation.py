@@ -191,6 +191,19 @@ def test_a_reward_without_kwargs_is_told_to_accept_them():
     )
 
 
+def test_a_reward_with_other_parameter_names_is_told_they_come_by_keyword():
+    def short_names(c, **kwargs):
+        return [0.0] * len(c)
+
+    expect(
+        RewardFunctionError,
+        lambda: score(short_names),
+        "reward function 'short_names' raised TypeError on completion 0",
+        "missing 1 required positional argument: 'c'",
+        "name the parameters completions, prompts and answer",
+    )
+
+
 def test_a_reward_needing_a_missing_column_is_told_where_keywords_come_from():
     def needs_target(completions, *, target, **kwargs):
         return [0.0] * len(completions)
