@@ -1,0 +1,233 @@
+"""``python -m benchmarks``: run the benchmarks, print a table, write benchmarks/results.json."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from . import common
+
+PARTS = ("rollout", "train", "mfu")
+MODELS = ("tiny", "smollm2-135m-instruct")
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+class LoadSampler:
+    """Samples the 1-minute load average every ``every`` seconds in a background thread."""
+
+    def __init__(self, every: float = 5.0) -> None:
+        self.every = every
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(os.getloadavg()[0])
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> "LoadSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, Any]:
+        return common.summarize(self.samples) | {"every_seconds": self.every}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Benchmarks of grpo_tutorial (and TRL's GRPOTrainer): rollout throughput, "
+        "train-step seconds, peak memory and MFU. Prints a table and writes a JSON file.",
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller and fewer repeats: a smoke run of every part")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    parser.add_argument("--models", default=",".join(MODELS), help="models of the train-step part (default: both)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats of each measurement (default 3, quick 2)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the number of cores)")
+    parser.add_argument("--out", type=Path, default=common.RESULTS, help="where to write the JSON (default: %(default)s)")
+    args = parser.parse_args(argv)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    bad = [p for p in parts if p not in PARTS]
+    if bad or not parts:
+        parser.error(f"--parts must name some of {list(PARTS)}, got {args.parts!r}")
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [m for m in models if m not in MODELS]
+    if bad or not models:
+        parser.error(f"--models must name some of {list(MODELS)}, got {args.models!r}")
+    args.parts, args.models = parts, models
+    args.repeats = args.repeats or (2 if args.quick else 3)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    args.threads = args.threads or os.cpu_count() or 1
+    return args
+
+
+# ---------------------------------------------------------------------------
+# The parts
+# ---------------------------------------------------------------------------
+
+
+def part_rollout(args: argparse.Namespace, policies: dict) -> dict[str, Any]:
+    from .rollout import run
+
+    model, tokenizer = policies[SMOLLM2]
+    return run(
+        model, tokenizer, model_name=SMOLLM2, prompts_per_step=4, group_size=8,
+        new_tokens=16 if args.quick else 32, naive_completions=4 if args.quick else 8, repeats=args.repeats,
+    )
+
+
+def part_train(args: argparse.Namespace) -> dict[str, Any]:
+    from .trainers import SPECS
+
+    results = []
+    for model in args.models:
+        pair = {}
+        for engine in ("ours", "trl"):
+            print(f"  train step: {engine} on {model} ...", file=sys.stderr, flush=True)
+            pair[engine] = common.run_worker(
+                "benchmarks.trainers",
+                ["--engine", engine, "--model", model, "--threads", str(args.threads),
+                 "--repeats", str(args.repeats), "--warmup", "1"],
+                threads=args.threads,
+                timeout=900,
+            )
+        ours, trl = (common.summarize(pair[e]["step_seconds"]) for e in ("ours", "trl"))
+        results.append(
+            {
+                "model": model,
+                "spec": SPECS[model].__dict__,
+                "ours": pair["ours"] | {"step_seconds": ours},
+                "trl": pair["trl"] | {"step_seconds": trl},
+                "ratio": common.ratio(ours, trl),
+                "target": 0.8,
+            }
+        )
+    return {"results": results}
+
+
+def part_mfu(args: argparse.Namespace, policies: dict) -> dict[str, Any]:
+    from .mfu import matmul_peak, run
+
+    peak = matmul_peak(n=2048, repeats=5 if args.quick else 10)
+    shapes = {"tiny": (128, 4), SMOLLM2: (8 if args.quick else 16, 32)}  # rows = B*G, completion tokens
+    models = []
+    for name, (model, tokenizer) in policies.items():
+        rows, completion_len = shapes[name]
+        print(f"  mfu: {name} ...", file=sys.stderr, flush=True)
+        models.append(
+            run(model, tokenizer, model_name=name, peak_gflops=peak["gflops"]["median"], rows=rows,
+                completion_len=completion_len, repeats=args.repeats, profile_ops=name == SMOLLM2)
+        )
+    return {"peak": peak, "models": models}
+
+
+# ---------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------
+
+
+def fmt(stats: dict, scale: float = 1.0, digits: int = 2) -> str:
+    """'median [min, max]'."""
+    return f"{stats['median'] * scale:.{digits}f} [{stats['min'] * scale:.{digits}f}, {stats['max'] * scale:.{digits}f}]"
+
+
+def verdict(ok: bool) -> str:
+    return "MET" if ok else "NOT MET"
+
+
+def print_table(results: dict[str, Any]) -> None:
+    m = results["machine"]
+    print(f"\nMachine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads, torch {m['torch']}, "
+          f"transformers {m['transformers']}, trl {m['trl']}")
+    load = results["load_average"]
+    print(f"Load average (1 min) during the run: median {load['median']:.2f}, max {load['max']:.2f}")
+    if "rollout" in results:
+        r = results["rollout"]
+        print(f"\n(a) Rollout throughput, {r['model']}, B={r['prompts_per_step']}, G={r['group_size']}, "
+              f"{r['new_tokens']} new tokens each; median [min, max] of {r['batched_tokens_per_s']['n']}")
+        print(f"  batched, one generate call ({r['completions_batched']} completions): "
+              f"{fmt(r['batched_tokens_per_s'], digits=1)} tokens/s")
+        print(f"  per-completion loop (timed on {r['completions_naive']}):       "
+              f"{fmt(r['naive_tokens_per_s'], digits=1)} tokens/s")
+        print(f"  speedup: {fmt(r['speedup'], digits=1)} x   target >= {r['target']:g}x: "
+              f"{verdict(r['speedup']['median'] >= r['target'])}")
+    if "train" in results:
+        print("\n(b) Seconds per GRPO step, median [min, max]; (d) peak RSS")
+        for row in results["train"]["results"]:
+            s = row["spec"]
+            print(f"  {row['model']} (B={s['prompts_per_step']}, G={s['group_size']}, "
+                  f"{s['max_new_tokens']} new tokens, mu=1, beta=0, fp32)")
+            for key, label in (("ours", "grpo_tutorial"), ("trl", "TRL")):
+                e = row[key]
+                print(f"    {label:14s} {fmt(e['step_seconds'])} s   peak RSS {e['peak_rss_mb']:.0f} MiB "
+                      f"(before training {e['rss_before_mb']:.0f})")
+            print(f"    ratio ours/TRL {fmt(row['ratio'])}   target <= {row['target']:g}: "
+                  f"{verdict(row['ratio']['median'] <= row['target'])}")
+            phases = " ".join(f"{k}={row['ours']['phases'][k]:.2f}/{row['trl']['phases'][k]:.2f}"
+                              for k in row["ours"]["phases"])
+            print(f"    phases, seconds ours/TRL: {phases}")
+    if "mfu" in results:
+        p = results["mfu"]["peak"]
+        print(f"\n(c) MFU; float32 matmul peak ({p['n']}x{p['n']}): {fmt(p['gflops'], digits=1)} GFLOP/s")
+        for row in results["mfu"]["models"]:
+            print(f"  {row['model']}: {row['rows']} rows x {row['seq_len']} tokens, forward+backward "
+                  f"{fmt(row['seconds'], digits=3)} s")
+            print(f"    MFU (6ND)     {fmt(row['mfu_6nd'], 100, 1)} %   target >= 50%: "
+                  f"{verdict(row['mfu_6nd']['median'] >= row['target'])}")
+            print(f"    MFU (counted) {fmt(row['mfu_counted'], 100, 1)} %   target >= 50%: "
+                  f"{verdict(row['mfu_counted']['median'] >= row['target'])}")
+            for op in row["top_ops"][:5]:
+                print(f"      {op['share']:6.1%}  {op['op']}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    common.set_threads(args.threads)
+    started = time.perf_counter()
+    results: dict[str, Any] = {
+        "command": "python -m benchmarks" + (" " + shlex.join(argv if argv is not None else sys.argv[1:])).rstrip(),
+        "quick": args.quick,
+        "repeats": args.repeats,
+        "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": common.machine(args.threads),
+    }
+    with LoadSampler() as sampler:
+        policies: dict = {}
+        if {"rollout", "mfu"} & set(args.parts):
+            from grpo_tutorial.models import load_policy
+
+            for name in (("tiny", SMOLLM2) if "mfu" in args.parts else (SMOLLM2,)):
+                policies[name] = load_policy(name, device="cpu", dtype="float32")
+        for part in args.parts:
+            print(f"benchmark part: {part} ...", file=sys.stderr, flush=True)
+            before = common.load_average()
+            seconds, out = common.timed(
+                lambda: part_rollout(args, policies) if part == "rollout"
+                else part_train(args) if part == "train"
+                else part_mfu(args, policies)
+            )
+            results[part] = out | {"seconds": seconds, "load_before": before, "load_after": common.load_average()}
+    results["load_average"] = sampler.summary()
+    results["total_seconds"] = time.perf_counter() - started
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    print_table(results)
+    print(f"\nwrote {args.out} in {results['total_seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Shared pieces of the benchmarks: statistics, the machine record, subprocess workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results.json"
+#: The marker before the JSON line a worker subprocess prints last.
+WORKER_PREFIX = "BENCHMARK-RESULT "
+
+
+def summarize(values: Sequence[float]) -> dict[str, Any]:
+    """Median, min and max of repeated measurements (and the raw values).
+
+    >>> summarize([3.0, 1.0, 2.0])["median"]
+    2.0
+    """
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) == 0:
+        raise ValueError(f"values must be a non-empty list of numbers, got {values!r:.80}")
+    xs = [float(v) for v in values]
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs), "values": xs}
+
+
+def ratio(numerator: dict, denominator: dict) -> dict[str, float]:
+    """The ratio of two summaries: of their medians, and the widest range their extremes allow."""
+    return {
+        "median": numerator["median"] / denominator["median"],
+        "min": numerator["min"] / denominator["max"],
+        "max": numerator["max"] / denominator["min"],
+    }
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """Wall-clock seconds of one call, and its result."""
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages (what else runs on the machine)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else platform.processor()."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, in MiB.
+
+    Read from ``VmHWM`` in /proc/self/status, the high-water mark of this program's
+    own memory. ``getrusage(...).ru_maxrss`` would be wrong in a worker: Linux
+    carries the parent's resident size at ``fork`` over into the child's maximum,
+    so a worker started by a parent that holds SmolLM2 would report SmolLM2's size.
+    The kernel updates VmHWM lazily, so the current RSS is taken if it is higher.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return max(int(line.split()[1]) / 1024, current_rss_mb())  # kB -> MiB
+    except OSError:
+        pass
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # not Linux: the best we have
+    return kib / 1024 if sys.platform != "darwin" else kib / 2**20
+
+
+def current_rss_mb() -> float:
+    """This process's resident set size now, in MiB."""
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss / 2**20
+    except ImportError:  # pragma: no cover - psutil ships with TRL
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def machine(threads: int) -> dict[str, Any]:
+    """What the numbers were measured on."""
+    import torch
+    import transformers
+
+    import grpo_tutorial
+
+    info: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "torch_threads": threads,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "transformers": transformers.__version__,
+        "grpo_tutorial": grpo_tutorial.__version__,
+    }
+    for name in ("trl", "accelerate", "datasets"):
+        try:
+            info[name] = __import__(name).__version__
+        except ImportError:
+            info[name] = None
+    return info
+
+
+def set_threads(threads: int) -> None:
+    """Use ``threads`` intra-op threads (and one inter-op thread) in this process."""
+    import torch
+
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int, got {threads!r}")
+    torch.set_num_threads(threads)
+
+
+def worker_env(threads: int) -> dict[str, str]:
+    """Environment of a worker subprocess: offline, quiet, ``threads`` OpenMP threads."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+            "CUDA_VISIBLE_DEVICES": "",
+            "OMP_NUM_THREADS": str(threads),
+        }
+    )
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_worker(module: str, args: Sequence[str], threads: int, timeout: float) -> dict[str, Any]:
+    """Run ``python -m module args`` in a fresh process and return the JSON it reports.
+
+    The worker prints its result as one line starting with :data:`WORKER_PREFIX`.
+    A failing worker raises ``RuntimeError`` with the end of its stderr.
+    """
+    cmd = [sys.executable, "-m", module, *args]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=worker_env(threads), capture_output=True, text=True, timeout=timeout
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(WORKER_PREFIX)]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-25:])
+        raise RuntimeError(f"worker {' '.join(cmd[2:])} failed (exit {proc.returncode}):\n{tail}")
+    return json.loads(lines[-1][len(WORKER_PREFIX) :])
+
+
+def report(result: dict[str, Any]) -> None:
+    """What a worker does last: print its result for :func:`run_worker`."""
+    print(WORKER_PREFIX + json.dumps(result), flush=True)
