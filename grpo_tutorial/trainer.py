@@ -51,6 +51,7 @@ __all__ = [
     "GRPOTrainer",
     "GRPOWarning",
     "TIMING_KEYS",
+    "advantages_skipping_unscorable",
     "derive_seed",
     "find_checkpoint",
     "load_model_state",
@@ -299,19 +300,44 @@ def _nanmax(values: Sequence[float]) -> float:
     return float(max(kept)) if kept else math.nan
 
 
-def _fill_unscorable(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Replace NaN rewards (no function applied) by their group's mean.
+def advantages_skipping_unscorable(
+    rewards: torch.Tensor, group_size: int, *, scale: str = "group", std: str = "sample", eps: float = 1e-4
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group advantages when some rewards are NaN ("no reward function applied").
 
-    Returns the filled rewards [N] and the NaN mask [N]; the caller gives those
-    completions an advantage of exactly 0.
+    Without NaNs this is exactly :func:`group_advantages`. A NaN completion is
+    left out of its group's mean and std (as TRL 1.16 does), and its own
+    advantage is 0. A group with fewer than two scorable completions, or whose
+    scorable rewards are all equal, carries no signal: all its advantages are 0.
+
+    Returns:
+        advantages [N] and zero_std [P] (True for groups without a signal).
     """
     nan = torch.isnan(rewards)  # [N]
-    if not nan.any():
-        return rewards, nan
     grouped = rewards.view(-1, group_size)  # [P, G]
-    means = torch.nan_to_num(torch.nanmean(grouped, dim=1, keepdim=True), nan=0.0)  # [P, 1]
-    filled = torch.where(torch.isnan(grouped), means.expand_as(grouped), grouped)  # [P, G]
-    return filled.reshape(-1), nan
+    if not nan.any():
+        advantages = group_advantages(rewards, group_size, scale=scale, std=std, eps=eps)  # [N]
+        return advantages, (grouped == grouped[:, :1]).all(dim=1)
+    valid = ~torch.isnan(grouped)  # [P, G]
+    count = valid.sum(dim=1, keepdim=True)  # [P, 1]
+    values = torch.where(valid, grouped, torch.zeros_like(grouped))  # [P, G]
+    mean = values.sum(dim=1, keepdim=True) / count.clamp(min=1)  # [P, 1]
+    centred = torch.where(valid, grouped - mean, torch.zeros_like(grouped))  # [P, G]
+    ddof = 1 if std == "sample" else 0
+    if scale == "group":
+        spread = torch.sqrt((centred**2).sum(dim=1, keepdim=True) / (count - ddof).clamp(min=1))  # [P, 1]
+        advantages = centred / (spread + eps)  # [P, G]
+    elif scale == "batch":
+        kept = grouped[valid]  # [K]
+        spread = kept.std(unbiased=ddof == 1) if kept.numel() > 1 else kept.new_zeros(())
+        advantages = centred / (spread + eps)  # [P, G]
+    else:
+        advantages = centred  # [P, G]
+    low = torch.where(valid, grouped, torch.full_like(grouped, math.inf)).amin(dim=1)  # [P]
+    high = torch.where(valid, grouped, torch.full_like(grouped, -math.inf)).amax(dim=1)  # [P]
+    zero_std = (count.squeeze(1) < 2) | (low == high)  # [P]
+    advantages = advantages.masked_fill(zero_std[:, None] | ~valid, 0.0)  # [P, G]
+    return advantages.reshape(-1), zero_std
 
 
 def read_history(path: str | os.PathLike) -> list[dict]:
@@ -629,19 +655,20 @@ class GRPOTrainer:
         )  # [N], {name: [N]}
         correct = self._correct(rollout.prompts, rollout.completions, answers, columns)
         device = rollout.completion_ids.device
-        filled, unscorable = _fill_unscorable(rewards, G)  # [N], [N]
+        unscorable = torch.isnan(rewards)  # [N]
         if unscorable.any():
             self._warn_once(
                 "unscorable",
                 f"{int(unscorable.sum())} of {N} completions could not be scored (every reward function "
-                "returned None); they get an advantage of 0 and are left out of reward_mean",
+                "returned None); they are left out of their group's baseline and of reward_mean, "
+                "and get an advantage of 0",
             )
 
-        # stage 3: group-relative advantages
-        advantages = group_advantages(filled, G, scale=cfg.scale_rewards, std=cfg.std)  # [N]
-        advantages = advantages.masked_fill(unscorable, 0.0).to(device)  # [N]
-        grouped = filled.view(-1, G)  # [P, G]
-        zero_std = (grouped == grouped[:, :1]).all(dim=1)  # [P]
+        # stage 3: group-relative advantages (group_advantages, NaN-aware)
+        advantages, zero_std = advantages_skipping_unscorable(
+            rewards, G, scale=cfg.scale_rewards, std=cfg.std
+        )  # [N], [P]
+        advantages = advantages.to(device)  # [N]
 
         # stage 4: old log-probs (the policy that sampled), no gradient, eval mode
         mask = rollout.completion_mask  # [N, Tc]

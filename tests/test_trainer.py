@@ -17,6 +17,7 @@ from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.trainer import (
     TIMING_KEYS,
+    advantages_skipping_unscorable,
     GRPOConfig,
     GRPOTrainer,
     GRPOWarning,
@@ -399,19 +400,14 @@ def test_truncation_and_collapse_warnings():
     assert sum("raise max_new_tokens" in m for m in messages) == 1
 
 
-def test_unscorable_completions_get_zero_advantage(monkeypatch):
-    filled, used = [], []
-    real_adv, real_loss = trainer_module.group_advantages, trainer_module.grpo_loss
-
-    def spy_adv(rewards, *args, **kwargs):
-        filled.append(rewards.clone())
-        return real_adv(rewards, *args, **kwargs)
+def test_unscorable_completions_are_left_out_of_the_baseline(monkeypatch):
+    used = []
+    real_loss = trainer_module.grpo_loss
 
     def spy_loss(logp, old, advantages, *args, **kwargs):
         used.append(advantages.clone())
         return real_loss(logp, old, advantages, *args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "group_advantages", spy_adv)
     monkeypatch.setattr(trainer_module, "grpo_loss", spy_loss)
 
     def sometimes_none(completions, **kwargs):
@@ -421,13 +417,29 @@ def test_unscorable_completions_get_zero_advantage(monkeypatch):
     trainer = GRPOTrainer(model, tok, sometimes_none, config(num_iterations=1))
     with pytest.warns(GRPOWarning, match="2 of 8 completions could not be scored"):
         row = trainer.train_step(data()[:2])
-    # a None-only completion takes its group's mean, so it does not move the baseline ...
-    assert filled[0].tolist() == [2.0, 1.0, 2.0, 3.0, 6.0, 5.0, 6.0, 7.0]
-    # ... and its advantage is exactly 0 (the loss sees the rows shuffled, so compare sorted)
-    expected = real_adv(filled[0], 4).clone()
-    expected[[0, 4]] = 0.0
-    assert torch.equal(torch.sort(used[0]).values, torch.sort(expected).values)
-    assert row["reward_mean"] == 4.0  # the mean of 1, 2, 3, 5, 6, 7: unscorable ones left out
+    # groups [None, 1, 2, 3] and [None, 5, 6, 7]: mean 2 (6) and std 1 over the scorable three
+    a = 1 / (1 + 1e-4)
+    expected = torch.tensor([0.0, -a, 0.0, a, 0.0, -a, 0.0, a])
+    assert torch.allclose(torch.sort(used[0]).values, torch.sort(expected).values, atol=1e-7)  # rows are shuffled
+    assert row["reward_mean"] == 4.0  # the mean of 1, 2, 3, 5, 6, 7
+    assert row["frac_zero_std"] == 0.0
+
+
+def test_advantages_skipping_unscorable_exact():
+    from grpo_tutorial import group_advantages
+
+    nan = float("nan")
+    plain = torch.tensor([1.0, 2.0, 4.0, 4.0, 3.0, 3.0])
+    for scale in ("group", "batch", "none"):
+        adv, zero = advantages_skipping_unscorable(plain, 3, scale=scale)
+        assert torch.equal(adv, group_advantages(plain, 3, scale=scale))  # no NaN: identical
+    assert zero.tolist() == [False, False]
+    r = torch.tensor([nan, 1.0, 3.0, 5.0, nan, nan, 2.0, 2.0, nan])
+    adv, zero = advantages_skipping_unscorable(r, 3, scale="none")
+    assert adv.tolist() == [0.0, -1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert zero.tolist() == [False, True, True]  # one scorable member; all equal
+    adv, _ = advantages_skipping_unscorable(r, 3, scale="group", std="population")
+    assert adv[1:3].tolist() == pytest.approx([-1 / (1 + 1e-4), 1 / (1 + 1e-4)])
 
 
 # ---------------------------------------------------------------------------
