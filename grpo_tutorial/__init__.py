@@ -41,7 +41,7 @@ from .tasks import (
     train_test_split_arithmetic,
     validate_dataset,
 )
-from .trainer import GRPOConfig, GRPOTrainer
+from .trainer import TIMING_KEYS, GRPOConfig, GRPOTrainer, GRPOWarning
 
 __all__ = [
     # stage 3: advantages
@@ -80,5 +80,7 @@ __all__ = [
     "supervised_warmup",
     "GRPOConfig",
     "GRPOTrainer",
+    "GRPOWarning",
+    "TIMING_KEYS",
     "plot_history",
 ]
