@@ -1,4 +1,4 @@
-"""Issue 6, items 2 and 4: the same seed gives the same run in two processes; the record on disk keeps up.
+"""Issue 6, items 2 and 4: the same seed gives the same run in two processes; nothing is lost on a kill.
 
 The determinism test goes through the command line, as a learner would run it:
 one run in a fresh subprocess (its own PYTHONHASHSEED) and the same command in
@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -22,7 +24,8 @@ import torch
 
 from grpo_tutorial.__main__ import main
 from grpo_tutorial.models import build_tiny_policy
-from grpo_tutorial.trainer import TIMING_KEYS, GRPOConfig, GRPOTrainer, GRPOWarning, read_history
+from grpo_tutorial.tasks import make_arithmetic_dataset
+from grpo_tutorial.trainer import TIMING_KEYS, GRPOConfig, GRPOTrainer, GRPOWarning, find_checkpoint, read_history
 
 STEPS = 4
 ARGS = [
@@ -127,3 +130,86 @@ def test_history_file_holds_every_finished_step_while_training(tmp_path):
     assert seen_on_disk == [[], [1], [1, 2]]
     # the file holds exactly what train returned, timings included (NaN compares equal as text)
     assert [json.dumps(r, sort_keys=True) for r in read_history(out)] == [json.dumps(r, sort_keys=True) for r in history]
+
+
+# ---------------------------------------------------------------------------
+# SIGKILL in the middle of writing a checkpoint
+# ---------------------------------------------------------------------------
+
+DIES_WHILE_SAVING = textwrap.dedent(
+    """
+    import io, os, signal, sys, warnings
+    import torch
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    from grpo_tutorial.models import build_tiny_policy
+    from grpo_tutorial.tasks import make_arithmetic_dataset
+    from grpo_tutorial.trainer import GRPOConfig, GRPOTrainer
+
+    def length_reward(completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    real_save, saves = torch.save, []
+
+    def dying_save(obj, path):
+        saves.append(path)
+        if len(saves) == 2:  # the second checkpoint: write half of state.pt, then die
+            buffer = io.BytesIO()
+            real_save(obj, buffer)
+            with open(path, "wb") as fh:
+                fh.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        real_save(obj, path)
+
+    torch.save = dying_save
+    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    cfg = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=3, beta=0.05,
+                     checkpoint_every=2, output_dir=sys.argv[1])
+    GRPOTrainer(model, tok, length_reward, cfg).train(make_arithmetic_dataset(16, 0, digits=1), 6, progress=False)
+    """
+)
+
+
+def length_reward(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def _small_run(steps: int, out: Path | None = None, resume: bool = False) -> list[dict]:
+    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    cfg = GRPOConfig(
+        group_size=4, prompts_per_step=2, max_new_tokens=3, beta=0.05,
+        checkpoint_every=2, output_dir=None if out is None else str(out),
+    )
+    trainer = GRPOTrainer(model, tok, length_reward, cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GRPOWarning)
+        return trainer.train(make_arithmetic_dataset(16, 0, digits=1), steps, resume=resume, progress=False)
+
+
+@pytest.mark.slow
+def test_sigkill_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path):
+    out = tmp_path / "run"
+    script = tmp_path / "dies.py"
+    script.write_text(DIES_WHILE_SAVING)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, str(script), str(out)], stderr=subprocess.PIPE, text=True, env=env)
+    uninterrupted = _small_run(6)  # meanwhile, in this process
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL, err
+
+    # killed half-way through state.pt of the step-4 checkpoint: the step-2 one is intact
+    partial = out / "checkpoint.tmp" / "state.pt"
+    assert partial.exists() and not (out / "checkpoint.tmp" / "trainer_state.json").exists()
+    with pytest.raises(Exception):
+        torch.load(partial, weights_only=True)  # really a torn file
+    assert find_checkpoint(out) == out / "checkpoint"
+    assert json.loads((out / "checkpoint" / "trainer_state.json").read_text())["step"] == 2
+    assert [r["step"] for r in read_history(out)] == [1, 2, 3, 4]  # rows 3-4 were logged, not checkpointed
+
+    resumed = _small_run(6, out, resume=True)
+    assert [_without_timing(r) for r in resumed] == [_without_timing(r) for r in uninterrupted]
+    assert [_without_timing(r) for r in read_history(out)] == [_without_timing(r) for r in uninterrupted]
+    assert not (out / "checkpoint.tmp").exists()
+    assert json.loads((out / "checkpoint" / "trainer_state.json").read_text())["step"] == 6
