@@ -9,6 +9,9 @@ Two short TRL runs on the CPU with a 2-layer tiny Qwen2:
   is 0 and the parameters do not move at all. This control shows that the change
   in the first run comes from the rewards, not from weight decay or bookkeeping.
 
+The last tests check the benchmark's matched TRL configuration (``benchmarks/``)
+and its arithmetic, without timing anything.
+
 The tested range of TRL is pinned in pyproject.toml (``trl>=1.16,<1.17``).
 """
 
@@ -163,3 +166,59 @@ def test_trl_equal_rewards_leave_parameters_unchanged(tmp_path):
     after = dict(trainer.model.named_parameters())
     for name, p in before.items():
         assert torch.equal(p, after[name].detach()), f"{name} changed although every advantage was 0"
+
+
+# ---------------------------------------------------------------------------
+# The benchmark's matched configuration and its arithmetic (benchmarks/)
+# ---------------------------------------------------------------------------
+
+
+def test_benchmark_trl_config_matches_the_package_config(tmp_path):
+    """benchmarks.trainers compares the trainers at this config; it must really match."""
+    from benchmarks.trainers import SPECS, ours_config, trl_args
+
+    for spec in SPECS.values():
+        ours = ours_config(spec)
+        theirs = trl_args(spec, steps=3, output_dir=str(tmp_path))
+        # one generation = one optimizer step over all B*G completions
+        assert theirs.generation_batch_size == ours.prompts_per_step * ours.group_size
+        assert theirs.generation_batch_size // theirs.num_generations == ours.prompts_per_step
+        assert theirs.steps_per_generation == 1 and theirs.gradient_accumulation_steps == 1
+        assert theirs.num_generations == ours.group_size
+        assert theirs.max_completion_length == ours.max_new_tokens
+        assert theirs.generation_kwargs == {"min_new_tokens": ours.max_new_tokens}
+        assert (theirs.num_iterations, theirs.beta, theirs.loss_type, theirs.scale_rewards) == (
+            ours.num_iterations, ours.beta, ours.loss_type, ours.scale_rewards
+        )
+        assert (theirs.epsilon, theirs.learning_rate, theirs.max_grad_norm) == (
+            ours.clip_eps, ours.learning_rate, ours.max_grad_norm
+        )
+        assert theirs.bf16 is False and theirs.fp16 is False
+        assert theirs.gradient_checkpointing is False
+        assert str(getattr(theirs.lr_scheduler_type, "value", theirs.lr_scheduler_type)) == "constant"
+
+
+def test_benchmark_statistics():
+    from benchmarks.common import ratio, summarize
+
+    s = summarize([3.0, 1.0, 2.0, 10.0])
+    assert (s["median"], s["min"], s["max"], s["n"]) == (2.5, 1.0, 10.0, 4)
+    r = ratio(summarize([2.0, 4.0, 6.0]), summarize([1.0, 2.0, 4.0]))
+    assert r == {"median": 2.0, "min": 0.5, "max": 6.0}
+    with pytest.raises(ValueError, match="non-empty"):
+        summarize([])
+
+
+def test_benchmark_flop_counts_on_the_tiny_model():
+    """6ND counts every parameter on every token; 'counted' only what is multiplied."""
+    from benchmarks.mfu import flop_counts
+
+    model, _ = build_tiny_policy()  # hidden 128, 3 layers, 4 heads, 21-token vocabulary, tied
+    counts = flop_counts(model, rows=2, seq_len=5, completion_len=2)
+    assert counts["parameters"] == 791_168 and counts["tied_embeddings"] is True
+    assert counts["output_layer_parameters"] == 21 * 128
+    assert counts["non_embedding_parameters"] == 791_168 - 21 * 128
+    assert counts["tokens"] == 10 and counts["scored_positions"] == 6  # 2 rows x (Tc + 1)
+    assert counts["flops_6nd"] == 6 * 791_168 * 10
+    attention = 12 * 3 * 2 * 5**2 * 128  # 12 L N T^2 d
+    assert counts["flops_counted"] == 6 * (791_168 - 21 * 128) * 10 + 6 * 21 * 128 * 6 + attention
