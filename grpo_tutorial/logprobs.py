@@ -40,12 +40,14 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"token ids must lie in [0, {vocab}), got min {int(tokens.min())}, max {int(tokens.max())}")
     index = tokens.long().unsqueeze(-1)  # [N, T, 1]
     if logits.dtype in _HALF:
-        # Half-precision logsumexp loses digits; upcast one row at a time so we
-        # never hold a float32 copy of the whole [N, T, V] tensor.
-        rows = [
-            torch.gather(row.float(), -1, idx).squeeze(-1) - torch.logsumexp(row.float(), dim=-1)
-            for row, idx in zip(logits, index)
-        ]
+        # A half-precision logsumexp loses digits, so the normaliser is computed
+        # in float32, one row at a time: autograd keeps one float32 copy per row
+        # (for logsumexp's backward), never a float32 copy of the whole batch made
+        # at once. The picked logit is exact in half precision and upcast after.
+        rows = []
+        for row, idx in zip(logits, index):  # row: [T, V], idx: [T, 1]
+            picked = torch.gather(row, -1, idx).squeeze(-1).float()  # [T]
+            rows.append(picked - torch.logsumexp(row.float(), dim=-1))  # [T]
         return torch.stack(rows)  # [N, T]
     picked = torch.gather(logits, -1, index).squeeze(-1)  # [N, T]
     return picked - torch.logsumexp(logits, dim=-1)  # [N, T]

@@ -120,7 +120,10 @@ def grpo_loss(
     per_token = -torch.min(ratio * adv, clipped_ratio * adv)  # [N, T]
     kl = None
     if ref_logp is not None:
-        kl = kl_estimate(logp, ref_logp.detach(), kind=kl_kind)  # [N, T]
+        # As for the ratio: padded positions get log-ratio 0, so a huge gap
+        # between policy and reference on pad tokens cannot turn into NaN grads.
+        ref_safe = torch.where(mask.bool(), ref_logp.detach(), logp.detach())  # [N, T]
+        kl = kl_estimate(logp, ref_safe, kind=kl_kind)  # [N, T]
         if beta > 0:
             per_token = per_token + beta * kl
     loss = aggregate_tokens(per_token, mask, loss_type, max_completion_length)
@@ -134,7 +137,7 @@ def grpo_loss(
             "clip_frac_low": float(low.sum() / n_tok),
             "clip_frac_high": float(high.sum() / n_tok),
             "clip_frac": float((low.sum() + high.sum()) / n_tok),
-            "kl": float((kl * mask).sum() / n_tok) if kl is not None else float("nan"),
+            "kl": float(torch.where(mask.bool(), kl, 0.0).sum() / n_tok) if kl is not None else float("nan"),
             "ratio_mean": float(ratio_masked.mean()),
             "ratio_max": float(ratio_masked.max()),
             "adv_mean": float(advantages.mean()),

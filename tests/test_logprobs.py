@@ -153,3 +153,21 @@ def test_completion_logprobs_bad_input(tiny_model):
         completion_logprobs(tiny_model, ids, torch.ones(1, 2), 1)
     with pytest.raises(ValueError, match="temperature"):
         completion_logprobs(tiny_model, ids, torch.ones_like(ids), 1, temperature=0.0)
+
+
+def test_half_precision_path_keeps_no_full_float32_copy_for_backward():
+    """What autograd saves for a bf16 batch stays below one float32 copy of all logits."""
+    logits = (torch.randn(4, 8, 1000) * 3).to(torch.bfloat16).requires_grad_()
+    tokens = torch.randint(0, 1000, (4, 8))
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = token_logprobs(logits, tokens)
+    float32_bytes = sum(t.numel() * t.element_size() for t in saved if t.dtype == torch.float32)
+    assert float32_bytes <= 4 * 8 * 1000 * 4 * 1.01  # at most one float32 copy in total
+    out.sum().backward()
+    assert logits.grad is not None and torch.isfinite(logits.grad.float()).all()

@@ -202,3 +202,13 @@ def test_sequence_logprob_loss_value_and_gradient():
     torch.testing.assert_close(seq_logp.grad, -adv / 4)
     with pytest.raises(ValueError, match="shape"):
         sequence_logprob_loss(seq_logp, adv[:3])
+
+
+def test_kl_penalty_at_padded_positions_cannot_poison_the_gradient():
+    """A pad token the policy finds absurd (logp -200) must not give NaN gradients."""
+    logp = torch.tensor([[-1.0, -200.0]], requires_grad=True)
+    ref = torch.tensor([[-1.2, -0.5]])
+    loss, stats = grpo_loss(logp, logp.detach(), torch.tensor([1.0]), torch.tensor([[1.0, 0.0]]), ref_logp=ref, beta=0.04)
+    loss.backward()
+    assert torch.isfinite(logp.grad).all() and logp.grad[0, 1] == 0
+    assert stats["kl"] == pytest.approx(float(torch.expm1(torch.tensor(-0.2)) + 0.2))
