@@ -205,6 +205,25 @@ def _check_args(
             raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
 
 
+def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Every token id that ends a completion: the tokenizer's EOS and the model's.
+
+    Instruct checkpoints often list several (Qwen2.5-Instruct stops at both
+    ``<|im_end|>`` and ``<|endoftext|>``). Stopping, masking and the truncation
+    flag must all use the same list, or text after the second kind of EOS would
+    be rewarded and trained on.
+    """
+    ids: list[int] = []
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (tokenizer.eos_token_id, config_eos):
+        if value is None:
+            continue
+        for token in value if isinstance(value, (list, tuple)) else [value]:
+            if int(token) not in ids:
+                ids.append(int(token))
+    return ids
+
+
 def _generation_kwargs(
     model: Any, tokenizer: Any, *, max_new_tokens: int, temperature: float, top_p: float, do_sample: bool
 ) -> dict[str, Any]:
@@ -220,7 +239,7 @@ def _generation_kwargs(
     kwargs: dict[str, Any] = dict(
         max_new_tokens=max_new_tokens,
         do_sample=do_sample,
-        eos_token_id=eos_id,
+        eos_token_id=stop_token_ids(model, tokenizer),
         pad_token_id=pad_id,
         use_cache=True,
         num_beams=1,
@@ -327,8 +346,9 @@ def generate_rollouts(
 
     # 5. split off the completion and mask everything after the first EOS
     completion_ids = sequences[:, prompt_ids.shape[1] :]  # [N, Tc]
-    comp_mask = completion_mask(completion_ids, eos_id)  # [N, Tc]
-    has_eos = (completion_ids == eos_id).any(dim=1)  # [N]
+    stops = stop_token_ids(model, tokenizer)
+    comp_mask = completion_mask(completion_ids, stops)  # [N, Tc]
+    has_eos = torch.isin(completion_ids, torch.tensor(stops, device=completion_ids.device)).any(dim=1)  # [N]
     truncated = ~has_eos  # [N]
     lengths = comp_mask.sum(dim=1).long().tolist()
     kept = [row[:n] for row, n in zip(completion_ids.tolist(), lengths)]

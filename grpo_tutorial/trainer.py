@@ -531,6 +531,11 @@ class GRPOTrainer:
         random.seed(config.seed)
         np.random.seed(config.seed % 2**32)
 
+        if ref_model is not None and ref_model is model:
+            raise ValueError(
+                "ref_model is the policy itself; the reference must be a separate, frozen copy "
+                "(pass ref_model=None to let the trainer make one, or copy.deepcopy(model))"
+            )
         self.ref_model: torch.nn.Module | None = None
         if config.beta > 0:
             self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)

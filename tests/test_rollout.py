@@ -199,3 +199,21 @@ def test_bad_arguments(tiny, kwargs, error, match):
     args.update(kwargs)
     with pytest.raises(error, match=match):
         generate_rollouts(model, tok, args.pop("prompts"), **args)
+
+
+def test_every_eos_of_the_model_ends_a_completion():
+    """A second EOS id from the model's generation config stops, masks and un-truncates too."""
+    from grpo_tutorial.models import build_tiny_policy
+    from grpo_tutorial.rollout import generate_rollouts, stop_token_ids
+
+    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=3)
+    extra = tok.convert_tokens_to_ids("7")
+    model.generation_config.eos_token_id = [tok.eos_token_id, extra]
+    assert stop_token_ids(model, tok) == [tok.eos_token_id, extra]
+    out = generate_rollouts(model, tok, ["1+2=", "3+4="], group_size=8, max_new_tokens=12, generator_seed=0)
+    for ids, mask, truncated in zip(out.completion_ids, out.completion_mask, out.truncated):
+        stops = [i for i, t in enumerate(ids.tolist()) if t in (tok.eos_token_id, extra)]
+        if stops:
+            assert mask.sum() == stops[0] + 1 and not truncated
+        else:
+            assert mask.sum() == len(ids) and truncated

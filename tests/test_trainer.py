@@ -291,6 +291,9 @@ def test_no_reference_model_when_beta_is_zero():
     assert GRPOTrainer(model, tok, length_reward, config(beta=0.0), ref_model=other).ref_model is None
     given = GRPOTrainer(model, tok, length_reward, config(beta=0.05), ref_model=other)
     assert given.ref_model is other and not any(p.requires_grad for p in other.parameters())
+    with pytest.raises(ValueError, match="ref_model is the policy itself"):
+        GRPOTrainer(model, tok, length_reward, config(beta=0.05), ref_model=model)
+    assert all(p.requires_grad for p in model.parameters())  # the policy was not frozen
 
 
 def test_generate_called_once_per_step(monkeypatch):
