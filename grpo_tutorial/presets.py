@@ -1,0 +1,162 @@
+"""Named GRPO settings for real LLMs, and a memory estimate to size a GPU run.
+
+A preset is a complete :class:`~grpo_tutorial.trainer.GRPOConfig` with a name,
+in the spirit of nanoGPT's CPU and GPU command lines: one small setting that runs
+on a laptop CPU, and the scale-up values for a GPU, written down once.
+
+- ``"smollm2-cpu"``: SmolLM2-135M-Instruct on a 2-core CPU, one-digit arithmetic,
+  an 8-token answer budget and a two-word system prompt. The settings of the
+  committed CPU run in ``book/data/smollm2_history.jsonl`` (see
+  ``benchmarks/smollm2_run.py`` and chapter 9).
+- ``"qwen2.5-0.5b-colab-t4"``: Qwen2.5-0.5B-Instruct on a free Colab T4 (16 GB,
+  no bfloat16), with GSM8K-length answers. Weights, gradients and Adam states
+  stay in float32; see :func:`training_memory_bytes` for why that fits and why
+  pure float16 weights would not train.
+
+:func:`get_preset` returns a fresh copy, with any fields overridden.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from typing import Any
+
+from .trainer import GRPOConfig
+
+__all__ = [
+    "PRESETS",
+    "SMOLLM2_SYSTEM_PROMPT",
+    "QWEN_SYSTEM_PROMPT",
+    "get_preset",
+    "training_memory_bytes",
+    "logits_memory_bytes",
+]
+
+#: The CPU run's system prompt: two words (5 tokens with SmolLM2's tokenizer),
+#: instead of the ~20-token default system prompt the chat template would add.
+SMOLLM2_SYSTEM_PROMPT = "Be brief."
+
+#: The GPU run's system prompt: reason briefly, then give a number that
+#: ``extract_answer`` can find (it reads ``\boxed{...}`` first).
+QWEN_SYSTEM_PROMPT = (
+    "Solve the problem step by step, briefly. Put the final number in \\boxed{}."
+)
+
+PRESETS: dict[str, GRPOConfig] = {
+    "smollm2-cpu": GRPOConfig(
+        group_size=8,
+        prompts_per_step=2,
+        max_new_tokens=8,
+        temperature=1.0,
+        learning_rate=3e-5,
+        num_iterations=1,
+        beta=0.0,
+        clip_eps=0.2,
+        loss_type="grpo",
+        max_grad_norm=1.0,
+        system_prompt=SMOLLM2_SYSTEM_PROMPT,
+        eval_batch_size=50,
+    ),
+    "qwen2.5-0.5b-colab-t4": GRPOConfig(
+        group_size=8,
+        prompts_per_step=4,
+        max_new_tokens=256,
+        temperature=1.0,
+        learning_rate=1e-6,
+        num_iterations=1,
+        minibatch_size=8,
+        beta=0.0,
+        clip_eps=0.2,
+        loss_type="grpo",
+        max_grad_norm=1.0,
+        system_prompt=QWEN_SYSTEM_PROMPT,
+        checkpoint_every=10,
+        eval_batch_size=32,
+    ),
+}
+
+
+def get_preset(name: str, **overrides: Any) -> GRPOConfig:
+    """A copy of the preset ``name``, with ``overrides`` applied (and validated).
+
+    >>> get_preset("smollm2-cpu", learning_rate=1e-5).learning_rate
+    1e-05
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a preset name (a str), got {type(name).__name__}: {name!r}")
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset name={name!r}; expected one of {sorted(PRESETS)}")
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"overrides {unknown} are not GRPOConfig fields; expected some of {sorted(fields)}")
+    # dataclasses.replace re-runs GRPOConfig's validation on the new values
+    return dataclasses.replace(copy.deepcopy(PRESETS[name]), **overrides)
+
+
+_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}
+
+
+def _dtype_bytes(name: str, what: str) -> int:
+    if name not in _BYTES:
+        raise ValueError(f"{what}={name!r} is not a known dtype; expected one of {sorted(_BYTES)}")
+    return _BYTES[name]
+
+
+def training_memory_bytes(
+    num_params: int,
+    *,
+    weights: str = "float32",
+    master_weights: bool = False,
+    optimizer_states: str = "float32",
+) -> dict[str, int]:
+    """Bytes of the model state during training with AdamW, before activations.
+
+    Args:
+        num_params: trainable parameters.
+        weights: dtype of the weights the forward pass uses (gradients have the
+            same dtype).
+        master_weights: keep an extra float32 copy that the optimizer updates
+            (mixed precision); pointless when ``weights`` is already float32.
+        optimizer_states: dtype of AdamW's two moment estimates.
+
+    Returns:
+        ``weights``, ``grads``, ``master``, ``adam`` and ``total``, in bytes.
+
+    >>> training_memory_bytes(10)["total"]  # 4 + 4 + 8 bytes per parameter
+    160
+    >>> training_memory_bytes(10, weights="fp16", master_weights=True)["total"]  # 2 + 2 + 4 + 8
+    160
+    """
+    if isinstance(num_params, bool) or not isinstance(num_params, int) or num_params < 1:
+        raise ValueError(f"num_params must be a positive int, got {num_params!r}")
+    if not isinstance(master_weights, bool):
+        raise TypeError(f"master_weights must be a bool, got {master_weights!r}")
+    w = _dtype_bytes(weights, "weights")
+    o = _dtype_bytes(optimizer_states, "optimizer_states")
+    parts = {
+        "weights": w * num_params,
+        "grads": w * num_params,
+        "master": 4 * num_params if master_weights else 0,
+        "adam": 2 * o * num_params,  # first and second moments
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def logits_memory_bytes(rows: int, seq_len: int, vocab_size: int, *, dtype: str = "float32") -> int:
+    """Bytes of one ``[rows, seq_len, vocab_size]`` logits tensor.
+
+    For a model with a large vocabulary (Qwen2.5: 151,936 tokens) this is often
+    the largest activation of a training step, which is why the trainer scores
+    completions in minibatches (``GRPOConfig.minibatch_size``).
+
+    >>> logits_memory_bytes(2, 3, 5)
+    120
+    """
+    for name, value in (("rows", rows), ("seq_len", seq_len), ("vocab_size", vocab_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return math.prod((rows, seq_len, vocab_size, _dtype_bytes(dtype, "dtype")))

@@ -1,0 +1,99 @@
+"""Named presets and the training-memory estimate."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_tutorial import GRPOConfig
+from grpo_tutorial.presets import (
+    PRESETS,
+    SMOLLM2_SYSTEM_PROMPT,
+    get_preset,
+    logits_memory_bytes,
+    training_memory_bytes,
+)
+
+
+def test_every_preset_is_a_valid_config():
+    assert set(PRESETS) == {"smollm2-cpu", "qwen2.5-0.5b-colab-t4"}
+    for name, config in PRESETS.items():
+        assert isinstance(config, GRPOConfig), name
+        # re-running validation on the same values must not raise
+        GRPOConfig(**config.to_dict())
+
+
+def test_cpu_preset_values():
+    cfg = get_preset("smollm2-cpu")
+    assert (cfg.group_size, cfg.prompts_per_step, cfg.max_new_tokens) == (8, 2, 8)
+    assert cfg.learning_rate == 3e-5
+    assert cfg.num_iterations == 1
+    assert cfg.beta == 0.0
+    assert cfg.system_prompt == SMOLLM2_SYSTEM_PROMPT == "Be brief."
+    assert cfg.batch_completions == 16
+
+
+def test_t4_preset_scores_in_minibatches():
+    cfg = get_preset("qwen2.5-0.5b-colab-t4")
+    assert cfg.batch_completions == 32
+    assert cfg.minibatch_size == 8
+    assert cfg.updates_per_step == 4
+    assert "\\boxed{}" in cfg.system_prompt
+
+
+def test_get_preset_returns_independent_copies():
+    a = get_preset("smollm2-cpu")
+    a.learning_rate = 1.0
+    a.system_prompt = "changed"
+    assert get_preset("smollm2-cpu").learning_rate == 3e-5
+    assert PRESETS["smollm2-cpu"].system_prompt == "Be brief."
+
+
+def test_get_preset_overrides_are_applied_and_validated():
+    cfg = get_preset("smollm2-cpu", learning_rate=1e-5, seed=3, output_dir="runs/x")
+    assert (cfg.learning_rate, cfg.seed, cfg.output_dir) == (1e-5, 3, "runs/x")
+    assert cfg.group_size == 8  # untouched fields keep the preset's value
+    with pytest.raises(ValueError, match="group_size"):
+        get_preset("smollm2-cpu", group_size=1)
+    with pytest.raises(ValueError, match="minibatch_size"):
+        get_preset("qwen2.5-0.5b-colab-t4", minibatch_size=5)  # 32 % 5 != 0
+
+
+def test_get_preset_bad_names():
+    with pytest.raises(ValueError, match="unknown preset name='gpt-5'.*smollm2-cpu"):
+        get_preset("gpt-5")
+    with pytest.raises(TypeError, match="name must be a preset name"):
+        get_preset(3)
+    with pytest.raises(ValueError, match=r"\['lr'\] are not GRPOConfig fields"):
+        get_preset("smollm2-cpu", lr=1e-5)
+
+
+def test_training_memory_bytes_exact():
+    fp32 = training_memory_bytes(1000)
+    assert fp32 == {"weights": 4000, "grads": 4000, "master": 0, "adam": 8000, "total": 16000}
+    mixed = training_memory_bytes(1000, weights="fp16", master_weights=True)
+    assert mixed == {"weights": 2000, "grads": 2000, "master": 4000, "adam": 8000, "total": 16000}
+    pure16 = training_memory_bytes(1000, weights="bf16", optimizer_states="bf16")
+    assert pure16 == {"weights": 2000, "grads": 2000, "master": 0, "adam": 4000, "total": 8000}
+
+
+def test_training_memory_bytes_bad_input():
+    with pytest.raises(ValueError, match="num_params must be a positive int, got 0"):
+        training_memory_bytes(0)
+    with pytest.raises(ValueError, match="weights='int8' is not a known dtype"):
+        training_memory_bytes(10, weights="int8")
+    with pytest.raises(ValueError, match="optimizer_states='fp8'"):
+        training_memory_bytes(10, optimizer_states="fp8")
+    with pytest.raises(TypeError, match="master_weights must be a bool"):
+        training_memory_bytes(10, master_weights="yes")
+
+
+def test_logits_memory_bytes():
+    assert logits_memory_bytes(2, 3, 5) == 120
+    assert logits_memory_bytes(2, 3, 5, dtype="fp16") == 60
+    # Qwen2.5's vocabulary: 8 rows of 400 tokens in float32 is about 1.9 GB
+    assert logits_memory_bytes(8, 400, 151_936) == 8 * 400 * 151_936 * 4
+    with pytest.raises(ValueError, match="vocab_size must be a positive int, got -1"):
+        logits_memory_bytes(1, 1, -1)
+    with pytest.raises(ValueError, match="rows must be a positive int, got True"):
+        logits_memory_bytes(True, 1, 1)
+
