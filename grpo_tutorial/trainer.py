@@ -418,6 +418,14 @@ def _dataset_fingerprint(dataset: Sequence[dict]) -> str:
     return digest.hexdigest()[:16]
 
 
+def _as_rows(dataset: Any) -> Any:
+    """Accept a Hugging Face ``datasets.Dataset`` (as TRL users have) as a list of dicts."""
+    to_list = getattr(dataset, "to_list", None)
+    if callable(to_list) and not isinstance(dataset, (list, tuple)):
+        return to_list()
+    return dataset
+
+
 def _check_rows(rows: Any, name: str) -> None:
     if isinstance(rows, (str, dict)) or not isinstance(rows, Sequence):
         raise TypeError(f"{name} must be a list of dicts with a 'prompt' key, got {type(rows).__name__}")
@@ -1018,6 +1026,7 @@ class GRPOTrainer:
         consistent, so calling ``train`` again continues. A second Ctrl-C
         aborts the step at once; resume from the last checkpoint then.
         """
+        dataset = _as_rows(dataset)
         self._validate(dataset)
         if not _is_int(steps) or steps < 1:
             raise ValueError(f"steps must be a positive int, got {steps!r}")
@@ -1027,6 +1036,14 @@ class GRPOTrainer:
         if resume:
             if out is None:
                 raise ValueError("train(resume=True) needs GRPOConfig.output_dir, where the checkpoint lives")
+            saved = find_checkpoint(out)
+            if saved is not None:  # refuse a different dataset before touching any state
+                saved_fingerprint = json.loads((saved / _META_FILE).read_text(encoding="utf-8")).get("dataset_fingerprint")
+                if saved_fingerprint not in (None, fingerprint):
+                    raise ValueError(
+                        f"the dataset differs from the one the checkpoint in {str(out)!r} was trained on "
+                        f"(fingerprint {fingerprint} vs {saved_fingerprint}); resume with the same dataset"
+                    )
             if not self.load_checkpoint(out):
                 warnings.warn(f"resume=True but no checkpoint in {str(out)!r}; starting from step 0", GRPOWarning, stacklevel=2)
             elif self._dataset_fingerprint not in (None, fingerprint):
@@ -1109,6 +1126,7 @@ class GRPOTrainer:
             ``completion_len_mean``, ``frac_truncated``, ``n`` and ``samples``:
             the first ``num_samples`` (prompt, completion, answer) dicts.
         """
+        dataset = _as_rows(dataset)
         self._validate(dataset)
         size = self.config.eval_batch_size if batch_size is None else batch_size
         if not _is_int(size) or size < 1:

@@ -611,8 +611,18 @@ def test_resume_refuses_a_different_dataset(tmp_path):
     run(2, out=out, checkpoint_every=2)
     model, tok = tiny()
     trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=out))
+    before = snapshot(model)
     with pytest.raises(ValueError, match="the dataset differs"):
         trainer.train(data(seed=5), 4, resume=True, progress=False)
+    assert trainer.step == 0 and same_params(before, snapshot(model))  # nothing was loaded
+
+
+def test_train_accepts_a_hugging_face_dataset():
+    datasets = pytest.importorskip("datasets")
+    model, tok = tiny()
+    trainer = GRPOTrainer(model, tok, length_reward, config())
+    history = quiet(trainer.train, datasets.Dataset.from_list(data()), 1, progress=False)
+    assert [row["step"] for row in history] == [1]
 
 
 def test_resume_without_a_checkpoint_starts_fresh(tmp_path):
