@@ -86,7 +86,7 @@ def part_rollout(args: argparse.Namespace, policies: dict) -> dict[str, Any]:
     model, tokenizer = policies[SMOLLM2]
     return run(
         model, tokenizer, model_name=SMOLLM2, prompts_per_step=4, group_size=8,
-        new_tokens=16 if args.quick else 32, naive_completions=4 if args.quick else 8, repeats=args.repeats,
+        new_tokens=16 if args.quick else 32, naive_completions=2 if args.quick else 4, repeats=args.repeats,
     )
 
 
@@ -101,7 +101,7 @@ def part_train(args: argparse.Namespace) -> dict[str, Any]:
             pair[engine] = common.run_worker(
                 "benchmarks.trainers",
                 ["--engine", engine, "--model", model, "--threads", str(args.threads),
-                 "--repeats", str(args.repeats), "--warmup", "1"],
+                 "--repeats", str(args.repeats), "--warmup", "0" if args.quick else "1"],
                 threads=args.threads,
                 timeout=900,
             )
@@ -123,7 +123,8 @@ def part_mfu(args: argparse.Namespace, policies: dict) -> dict[str, Any]:
     from .mfu import matmul_peak, run
 
     peak = matmul_peak(n=2048, repeats=5 if args.quick else 10)
-    shapes = {"tiny": (128, 4), SMOLLM2: (8 if args.quick else 16, 32)}  # rows = B*G, completion tokens
+    # rows = B*G and completion tokens of the train-step part's matched configurations
+    shapes = {"tiny": (128, 4), SMOLLM2: (4 if args.quick else 8, 32)}
     models = []
     for name, (model, tokenizer) in policies.items():
         rows, completion_len = shapes[name]

@@ -70,7 +70,7 @@ class MatchedSpec:
 SPECS = {
     "tiny": MatchedSpec("tiny", prompts_per_step=16, group_size=8, max_new_tokens=4,
                         learning_rate=1e-4, style="plain", digits=2),
-    "smollm2-135m-instruct": MatchedSpec("smollm2-135m-instruct", prompts_per_step=2, group_size=8,
+    "smollm2-135m-instruct": MatchedSpec("smollm2-135m-instruct", prompts_per_step=1, group_size=8,
                                          max_new_tokens=32, learning_rate=1e-6, style="question", digits=1),
 }
 
