@@ -1,0 +1,539 @@
+"""Recipes: complete, reusable runs that chapters and benchmarks share.
+
+:func:`run_tiny_addition` is chapter 8's experiment and the benchmark
+``benchmarks/tiny_learning.py`` in one function, so the two cannot drift apart:
+
+1. **data**: 2-digit addition (``"12+34="``), split into a training set, a small
+   *probe* set that decides when the warm start stops, and a held-out *test* set.
+   The three share no prompt. The split depends on ``recipe.data_seed`` only, so
+   every seed is scored on the same test problems.
+2. **model**: a tiny character-level Qwen2 (:func:`~grpo_tutorial.models.build_tiny_policy`).
+3. **warm start**: supervised steps on answer tokens until greedy accuracy on the
+   probe set reaches ``sft_target_accuracy`` (partial skill: GRPO needs groups
+   with some right and some wrong answers).
+4. **held-out evaluation** (greedy) before GRPO.
+5. **GRPO** with :class:`~grpo_tutorial.trainer.GRPOTrainer` and the
+   correctness reward.
+6. **held-out evaluation** after GRPO; the gain with a paired standard error.
+
+Each phase is its own function, so a notebook can run them one at a time and look
+at what happens in between; :func:`run_tiny_addition` runs them all and times them.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .models import build_tiny_policy
+from .rewards import answers_match, correctness_reward, extract_answer
+from .sft import SFTConfig, supervised_warmup
+from .tasks import train_test_split_arithmetic
+from .trainer import GRPOConfig, GRPOTrainer
+
+__all__ = [
+    "TinyAdditionRecipe",
+    "accuracy_with_se",
+    "build_recipe_model",
+    "evaluate_heldout",
+    "make_recipe_data",
+    "make_recipe_trainer",
+    "paired_gain",
+    "result_summary",
+    "run_tiny_addition",
+    "warm_start",
+]
+
+#: The keys of the dict returned by :func:`run_tiny_addition`.
+RESULT_KEYS = (
+    "seed",
+    "recipe",
+    "warm_start",
+    "before",
+    "after",
+    "gain",
+    "gain_se",
+    "seconds",
+    "history",
+    "heldout_curve",
+    "model",
+    "tokenizer",
+    "trainer",
+)
+
+
+# ---------------------------------------------------------------------------
+# The recipe
+# ---------------------------------------------------------------------------
+
+
+def _check_positive_int(owner: str, name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{owner}.{name} must be an int >= {minimum}, got {value!r}")
+
+
+@dataclass
+class TinyAdditionRecipe:
+    """Every setting of the tiny-model learning demonstration.
+
+    The defaults are the settings the benchmark reports (see
+    ``benchmarks/tiny_learning.py``); :meth:`quick` is a much smaller run for
+    tests. GRPO settings mirror :class:`~grpo_tutorial.trainer.GRPOConfig`'s
+    fields with a ``grpo_`` prefix where the name would be ambiguous.
+
+    Compared with DESIGN.md's first calibration (16 prompts, mu = 2), the
+    defaults sample 32 prompts per step and make one update per batch (mu = 1).
+    For the same CPU time that learned faster in our runs: a second pass over a
+    batch costs as much as a fresh batch and teaches less, and more prompts per
+    step average out the noise of the gradient. Raising the learning rate
+    instead does not work: at 2e-4 (16 prompts) the gain was a fraction of the
+    gain at 1e-4, and 1e-3 collapses the policy (chapter 8 shows it).
+
+    Attributes:
+        digits: operand size; 2 means operands 0-99 (answers 0-198).
+        n_train: training rows (drawn with repeats from the problems not held out).
+        n_probe: held-out problems used only to decide when the warm start stops.
+        n_test: held-out problems for the before/after accuracy (never trained on,
+            never used to make a decision).
+        data_seed: fixes the split; the same for every training seed.
+        hidden_size, num_layers, num_heads, intermediate_size: the tiny Qwen2.
+        sft_max_steps: upper bound on warm-start steps.
+        sft_batch_size, sft_learning_rate, sft_warmup_steps: warm-start AdamW settings.
+        sft_target_accuracy: stop the warm start once greedy accuracy on the
+            probe set reaches this (checked every ``sft_check_every`` steps).
+        grpo_steps: GRPO steps (a fixed count, so a seed always gives the same run).
+        group_size, prompts_per_step, max_new_tokens, temperature,
+        grpo_learning_rate, clip_eps, num_iterations, max_grad_norm, beta,
+        grpo_warmup_steps, loss_type: passed to ``GRPOConfig``.
+        eval_every: also evaluate on the test set every this many GRPO steps
+            (0 = only before and after). The time it takes is not counted as
+            GRPO time.
+        eval_batch_size: prompts per greedy ``generate`` call in evaluation.
+        num_threads: torch CPU threads during the run, restored afterwards
+            (None = leave torch's setting alone). The default is 1: the tiny
+            model's matrices are too small to gain from a second thread, and on
+            a shared machine two threads that wait for each other can be many
+            times slower than one.
+    """
+
+    digits: int = 2
+    n_train: int = 20_000
+    n_probe: int = 200
+    n_test: int = 1_000
+    data_seed: int = 0
+    hidden_size: int = 128
+    num_layers: int = 3
+    num_heads: int = 4
+    intermediate_size: int = 512
+    sft_max_steps: int = 1_000
+    sft_batch_size: int = 64
+    sft_learning_rate: float = 1e-3
+    sft_warmup_steps: int = 100
+    sft_target_accuracy: float = 0.3
+    sft_check_every: int = 10
+    grpo_steps: int = 200
+    group_size: int = 8
+    prompts_per_step: int = 32
+    max_new_tokens: int = 4
+    temperature: float = 1.0
+    grpo_learning_rate: float = 1e-4
+    clip_eps: float = 0.2
+    num_iterations: int = 1
+    max_grad_norm: float | None = 1.0
+    beta: float = 0.0
+    grpo_warmup_steps: int = 0
+    loss_type: str = "grpo"
+    eval_every: int = 50
+    eval_batch_size: int = 250
+    num_threads: int | None = 1
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        for name in (
+            "digits", "n_train", "n_probe", "n_test", "hidden_size", "num_layers", "num_heads",
+            "intermediate_size", "sft_max_steps", "sft_batch_size", "sft_check_every", "grpo_steps",
+            "prompts_per_step", "max_new_tokens", "num_iterations", "eval_batch_size",
+        ):
+            _check_positive_int(owner, name, getattr(self, name))
+        _check_positive_int(owner, "group_size", self.group_size, 2)
+        for name in ("data_seed", "sft_warmup_steps", "grpo_warmup_steps", "eval_every"):
+            _check_positive_int(owner, name, getattr(self, name), 0)
+        if not isinstance(self.sft_target_accuracy, (int, float)) or not 0 < self.sft_target_accuracy <= 1:
+            raise ValueError(
+                f"{owner}.sft_target_accuracy must be a number in (0, 1], got {self.sft_target_accuracy!r}"
+            )
+        if self.num_threads is not None:
+            _check_positive_int(owner, "num_threads", self.num_threads)
+        if self.n_test + self.n_probe > 10 ** (2 * self.digits):
+            raise ValueError(
+                f"{owner}: n_test + n_probe = {self.n_test + self.n_probe} distinct problems requested, "
+                f"but only {10 ** (2 * self.digits)} exist with digits={self.digits}"
+            )
+        # the remaining GRPO fields are checked by GRPOConfig itself, now rather than later
+        self.grpo_config(seed=0)
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> "TinyAdditionRecipe":
+        """A seconds-long run for tests: 1-digit addition, a 2-layer model, a low target, few steps.
+
+        It exercises every phase but proves nothing about learning.
+        """
+        settings: dict[str, Any] = dict(
+            digits=1, n_train=500, n_probe=30, n_test=40, hidden_size=32, num_layers=2, num_heads=2,
+            intermediate_size=64, sft_max_steps=200, sft_batch_size=32, sft_learning_rate=3e-3,
+            sft_warmup_steps=10, sft_target_accuracy=0.2, sft_check_every=10, grpo_steps=4,
+            group_size=8, prompts_per_step=4, max_new_tokens=3, eval_every=2, eval_batch_size=64,
+        )
+        settings.update(overrides)
+        return cls(**settings)
+
+    def sft_config(self, seed: int) -> SFTConfig:
+        """The warm start's :class:`~grpo_tutorial.sft.SFTConfig`."""
+        return SFTConfig(
+            steps=self.sft_max_steps,
+            batch_size=self.sft_batch_size,
+            learning_rate=self.sft_learning_rate,
+            warmup_steps=self.sft_warmup_steps,
+            seed=seed,
+        )
+
+    def grpo_config(self, seed: int, output_dir: str | None = None) -> GRPOConfig:
+        """The GRPO phase's :class:`~grpo_tutorial.trainer.GRPOConfig`."""
+        return GRPOConfig(
+            group_size=self.group_size,
+            prompts_per_step=self.prompts_per_step,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            learning_rate=self.grpo_learning_rate,
+            warmup_steps=self.grpo_warmup_steps,
+            beta=self.beta,
+            clip_eps=self.clip_eps,
+            num_iterations=self.num_iterations,
+            loss_type=self.loss_type,
+            max_grad_norm=self.max_grad_norm,
+            seed=seed,
+            output_dir=output_dir,
+            eval_batch_size=self.eval_batch_size,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------
+# Statistics (pure)
+# ---------------------------------------------------------------------------
+
+
+def _check_outcomes(name: str, values: Sequence[Any]) -> list[float]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a list of bools (one per problem), got {type(values).__name__}")
+    if len(values) == 0:
+        raise ValueError(f"{name} is empty; expected one outcome per problem")
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or v in (0, 1):
+            out.append(float(v))
+        else:
+            raise ValueError(f"{name}[{i}] must be True/False or 0/1, got {v!r}")
+    return out
+
+
+def accuracy_with_se(correct: Sequence[bool]) -> tuple[float, float]:
+    """Accuracy and its standard error, sqrt(p (1 - p) / n).
+
+    >>> accuracy_with_se([True, False, True, True])
+    (0.75, 0.21650635094610965)
+    """
+    x = _check_outcomes("correct", correct)
+    n = len(x)
+    p = sum(x) / n
+    return p, math.sqrt(p * (1.0 - p) / n)
+
+
+def paired_gain(before: Sequence[bool], after: Sequence[bool]) -> tuple[float, float]:
+    """Change in accuracy on the same problems, and its paired standard error.
+
+    The per-problem differences d_i = after_i - before_i are -1, 0 or +1; the gain
+    is their mean and the standard error is their sample std over sqrt(n). Pairing
+    removes the variation between problems that both evaluations share, so it is
+    smaller than combining the two separate standard errors.
+
+    >>> paired_gain([0, 0, 1, 1], [1, 1, 1, 0])
+    (0.25, 0.47871355387816905)
+    """
+    b = _check_outcomes("before", before)
+    a = _check_outcomes("after", after)
+    if len(a) != len(b):
+        raise ValueError(f"before and after must score the same problems, got {len(b)} and {len(a)} outcomes")
+    n = len(a)
+    d = [x - y for x, y in zip(a, b)]
+    mean = sum(d) / n
+    if n < 2:
+        return mean, math.nan
+    var = sum((v - mean) ** 2 for v in d) / (n - 1)
+    return mean, math.sqrt(var / n)
+
+
+# ---------------------------------------------------------------------------
+# The phases
+# ---------------------------------------------------------------------------
+
+
+def make_recipe_data(recipe: TinyAdditionRecipe) -> dict[str, list[dict]]:
+    """Training, probe and test rows: no prompt is in two of them.
+
+    The split depends only on ``recipe.data_seed`` (and the sizes), not on the
+    training seed, so every seed is scored on the same test problems.
+    """
+    train, held_out = train_test_split_arithmetic(
+        recipe.n_train, recipe.n_test + recipe.n_probe, recipe.data_seed, op="+", digits=recipe.digits
+    )
+    return {"train": train, "probe": held_out[recipe.n_test :], "test": held_out[: recipe.n_test]}
+
+
+def build_recipe_model(recipe: TinyAdditionRecipe, seed: int):
+    """The tiny Qwen2 and its character tokenizer, initialised from ``seed``."""
+    return build_tiny_policy(
+        hidden_size=recipe.hidden_size,
+        num_layers=recipe.num_layers,
+        num_heads=recipe.num_heads,
+        intermediate_size=recipe.intermediate_size,
+        seed=seed,
+    )
+
+
+def make_recipe_trainer(model, tokenizer, recipe: TinyAdditionRecipe, seed: int, output_dir: str | None = None) -> GRPOTrainer:
+    """A :class:`GRPOTrainer` with the correctness reward and the recipe's settings."""
+    return GRPOTrainer(model, tokenizer, correctness_reward, recipe.grpo_config(seed, output_dir))
+
+
+def evaluate_heldout(trainer: GRPOTrainer, rows: Sequence[dict]) -> dict:
+    """Greedy accuracy on ``rows`` with its standard error, and every completion.
+
+    Uses ``trainer.evaluate`` (one greedy completion per prompt, batched; no RNG
+    consumed, the model's train/eval mode restored).
+
+    Returns ``accuracy``, ``se``, ``n``, ``correct`` (one bool per row, in order,
+    for paired comparisons), ``completions`` and ``seconds``.
+    """
+    if not isinstance(trainer, GRPOTrainer):
+        raise TypeError(f"trainer must be a GRPOTrainer, got {type(trainer).__name__}")
+    start = time.perf_counter()
+    result = trainer.evaluate(list(rows), num_samples=len(rows))
+    completions = [s["completion"] for s in result["samples"]]
+    correct = [answers_match(extract_answer(c), row["answer"]) for c, row in zip(completions, rows)]
+    accuracy, se = accuracy_with_se(correct)
+    if abs(accuracy - result["accuracy"]) > 1e-12:  # the two scorings must agree
+        raise RuntimeError(f"evaluate() says {result['accuracy']} but the per-problem scores say {accuracy}")
+    return {
+        "accuracy": accuracy,
+        "se": se,
+        "n": len(rows),
+        "correct": correct,
+        "completions": completions,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def warm_start(
+    model,
+    tokenizer,
+    data: dict[str, list[dict]],
+    recipe: TinyAdditionRecipe,
+    seed: int,
+    *,
+    progress: bool = True,
+) -> dict:
+    """Supervised steps until greedy accuracy on the probe set reaches the target.
+
+    Returns ``steps``, ``seconds``, ``reached`` (whether the target was hit
+    before ``sft_max_steps``), ``probe_accuracy`` (at every check, as
+    ``(step, accuracy)`` pairs) and the loss ``history``.
+    """
+    checks: list[tuple[int, float]] = []
+    evaluator = make_recipe_trainer(model, tokenizer, recipe, seed)  # only its evaluate() is used
+
+    def stop_when(m) -> bool:
+        accuracy = evaluate_heldout(evaluator, data["probe"])["accuracy"]
+        checks.append(((len(checks) + 1) * recipe.sft_check_every, accuracy))
+        return accuracy >= recipe.sft_target_accuracy
+
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    history = supervised_warmup(
+        model,
+        tokenizer,
+        data["train"],
+        recipe.sft_config(seed),
+        stop_when=stop_when,
+        check_every=recipe.sft_check_every,
+        progress=progress,
+    )
+    return {
+        "steps": len(history),
+        "seconds": time.perf_counter() - start,
+        "reached": bool(history and history[-1].get("stopped")),
+        "probe_accuracy": checks,
+        "history": history,
+    }
+
+
+# ---------------------------------------------------------------------------
+# The whole run
+# ---------------------------------------------------------------------------
+
+
+def run_tiny_addition(
+    recipe: TinyAdditionRecipe | None = None,
+    *,
+    seed: int,
+    progress: bool = True,
+    output_dir: str | None = None,
+    on_phase: Callable[[str, dict], None] | None = None,
+) -> dict:
+    """Warm start, evaluate, GRPO, evaluate: the tiny model learns 2-digit addition.
+
+    Args:
+        recipe: the settings (default: ``TinyAdditionRecipe()``).
+        seed: initialises the model and drives the warm start's data order and
+            GRPO's sampling. The same seed gives the same numbers (on CPU, same
+            thread count); only the seconds differ.
+        progress: show tqdm bars.
+        output_dir: where the trainer writes ``history.jsonl`` (None = memory only).
+        on_phase: optional callback ``(phase_name, info)`` after each phase, for
+            printing progress.
+
+    Returns:
+        A dict with the keys in :data:`RESULT_KEYS`:
+
+        - ``seed``, ``recipe`` (as a dict);
+        - ``warm_start``: what :func:`warm_start` returns;
+        - ``before`` / ``after``: what :func:`evaluate_heldout` returns, on the
+          test set, before and after GRPO;
+        - ``gain`` and ``gain_se``: after minus before, with the paired standard error;
+        - ``seconds``: wall-clock ``warm_start``, ``grpo`` (the training alone),
+          ``eval`` (before + after + any mid-run evaluations) and ``total``; and
+          the process CPU seconds ``grpo_cpu`` and ``total_cpu``, which a busy
+          machine inflates much less than the wall clock;
+        - ``history``: the GRPO history rows;
+        - ``heldout_curve``: ``(step, accuracy, se)`` at step 0, every
+          ``eval_every`` steps, and at the end;
+        - ``model``, ``tokenizer``, ``trainer``: the trained objects.
+    """
+    recipe = TinyAdditionRecipe() if recipe is None else recipe
+    if not isinstance(recipe, TinyAdditionRecipe):
+        raise TypeError(f"recipe must be a TinyAdditionRecipe, got {type(recipe).__name__}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    previous_threads = torch.get_num_threads()
+    if recipe.num_threads is not None:
+        torch.set_num_threads(recipe.num_threads)
+    try:
+        return _run_phases(recipe, seed, progress=progress, output_dir=output_dir, on_phase=on_phase)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run_phases(
+    recipe: TinyAdditionRecipe,
+    seed: int,
+    *,
+    progress: bool,
+    output_dir: str | None,
+    on_phase: Callable[[str, dict], None] | None,
+) -> dict:
+    """The body of :func:`run_tiny_addition`, with the thread count already set."""
+    notify = on_phase or (lambda name, info: None)
+    t_total = time.perf_counter()
+    cpu_total = time.process_time()
+
+    data = make_recipe_data(recipe)
+    model, tokenizer = build_recipe_model(recipe, seed)
+
+    sft = warm_start(model, tokenizer, data, recipe, seed, progress=progress)
+    notify("warm_start", sft)
+
+    trainer = make_recipe_trainer(model, tokenizer, recipe, seed, output_dir)  # seeds every RNG itself
+    before = evaluate_heldout(trainer, data["test"])
+    notify("before", before)
+    eval_seconds = before["seconds"]
+    curve = [(0, before["accuracy"], before["se"])]
+
+    chunk = recipe.eval_every or recipe.grpo_steps
+    grpo_seconds = grpo_cpu = 0.0
+    while trainer.step < recipe.grpo_steps:
+        target = min(recipe.grpo_steps, trainer.step + chunk)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        trainer.train(data["train"], target, progress=progress)
+        grpo_seconds += time.perf_counter() - start
+        grpo_cpu += time.process_time() - cpu_start
+        if target < recipe.grpo_steps:
+            mid = evaluate_heldout(trainer, data["test"])
+            eval_seconds += mid["seconds"]
+            curve.append((target, mid["accuracy"], mid["se"]))
+            notify("heldout", {"step": target, **mid})
+    notify("grpo", {"steps": trainer.step, "seconds": grpo_seconds, "cpu_seconds": grpo_cpu})
+
+    after = evaluate_heldout(trainer, data["test"])
+    eval_seconds += after["seconds"]
+    curve.append((trainer.step, after["accuracy"], after["se"]))
+    notify("after", after)
+    gain, gain_se = paired_gain(before["correct"], after["correct"])
+
+    return {
+        "seed": seed,
+        "recipe": recipe.to_dict(),
+        "warm_start": sft,
+        "before": before,
+        "after": after,
+        "gain": gain,
+        "gain_se": gain_se,
+        "seconds": {
+            "warm_start": sft["seconds"],
+            "grpo": grpo_seconds,
+            "eval": eval_seconds,
+            "total": time.perf_counter() - t_total,
+            "grpo_cpu": grpo_cpu,
+            "total_cpu": time.process_time() - cpu_total,
+        },
+        "history": trainer.history,
+        "heldout_curve": curve,
+        "model": model,
+        "tokenizer": tokenizer,
+        "trainer": trainer,
+    }
+
+
+def result_summary(result: dict, *, include_history: bool = False) -> dict:
+    """The JSON-safe part of a :func:`run_tiny_addition` result (no model, no per-problem lists)."""
+    missing = [k for k in RESULT_KEYS if k not in result]
+    if missing:
+        raise ValueError(f"result is missing {missing}; expected a dict returned by run_tiny_addition")
+
+    def short(evaluation: dict) -> dict:
+        return {k: evaluation[k] for k in ("accuracy", "se", "n", "seconds")}
+
+    sft = {k: v for k, v in result["warm_start"].items() if k != "history"}
+    summary = {
+        "seed": result["seed"],
+        "recipe": result["recipe"],
+        "warm_start": sft,
+        "before": short(result["before"]),
+        "after": short(result["after"]),
+        "gain": result["gain"],
+        "gain_se": result["gain_se"],
+        "seconds": dict(result["seconds"]),
+        "grpo_steps": len(result["history"]),
+        "grpo_seconds_per_step": result["seconds"]["grpo"] / max(1, len(result["history"])),
+        "heldout_curve": [list(point) for point in result["heldout_curve"]],
+    }
+    if include_history:
+        summary["history"] = copy.deepcopy(result["history"])
+    return summary
