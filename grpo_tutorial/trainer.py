@@ -1068,9 +1068,9 @@ class GRPOTrainer:
 
         bar = None
         if progress:
-            from tqdm.auto import tqdm
+            from ._progress import progress_bar
 
-            bar = tqdm(total=steps, initial=min(self.step, steps), desc="GRPO", unit="step", dynamic_ncols=True)
+            bar = progress_bar(total=steps, desc="GRPO", initial=min(self.step, steps), unit="step", dynamic_ncols=True)
         self._stop_requested = False
         previous_handler = self._install_sigint()
         saved_at = self.step  # nothing new to save unless a step runs
