@@ -130,8 +130,8 @@ def part_mfu(args: argparse.Namespace, policies: dict) -> dict[str, Any]:
         rows, completion_len = shapes[name]
         print(f"  mfu: {name} ...", file=sys.stderr, flush=True)
         models.append(
-            run(model, tokenizer, model_name=name, peak_gflops=peak["gflops"]["median"], rows=rows,
-                completion_len=completion_len, repeats=args.repeats, profile_ops=name == SMOLLM2)
+            run(model, tokenizer, model_name=name, rows=rows, completion_len=completion_len,
+                repeats=args.repeats, peak_n=peak["n"], profile_ops=name == SMOLLM2)
         )
     return {"peak": peak, "models": models}
 
@@ -186,7 +186,8 @@ def print_table(results: dict[str, Any]) -> None:
         print(f"\n(c) MFU; float32 matmul peak ({p['n']}x{p['n']}): {fmt(p['gflops'], digits=1)} GFLOP/s")
         for row in results["mfu"]["models"]:
             print(f"  {row['model']}: {row['rows']} rows x {row['seq_len']} tokens, forward+backward "
-                  f"{fmt(row['seconds'], digits=3)} s")
+                  f"{fmt(row['seconds'], digits=3)} s, {fmt(row['gflops_counted'], digits=1)} GFLOP/s counted, "
+                  f"peak alongside {fmt(row['peak_gflops'], digits=1)}")
             print(f"    MFU (6ND)     {fmt(row['mfu_6nd'], 100, 1)} %   target >= 50%: "
                   f"{verdict(row['mfu_6nd']['median'] >= row['target'])}")
             print(f"    MFU (counted) {fmt(row['mfu_counted'], 100, 1)} %   target >= 50%: "

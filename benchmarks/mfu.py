@@ -3,8 +3,9 @@
 MFU is the FLOPs a model's training step needs, per second, divided by the peak
 FLOPs per second of the hardware. Here:
 
-* the peak is *measured*: the median speed of a large float32 ``torch.mm``
-  (2048 x 2048 by default, 2 n^3 FLOPs each) at the same thread count;
+* the peak is *measured*: the speed of a large float32 ``torch.mm`` (2048 x 2048
+  by default, 2 n^3 FLOPs each) at the same thread count, measured again right
+  before each timed pass, and each pass is divided by its own peak;
 * the pass is what the package's trainer does for each minibatch:
   ``completion_logprobs`` -> ``grpo_loss`` -> ``backward``, on B*G rows of prompt
   plus completion tokens;
@@ -127,22 +128,30 @@ def run(
     tokenizer: Any,
     *,
     model_name: str,
-    peak_gflops: float,
     rows: int,
     completion_len: int,
     repeats: int = 3,
+    peak_n: int = 2048,
     profile_ops: bool = True,
 ) -> dict[str, Any]:
-    """Time ``repeats`` forward + backward passes (after one warm-up) and turn them into MFU."""
+    """Time ``repeats`` forward + backward passes (after one warm-up) and turn them into MFU.
+
+    The matmul peak is measured again right before every timed pass (median of 3
+    matmuls), and each pass is divided by its own peak, so that a change in the
+    machine's load during the run does not bias the ratio.
+    """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     style = "plain" if model_name == "tiny" else "question"
     input_ids, attention_mask = scoring_batch(tokenizer, model.config.vocab_size, rows, completion_len, style)
     was_training = model.training
     model.train()
+    seconds, peaks = [], []
     try:
         forward_backward(model, input_ids, attention_mask, completion_len)  # warm-up
-        seconds = [timed(lambda: forward_backward(model, input_ids, attention_mask, completion_len))[0] for _ in range(repeats)]
+        for _ in range(repeats):
+            peaks.append(matmul_peak(peak_n, repeats=3, warmup=1)["gflops"]["median"])
+            seconds.append(timed(lambda: forward_backward(model, input_ids, attention_mask, completion_len))[0])
         ops = top_ops(model, input_ids, attention_mask, completion_len) if profile_ops else []
     finally:
         model.zero_grad(set_to_none=True)
@@ -155,12 +164,12 @@ def run(
         "completion_len": completion_len,
         **counts,
         "seconds": summarize(seconds),
-        "peak_gflops": peak_gflops,
+        "peak_gflops": summarize(peaks),
         "top_ops": ops,
     }
     for kind in ("6nd", "counted"):
         achieved = [counts[f"flops_{kind}"] / s / 1e9 for s in seconds]
         result[f"gflops_{kind}"] = summarize(achieved)
-        result[f"mfu_{kind}"] = summarize([g / peak_gflops for g in achieved])
+        result[f"mfu_{kind}"] = summarize([g / p for g, p in zip(achieved, peaks)])
     result["target"] = 0.5
     return result
