@@ -103,11 +103,18 @@ def headings(nb: nbformat.NotebookNode, level: int) -> list[str]:
     for cell in nb.cells:
         if cell.cell_type != "markdown":
             continue
-        in_fence = False
+        fence = ""  # the open fence ("```", "````", "~~~"), or "" outside any fence
         for line in cell.source.splitlines():
-            if line.lstrip().startswith(("```", "~~~")):
-                in_fence = not in_fence
-            elif not in_fence and line.startswith(prefix):
+            stripped = line.strip()
+            marker = re.match(r"(`{3,}|~{3,})", stripped)
+            if fence:
+                # only a bare run of the same character, at least as long, closes it
+                # (so a ```python block nested in a ````{solution} stays inside)
+                if marker and stripped == marker.group(1) and marker.group(1)[0] == fence[0] and len(marker.group(1)) >= len(fence):
+                    fence = ""
+            elif marker:
+                fence = marker.group(1)
+            elif line.startswith(prefix):
                 found.append(line[len(prefix):].strip())
     return found
 
@@ -311,3 +318,11 @@ if __name__ == "__main__":
         nb = nbformat.read(name, as_version=4)
         nbformat.write(clear_outputs(nb), name)
         print("cleared", name)
+
+
+def test_headings_skip_code_nested_in_directives():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(
+        "## Exercises\n````{solution} x\n:class: dropdown\n```python\n# a comment\n```\n## Not a heading\n````\n## Summary"
+    )]
+    assert headings(nb, 2) == ["Exercises", "Summary"]
