@@ -24,13 +24,6 @@ from grpo_tutorial.bandit import (
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread is faster (far faster on a busy machine) and deterministic."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def random_logits(P: int, K: int, seed: int = 0) -> torch.Tensor:

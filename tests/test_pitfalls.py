@@ -27,12 +27,6 @@ from grpo_tutorial.trainer import TIMING_KEYS, GRPOConfig, GRPOTrainer, GRPOWarn
 EXTRA_KEYS = {"ratio_first_mean", "ratio_first_max", "clip_frac_first", "grad_after_eos", "loss_has_grad_fn"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def length_reward(completions, **kwargs):

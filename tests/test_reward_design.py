@@ -21,12 +21,6 @@ from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.trainer import derive_seed
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny(seed=0):

@@ -7,12 +7,6 @@ from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.rollout import Rollout, generate_rollouts, render_prompts
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture
