@@ -23,6 +23,7 @@ import dataclasses
 import math
 from typing import Any
 
+from .tasks import train_test_split_arithmetic
 from .trainer import GRPOConfig
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "SMOLLM2_SYSTEM_PROMPT",
     "QWEN_SYSTEM_PROMPT",
     "get_preset",
+    "smollm2_cpu_data",
     "training_memory_bytes",
     "logits_memory_bytes",
 ]
@@ -94,6 +96,16 @@ def get_preset(name: str, **overrides: Any) -> GRPOConfig:
         raise ValueError(f"overrides {unknown} are not GRPOConfig fields; expected some of {sorted(fields)}")
     # dataclasses.replace re-runs GRPOConfig's validation on the new values
     return dataclasses.replace(copy.deepcopy(PRESETS[name]), **overrides)
+
+
+def smollm2_cpu_data(n_train: int = 2000, n_test: int = 200, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """The CPU run's data: one-digit ``+``, ``-`` and ``*`` questions (``"What is 7 * 3?"``).
+
+    There are 300 such problems. ``n_test`` distinct ones are held out; the
+    ``n_train`` training rows are drawn, with repeats, from the others only. The
+    committed run (``benchmarks/smollm2_run.py``) and chapter 9 both call this.
+    """
+    return train_test_split_arithmetic(n_train, n_test, seed, op=["+", "-", "*"], digits=1, style="question")
 
 
 _BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2}

@@ -10,6 +10,7 @@ from grpo_tutorial.presets import (
     SMOLLM2_SYSTEM_PROMPT,
     get_preset,
     logits_memory_bytes,
+    smollm2_cpu_data,
     training_memory_bytes,
 )
 
@@ -97,3 +98,19 @@ def test_logits_memory_bytes():
     with pytest.raises(ValueError, match="rows must be a positive int, got True"):
         logits_memory_bytes(True, 1, 1)
 
+
+
+def test_smollm2_cpu_data_holds_out_200_of_the_300_problems():
+    train, test = smollm2_cpu_data()
+    assert len(train) == 2000 and len(test) == 200
+    test_prompts = {row["prompt"] for row in test}
+    train_prompts = {row["prompt"] for row in train}
+    assert len(test_prompts) == 200  # distinct
+    assert not test_prompts & train_prompts
+    assert len(train_prompts) <= 100 and len(test_prompts | train_prompts) <= 300
+    for row in test[:20] + train[:20]:
+        a, op, b = row["prompt"].removeprefix("What is ").removesuffix("?").split(" ")
+        assert op in "+-*" and len(a) == len(b) == 1
+        assert int(row["answer"]) == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
+    # the same arguments give the same split
+    assert smollm2_cpu_data()[1] == test
