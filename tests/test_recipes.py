@@ -83,6 +83,8 @@ def test_recipe_validation_names_the_field():
         TinyAdditionRecipe(digits=1, n_test=90, n_probe=20)
     with pytest.raises(ValueError, match=r"GRPOConfig.learning_rate"):  # checked by GRPOConfig, at once
         TinyAdditionRecipe(grpo_learning_rate=-1.0)
+    with pytest.raises(ValueError, match=r"GRPOConfig.minibatch_size must be a divisor of"):
+        TinyAdditionRecipe(minibatch_size=100)
 
 
 def test_recipe_builds_the_configs_it_describes():
@@ -92,6 +94,7 @@ def test_recipe_builds_the_configs_it_describes():
     assert (cfg.learning_rate, cfg.num_iterations, cfg.clip_eps, cfg.beta, cfg.seed) == (
         recipe.grpo_learning_rate, recipe.num_iterations, 0.2, 0.0, 7,
     )
+    assert (cfg.minibatch_size, cfg.updates_per_step) == (128, 2)
     sft = recipe.sft_config(seed=3)
     assert (sft.steps, sft.batch_size, sft.learning_rate, sft.seed) == (1000, 64, 1e-3, 3)
     assert recipe.num_threads == 1
@@ -143,6 +146,8 @@ def test_run_returns_documented_keys(quick_runs):
     assert result["gain"] == pytest.approx(result["after"]["accuracy"] - result["before"]["accuracy"])
     # the warm start left partial skill, so GRPO saw groups with mixed rewards and a real gradient
     assert any(row["frac_zero_std"] < 1 and row["grad_norm"] > 0 for row in result["history"])
+    # two minibatches per step: the second is scored after the first update, so its ratios move
+    assert max(row["ratio_max"] for row in result["history"]) > 1.001
 
 
 @pytest.mark.slow
