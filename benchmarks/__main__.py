@@ -56,6 +56,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     parser.add_argument("--models", default=",".join(MODELS), help="models of the train-step part (default: both)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats of each measurement (default 3, quick 2)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="alternating rounds of the two trainers in the train part (default 2, quick 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the number of cores)")
     parser.add_argument("--out", type=Path, default=common.RESULTS, help="where to write the JSON (default: %(default)s)")
     args = parser.parse_args(argv)
@@ -71,6 +73,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.repeats = args.repeats or (2 if args.quick else 3)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    args.rounds = args.rounds or (1 if args.quick else 2)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     args.threads = args.threads or os.cpu_count() or 1
     return args
 
@@ -91,28 +96,52 @@ def part_rollout(args: argparse.Namespace, policies: dict) -> dict[str, Any]:
 
 
 def part_train(args: argparse.Namespace) -> dict[str, Any]:
-    from .trainers import SPECS
+    """Both trainers on each model, in alternating rounds of fresh worker processes.
 
+    The machine's load drifts, so the two trainers take turns: round 1 runs the
+    package then TRL, round 2 TRL then the package, and so on. Each worker takes
+    one warm-up step and then ceil(repeats / rounds) timed steps; the figures pool
+    the timed steps of all rounds.
+    """
+    from .trainers import SPECS, phase_summary
+
+    warmup = "0" if args.quick else "1"
+    per_worker = -(-args.repeats // args.rounds)  # ceil(repeats / rounds)
     results = []
     for model in args.models:
-        pair = {}
-        for engine in ("ours", "trl"):
-            print(f"  train step: {engine} on {model} ...", file=sys.stderr, flush=True)
-            pair[engine] = common.run_worker(
-                "benchmarks.trainers",
-                ["--engine", engine, "--model", model, "--threads", str(args.threads),
-                 "--repeats", str(args.repeats), "--warmup", "0" if args.quick else "1"],
-                threads=args.threads,
-                timeout=900,
-            )
-        ours, trl = (common.summarize(pair[e]["step_seconds"]) for e in ("ours", "trl"))
+        runs: dict[str, list[dict]] = {"ours": [], "trl": []}
+        for r in range(args.rounds):
+            for engine in (("ours", "trl") if r % 2 == 0 else ("trl", "ours")):
+                print(f"  train step: {engine} on {model}, round {r + 1} ...", file=sys.stderr, flush=True)
+                runs[engine].append(
+                    common.run_worker(
+                        "benchmarks.trainers",
+                        ["--engine", engine, "--model", model, "--threads", str(args.threads),
+                         "--repeats", str(per_worker), "--warmup", warmup],
+                        threads=args.threads,
+                        timeout=900,
+                    )
+                )
+        pooled = {}
+        for engine, workers in runs.items():
+            steps = [t for w in workers for t in w["step_seconds"]]
+            phase_steps = [row for w in workers for row in w["phase_steps"]]
+            pooled[engine] = {
+                **{k: v for k, v in workers[0].items() if k not in ("step_seconds", "phase_steps", "core_step_seconds")},
+                "step_seconds": common.summarize(steps),
+                "phases": phase_summary(phase_steps),
+                "rounds": len(workers),
+                "peak_rss_mb": max(w["peak_rss_mb"] for w in workers),
+                "rss_before_mb": common.summarize([w["rss_before_mb"] for w in workers])["median"],
+                "prompt_tokens_mean": common.summarize([w["prompt_tokens_mean"] for w in workers])["median"],
+            }
         results.append(
             {
                 "model": model,
                 "spec": SPECS[model].__dict__,
-                "ours": pair["ours"] | {"step_seconds": ours},
-                "trl": pair["trl"] | {"step_seconds": trl},
-                "ratio": common.ratio(ours, trl),
+                "ours": pooled["ours"],
+                "trl": pooled["trl"],
+                "ratio": common.ratio(pooled["ours"]["step_seconds"], pooled["trl"]["step_seconds"]),
                 "target": 0.8,
             }
         )

@@ -190,13 +190,18 @@ def grad_phase() -> str:
     return "forward" if torch.is_grad_enabled() else "score_no_grad"
 
 
-def phase_summary(step_seconds: list[float], phases: list[dict[str, float]]) -> dict[str, Any]:
-    """Median seconds per phase over the timed steps, with 'other' the unexplained rest."""
+def phase_rows(step_seconds: list[float], phases: list[dict[str, float]]) -> list[dict[str, float]]:
+    """One row of seconds per phase for each step, with 'other' the unexplained rest."""
     rows = []
     for total, parts in zip(step_seconds, phases):
         row = {name: parts.get(name, 0.0) for name in PHASES}
         row["other"] = total - sum(row.values())
         rows.append(row)
+    return rows
+
+
+def phase_summary(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Median seconds of each phase over the steps' rows."""
     return {name: summarize([row[name] for row in rows])["median"] for name in (*PHASES, "other")}
 
 
@@ -253,7 +258,7 @@ def run_ours(spec: MatchedSpec, warmup: int, repeats: int) -> dict[str, Any]:
     return {
         "engine": "grpo_tutorial",
         "step_seconds": seconds[warmup:],
-        "phases": phase_summary(seconds[warmup:], clock.steps[warmup:]),
+        "phase_steps": phase_rows(seconds[warmup:], clock.steps[warmup:]),
         "rss_before_mb": rss_before,
         "peak_rss_mb": peak_rss_mb(),
         "prompt_tokens_mean": summarize(shapes["prompt_tokens"])["median"],
@@ -337,7 +342,7 @@ def run_trl(spec: MatchedSpec, warmup: int, repeats: int) -> dict[str, Any]:
         "engine": "trl",
         "step_seconds": seconds[warmup:],
         "core_step_seconds": core[warmup:],
-        "phases": phase_summary(seconds[warmup:], clock.steps[warmup:]),
+        "phase_steps": phase_rows(seconds[warmup:], clock.steps[warmup:]),
         "rss_before_mb": rss_before,
         "peak_rss_mb": peak_rss_mb(),
         "prompt_tokens_mean": summarize(shapes["prompt_tokens"])["median"],
