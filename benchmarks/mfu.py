@@ -132,13 +132,15 @@ def run(
     completion_len: int,
     repeats: int = 3,
     peak_n: int = 2048,
+    peak_repeats: int = 10,
     profile_ops: bool = True,
 ) -> dict[str, Any]:
     """Time ``repeats`` forward + backward passes (after one warm-up) and turn them into MFU.
 
-    The matmul peak is measured again right before every timed pass (median of 3
-    matmuls), and each pass is divided by its own peak, so that a change in the
-    machine's load during the run does not bias the ratio.
+    The matmul peak is measured again right before every timed pass (the median of
+    ``peak_repeats`` matmuls, a second or more of work, so that one unlucky
+    time slice on a shared machine does not decide it), and each pass is divided
+    by its own peak, so that a drift in the machine's load does not bias the ratio.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -150,7 +152,7 @@ def run(
     try:
         forward_backward(model, input_ids, attention_mask, completion_len)  # warm-up
         for _ in range(repeats):
-            peaks.append(matmul_peak(peak_n, repeats=3, warmup=1)["gflops"]["median"])
+            peaks.append(matmul_peak(peak_n, repeats=peak_repeats, warmup=1)["gflops"]["median"])
             seconds.append(timed(lambda: forward_backward(model, input_ids, attention_mask, completion_len))[0])
         ops = top_ops(model, input_ids, attention_mask, completion_len) if profile_ops else []
     finally:

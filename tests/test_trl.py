@@ -35,14 +35,6 @@ MAX_TOKENS = 6
 BREVITY_WEIGHT = 0.5
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def brevity_reward(completions, **kwargs) -> list[float]:
     """Shorter is better: 1 for an empty completion, 0 for MAX_TOKENS characters.
 
