@@ -553,6 +553,16 @@ class GRPOTrainer:
         self._params = [p for p in model.parameters() if p.requires_grad]
         if not self._params:
             raise ValueError("the model has no trainable parameters (all requires_grad=False)")
+        half = sorted({str(p.dtype) for p in self._params if p.dtype in (torch.float16, torch.bfloat16)})
+        if half:
+            warnings.warn(
+                f"the policy's trainable weights are {', '.join(half)}: AdamW updates of size lr "
+                "(e.g. 1e-6) are mostly rounded away in 16-bit weights, so training may silently do "
+                "almost nothing. Load the policy in float32 for training "
+                "(load_policy(name, dtype='float32')); generation can still be fast enough.",
+                GRPOWarning,
+                stacklevel=2,
+            )
         self.optimizer = torch.optim.AdamW(
             self._params, lr=config.learning_rate, weight_decay=config.weight_decay
         )

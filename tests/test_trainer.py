@@ -651,3 +651,13 @@ def test_ctrl_c_finishes_the_step_saves_and_raises(tmp_path):
     assert json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())["step"] == 2
     _, history = run(4, out=out, resume=True)
     assert comparable(history) == comparable(full)
+
+
+def test_sixteen_bit_weights_warn_that_updates_may_vanish():
+    model, tok = tiny()
+    with pytest.warns(GRPOWarning, match="16-bit weights"):
+        GRPOTrainer(model.to(torch.bfloat16), tok, length_reward, config())
+    model, tok = tiny()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GRPOWarning)
+        GRPOTrainer(model, tok, length_reward, config())  # float32: no warning
