@@ -38,6 +38,7 @@ from .tasks import train_test_split_arithmetic
 from .trainer import GRPOConfig, GRPOTrainer
 
 __all__ = [
+    "RESULT_KEYS",
     "TinyAdditionRecipe",
     "accuracy_with_se",
     "build_recipe_model",
