@@ -8,7 +8,6 @@ import json
 import os
 import shlex
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,32 +17,6 @@ from . import common
 PARTS = ("rollout", "train", "mfu")
 MODELS = ("tiny", "smollm2-135m-instruct")
 SMOLLM2 = "smollm2-135m-instruct"
-
-
-class LoadSampler:
-    """Samples the 1-minute load average every ``every`` seconds in a background thread."""
-
-    def __init__(self, every: float = 5.0) -> None:
-        self.every = every
-        self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append(os.getloadavg()[0])
-            self._stop.wait(self.every)
-
-    def __enter__(self) -> "LoadSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def summary(self) -> dict[str, Any]:
-        return common.summarize(self.samples) | {"every_seconds": self.every}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -236,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": common.machine(args.threads),
     }
-    with LoadSampler() as sampler:
+    with common.LoadSampler() as sampler:
         policies: dict = {}
         if {"rollout", "mfu"} & set(args.parts):
             from grpo_tutorial.models import load_policy

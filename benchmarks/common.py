@@ -9,6 +9,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -166,3 +167,31 @@ def run_worker(module: str, args: Sequence[str], threads: int, timeout: float) -
 def report(result: dict[str, Any]) -> None:
     """What a worker does last: print its result for :func:`run_worker`."""
     print(WORKER_PREFIX + json.dumps(result), flush=True)
+
+
+class LoadSampler:
+    """Samples the 1-minute load average every ``every`` seconds in a background thread."""
+
+    def __init__(self, every: float = 5.0) -> None:
+        if not every > 0:
+            raise ValueError(f"every must be a positive number of seconds, got {every!r}")
+        self.every = every
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(os.getloadavg()[0])
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> "LoadSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, Any]:
+        return summarize(self.samples) | {"every_seconds": self.every}

@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -35,6 +34,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import torch  # noqa: E402
 
+from benchmarks.common import LoadSampler  # noqa: E402
 from grpo_tutorial.recipes import TinyAdditionRecipe, result_summary, run_tiny_addition  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "tiny_learning.json"
@@ -42,33 +42,10 @@ TARGET_GAIN = 0.25  # issue 3: at least +25 points of held-out greedy accuracy .
 TARGET_GRPO_SECONDS = 180.0  # ... within at most 3 minutes of GRPO wall-clock time
 
 
-class LoadRecorder:
-    """Records the 1-minute load average every ``every`` seconds in a background thread."""
-
-    def __init__(self, every: float = 5.0) -> None:
-        if not every > 0:
-            raise ValueError(f"every must be a positive number of seconds, got {every!r}")
-        self.every = every
-        self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append(os.getloadavg()[0])
-            self._stop.wait(self.every)
-
-    def __enter__(self) -> "LoadRecorder":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def summary(self) -> dict[str, float]:
-        xs = self.samples or [os.getloadavg()[0]]
-        return {"mean": sum(xs) / len(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+def load_summary(sampler: LoadSampler) -> dict[str, float]:
+    """Mean, min and max of the 1-minute load average recorded during a run."""
+    xs = sampler.samples or [os.getloadavg()[0]]
+    return {"mean": sum(xs) / len(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
@@ -141,12 +118,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[seed {seed}] GRPO: {info['steps']} steps, {info['seconds']:.0f} s "
                       f"({info['cpu_seconds']:.0f} CPU s)", flush=True)
 
-        with LoadRecorder() as load:
+        with LoadSampler() as load:
             result = run_tiny_addition(
                 recipe, seed=seed, progress=not args.no_progress, on_phase=report
             )
         row = result_summary(result, include_history=args.history)
-        row["load"] = load.summary()
+        row["load"] = load_summary(load)
         row["meets_target"] = bool(
             row["gain"] >= TARGET_GAIN and row["seconds"]["grpo"] <= TARGET_GRPO_SECONDS
         )
