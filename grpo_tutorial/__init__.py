@@ -41,7 +41,10 @@ from .tasks import (
     train_test_split_arithmetic,
     validate_dataset,
 )
-from .trainer import TIMING_KEYS, GRPOConfig, GRPOTrainer, GRPOWarning
+from .config import GRPOConfig
+from .evaluation import evaluate_policy
+from .metrics import TIMING_KEYS, GRPOWarning
+from .trainer import GRPOTrainer
 
 __all__ = [
     # stage 3: advantages

@@ -48,3 +48,46 @@ def same_shape(**tensors: torch.Tensor) -> None:
 def one_of(name: str, value, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {sorted(allowed)}, got {value!r}")
+
+
+# ---------------------------------------------------------------------------
+# Config fields: one set of validators for GRPOConfig and SFTConfig
+# ---------------------------------------------------------------------------
+
+
+def is_int(value) -> bool:
+    """An int that is not a bool (``True`` is an int to Python, but never a step count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    """A finite int or float that is not a bool."""
+    import math
+
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def config_error(owner: str, name: str, value, expected: str, hint: str = "") -> ValueError:
+    """The one message every config field error uses: owner, field, expectation, value."""
+    return ValueError(f"{owner}.{name} must be {expected}, got {value!r}{hint}")
+
+
+def check_int(owner: str, name: str, value, minimum: int, *, optional: bool = False, hint: str = "") -> None:
+    """``value`` is an int >= ``minimum`` (or None when ``optional``)."""
+    if optional and value is None:
+        return
+    if not is_int(value) or value < minimum:
+        raise config_error(owner, name, value, f"{'None or ' if optional else ''}an int >= {minimum}", hint)
+
+
+def check_number(owner: str, name: str, value, ok, expected: str, *, optional: bool = False) -> None:
+    """``value`` is a finite number for which ``ok(value)`` holds (or None when ``optional``)."""
+    if optional and value is None:
+        return
+    if not is_number(value) or not ok(value):
+        raise config_error(owner, name, value, expected)
+
+
+def check_choice(owner: str, name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise config_error(owner, name, value, f"one of {list(allowed)}")

@@ -11,12 +11,15 @@ completion's advantage is how much better it scored than its siblings,
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._checks import as_float_tensor, one_of
 
 SCALES = ("group", "batch", "none")
 STDS = ("sample", "population")
+NAN_POLICIES = ("raise", "skip")
 
 
 def group_advantages(
@@ -26,6 +29,7 @@ def group_advantages(
     scale: str = "group",
     std: str = "sample",
     eps: float = 1e-4,
+    nan: str = "raise",
 ) -> torch.Tensor:
     """Z-score each reward within its group.
 
@@ -39,13 +43,18 @@ def group_advantages(
         std: ``"sample"`` (Bessel's n-1, as torch and TRL) or ``"population"``
             (n, numpy's default).
         eps: added to the std so a near-constant group cannot divide by ~0.
+        nan: what a NaN reward (a completion no reward function could score)
+            means. ``"raise"`` (default) refuses it. ``"skip"`` leaves it out of
+            its group's mean and std, as TRL 1.16 does, and gives it advantage 0.
 
     Returns:
         Advantages with the same shape as ``rewards``. A group whose rewards are
-        all equal gets exactly 0: it carries no learning signal.
+        all equal gets exactly 0: it carries no learning signal. So does, with
+        ``nan="skip"``, a group with fewer than two scorable rewards.
     """
     one_of("scale", scale, SCALES)
     one_of("std", std, STDS)
+    one_of("nan", nan, NAN_POLICIES)
     if not isinstance(eps, (int, float)) or eps < 0:
         raise ValueError(f"eps must be a non-negative number, got {eps!r}")
     r = as_float_tensor("rewards", rewards)
@@ -76,9 +85,15 @@ def group_advantages(
         raise ValueError(
             f"group size is {G}: a group needs at least 2 completions to have a baseline (use G >= 2)"
         )
-    if not torch.isfinite(grouped).all():
-        bad = (~torch.isfinite(grouped)).nonzero()[0].tolist()
-        raise ValueError(f"rewards contain NaN or inf (first at group {bad[0]}, member {bad[1]})")
+    allowed = torch.isfinite(grouped) | (torch.isnan(grouped) if nan == "skip" else False)  # [P, G]
+    if not allowed.all():
+        bad = (~allowed).nonzero()[0].tolist()
+        raise ValueError(
+            f"rewards contain NaN or inf (first at group {bad[0]}, member {bad[1]})"
+            + ("" if nan == "skip" else "; pass nan='skip' to leave unscorable (NaN) completions out")
+        )
+    if torch.isnan(grouped).any():
+        return _advantages_skipping_nan(grouped, scale, std, eps).reshape(r.shape)
 
     unbiased = std == "sample"
     centred = grouped - grouped.mean(dim=1, keepdim=True)  # [P, G]
@@ -92,3 +107,38 @@ def group_advantages(
     constant = (grouped == grouped[:, :1]).all(dim=1)  # [P]
     advantages = advantages.masked_fill(constant[:, None], 0.0)
     return advantages.reshape(r.shape)
+
+
+def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``[P]`` True for the groups that carry no learning signal.
+
+    A group has no signal when its scorable (non-NaN) rewards are all equal, or
+    when fewer than two of them are scorable. These are exactly the groups whose
+    advantages :func:`group_advantages` sets to 0.
+    """
+    grouped = rewards.reshape(-1, group_size)  # [P, G]
+    valid = ~torch.isnan(grouped)  # [P, G]
+    low = torch.where(valid, grouped, torch.full_like(grouped, math.inf)).amin(dim=1)  # [P]
+    high = torch.where(valid, grouped, torch.full_like(grouped, -math.inf)).amax(dim=1)  # [P]
+    return (valid.sum(dim=1) < 2) | (low == high)
+
+
+def _advantages_skipping_nan(grouped: torch.Tensor, scale: str, std: str, eps: float) -> torch.Tensor:
+    """:func:`group_advantages` of ``[P, G]`` rewards where NaN marks an unscorable completion."""
+    valid = ~torch.isnan(grouped)  # [P, G]
+    count = valid.sum(dim=1, keepdim=True)  # [P, 1]
+    values = torch.where(valid, grouped, torch.zeros_like(grouped))  # [P, G]
+    mean = values.sum(dim=1, keepdim=True) / count.clamp(min=1)  # [P, 1]
+    centred = torch.where(valid, grouped - mean, torch.zeros_like(grouped))  # [P, G]
+    ddof = 1 if std == "sample" else 0
+    if scale == "group":
+        spread = torch.sqrt((centred**2).sum(dim=1, keepdim=True) / (count - ddof).clamp(min=1))  # [P, 1]
+        advantages = centred / (spread + eps)  # [P, G]
+    elif scale == "batch":
+        kept = grouped[valid]  # [K]
+        spread = kept.std(unbiased=ddof == 1) if kept.numel() > 1 else kept.new_zeros(())
+        advantages = centred / (spread + eps)  # [P, G]
+    else:
+        advantages = centred  # [P, G]
+    no_signal = zero_std_groups(grouped, grouped.shape[1])  # [P]
+    return advantages.masked_fill(no_signal[:, None] | ~valid, 0.0)  # [P, G]

@@ -10,8 +10,10 @@ For completion i, token t, with ratio rho = pi_theta / pi_old and advantage A_i:
 * ``"grpo"``: mean over each sequence's tokens, then mean over sequences
   (DeepSeekMath). A long completion's tokens each weigh less: length bias.
 * ``"bnpo"`` / ``"dapo"``: sum over all tokens / number of tokens (DAPO's
-  token-level loss). Every token weighs the same. In a single process the two
-  are identical; TRL differs only in how it normalises across processes.
+  token-level loss). Every token weighs the same. On one batch the two are
+  equal. Once an update is split into micro-batches (gradient accumulation)
+  they differ, as in TRL: ``dapo`` divides by the tokens of the whole update,
+  ``bnpo`` by the tokens of each micro-batch (see :mod:`grpo_tutorial.objectives`).
 * ``"dr_grpo"``: sum over all tokens / (N * max_completion_length), a constant,
   so no length enters the normaliser (Dr. GRPO).
 """
@@ -22,31 +24,9 @@ import torch
 
 from ._checks import one_of, require_tensor, same_shape
 from .kl import KL_KINDS, kl_estimate
+from .objectives import LOSS_TYPES, aggregate_tokens, clipped_surrogate, masked_log_ratio
 
-LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
-
-
-def aggregate_tokens(
-    per_token: torch.Tensor,
-    mask: torch.Tensor,
-    loss_type: str = "grpo",
-    max_completion_length: int | None = None,
-) -> torch.Tensor:
-    """Reduce a ``[N, T]`` per-token quantity to a scalar the way ``loss_type`` says."""
-    one_of("loss_type", loss_type, LOSS_TYPES)
-    # where(), not multiplication: a NaN/inf at a padded position must not leak in.
-    masked = torch.where(mask.bool(), per_token, torch.zeros_like(per_token))  # [N, T]
-    if loss_type == "grpo":
-        per_seq = masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # [N]
-        return per_seq.mean()
-    if loss_type in ("bnpo", "dapo"):
-        return masked.sum() / mask.sum().clamp(min=1.0)
-    length = per_token.shape[1] if max_completion_length is None else max_completion_length
-    if not isinstance(length, int) or length < per_token.shape[1]:
-        raise ValueError(
-            f"max_completion_length must be an int >= the completion width {per_token.shape[1]}, got {length!r}"
-        )
-    return masked.sum() / (per_token.shape[0] * length)
+__all__ = ["LOSS_TYPES", "aggregate_tokens", "grpo_loss", "sequence_logprob_loss"]
 
 
 def grpo_loss(
@@ -62,6 +42,8 @@ def grpo_loss(
     loss_type: str = "grpo",
     max_completion_length: int | None = None,
     kl_kind: str = "k3",
+    gradient_accumulation_steps: int = 1,
+    num_items_in_batch: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The GRPO loss (to minimise) and a dict of diagnostics.
 
@@ -77,6 +59,9 @@ def grpo_loss(
         loss_type: ``"grpo"``, ``"bnpo"``, ``"dapo"`` or ``"dr_grpo"``.
         max_completion_length: the constant for ``"dr_grpo"`` (default: T).
         kl_kind: which estimator (``"k1"``, ``"k2"``, ``"k3"``) the penalty uses.
+        gradient_accumulation_steps, num_items_in_batch: the normalisers for an
+            update split into micro-batches (see :mod:`grpo_tutorial.objectives`);
+            TRL's names. The defaults give the loss of this batch alone.
 
     Returns:
         ``(loss, stats)``: stats are plain floats, measured over masked tokens:
@@ -112,12 +97,8 @@ def grpo_loss(
         raise ValueError("mask is all zeros: there are no completion tokens to train on")
 
     adv = advantages.detach().to(logp.dtype)[:, None]  # [N, 1]
-    # Padded positions get log-ratio 0 (ratio 1) before exp(), so whatever the
-    # model said about pad tokens can never overflow into inf * 0 = NaN.
-    log_ratio = torch.where(mask.bool(), logp - old_logp.detach(), torch.zeros_like(logp))  # [N, T]
-    ratio = torch.exp(log_ratio)  # [N, T]
-    clipped_ratio = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_high)  # [N, T]
-    per_token = -torch.min(ratio * adv, clipped_ratio * adv)  # [N, T]
+    ratio = torch.exp(masked_log_ratio(logp, old_logp, mask))  # [N, T]
+    per_token = clipped_surrogate(ratio, adv, clip_eps, eps_high)  # [N, T]
     kl = None
     if ref_logp is not None:
         # As for the ratio: padded positions get log-ratio 0, so a huge gap
@@ -125,8 +106,11 @@ def grpo_loss(
         ref_safe = torch.where(mask.bool(), ref_logp.detach(), logp.detach())  # [N, T]
         kl = kl_estimate(logp, ref_safe, kind=kl_kind)  # [N, T]
         if beta > 0:
-            per_token = per_token + beta * kl
-    loss = aggregate_tokens(per_token, mask, loss_type, max_completion_length)
+            per_token = per_token + beta * kl  # [N, T]
+    loss = aggregate_tokens(
+        per_token, mask, loss_type, max_completion_length,
+        gradient_accumulation_steps=gradient_accumulation_steps, num_items_in_batch=num_items_in_batch,
+    )
 
     with torch.no_grad():
         n_tok = mask.sum()

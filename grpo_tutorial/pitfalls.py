@@ -59,7 +59,8 @@ from .logprobs import completion_logprobs
 from .loss import LOSS_TYPES, grpo_loss
 from .rewards import answers_match, compute_rewards, extract_answer, reward_function_means
 from .rollout import Rollout, generate_rollouts
-from .trainer import GRPOConfig, derive_seed, epoch_permutation
+from .config import GRPOConfig
+from .seeding import derive_seed, epoch_permutation
 
 __all__ = [
     "BUGS",

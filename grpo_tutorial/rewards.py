@@ -31,9 +31,10 @@ import math
 import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
-from fractions import Fraction
 
 import torch
+
+from .answers import _references, _texts, answers_match, completion_to_text, extract_answer
 
 __all__ = [
     "RewardFunctionError",
@@ -52,274 +53,8 @@ __all__ = [
 RewardFn = Callable[..., Sequence]
 
 # ---------------------------------------------------------------------------
-# Numbers: finding them in text and writing them one canonical way
-# ---------------------------------------------------------------------------
-
-# A number in free text. Pieces, in order:
-#   (?<![\d.])                 do not start in the middle of a number
-#   sign                       "-", "+" or the unicode minus, but only when it is
-#                              not glued to a word or a closing bracket, so the
-#                              "-" in "12-5" is an operator and "5" is the number
-#   \frac{p}{q}                a LaTeX fraction (also \dfrac, \tfrac)
-#   1,234,567.8                commas only as thousands separators (groups of 3)
-#   1234.5 / .5                plain integers and decimals
-_NUMBER_RE = re.compile(
-    r"(?<![\d.])"
-    r"(?:(?<![\w)\]}])(?P<sign>[-+\u2212]))?"
-    r"(?:"
-    r"\\[dt]?frac\{\s*(?P<fnum>\d+)\s*\}\{\s*(?P<fden>\d+)\s*\}"
-    r"|(?P<num>\d{1,3}(?:,\d{3})+(?!\d)(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
-    r")"
-)
-
-# A string that is *only* a number, give or take "$", "%", spaces and a full stop.
-_PLAIN_NUMBER_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)")
-_FRACTION_RE = re.compile(r"([-+]?)(\d+)\s*/\s*(\d+)")
-_LATEX_FRACTION_RE = re.compile(r"([-+]?)\\[dt]?frac\{\s*(\d+)\s*\}\{\s*(\d+)\s*\}")
-
-_ANSWER_TAG_RE = re.compile(r"<answer>((?:(?!<answer>).)*?)</answer>", re.DOTALL | re.IGNORECASE)
-_GSM8K_RE = re.compile(r"^[ \t]*####[ \t]*(.*?)[ \t]*$", re.MULTILINE)
-_BOXED_RE = re.compile(r"\\boxed\s*\{")
-
-
-def _canonical(value: Fraction) -> str:
-    """Write a rational number one way only: ``12``, ``-3.5`` or ``1/3``.
-
-    Integers lose any ``.0``; a value with a finite decimal expansion is written
-    as a decimal without trailing zeros; anything else stays a reduced fraction.
-    """
-    if value.denominator == 1:
-        return str(value.numerator)
-    den = value.denominator
-    twos = fives = 0
-    while den % 2 == 0:
-        den //= 2
-        twos += 1
-    while den % 5 == 0:
-        den //= 5
-        fives += 1
-    if den != 1:  # e.g. 1/3: no finite decimal
-        return f"{value.numerator}/{value.denominator}"
-    places = max(twos, fives)  # the fewest decimal places that are exact, so no trailing zeros
-    scaled = abs(value.numerator) * 10**places // value.denominator
-    digits = str(scaled).rjust(places + 1, "0")
-    text = f"{digits[:-places]}.{digits[-places:]}"
-    return f"-{text}" if value < 0 else text
-
-
-def _clean_number_text(text: str) -> str:
-    """Drop the decorations that do not change a number's value."""
-    t = text.strip().replace("\u2212", "-")
-    t = t.replace("\\$", "").replace("\\%", "").replace("{,}", ",").replace("\\!", "")
-    t = t.strip().rstrip(".").strip()
-    t = t.replace("$", "").replace("%", "").strip()
-    return t
-
-
-def _parse_number(text: str) -> Fraction | None:
-    """The value of a string that holds exactly one number, else None.
-
-    Accepts ``1,234``, ``-7``, ``3.50``, ``$5``, ``50%``, ``3/4`` and ``\\frac{3}{4}``.
-    """
-    t = _clean_number_text(text)
-    if _PLAIN_NUMBER_RE.fullmatch(t):
-        return Fraction(t.replace(",", ""))
-    for pattern in (_FRACTION_RE, _LATEX_FRACTION_RE):
-        m = pattern.fullmatch(t)
-        if m and int(m.group(3)) != 0:
-            value = Fraction(int(m.group(2)), int(m.group(3)))
-            return -value if m.group(1) == "-" else value
-    return None
-
-
-def _match_value(m: re.Match) -> Fraction | None:
-    """The value of one ``_NUMBER_RE`` match (None for a fraction over zero)."""
-    if m.group("num") is not None:
-        value = Fraction(m.group("num").replace(",", ""))
-    else:
-        den = int(m.group("fden"))
-        if den == 0:
-            return None
-        value = Fraction(int(m.group("fnum")), den)
-    return -value if m.group("sign") in ("-", "\u2212") else value
-
-
-def _last_number(text: str) -> Fraction | None:
-    """The value of the last number written anywhere in ``text``."""
-    values = [v for v in map(_match_value, _NUMBER_RE.finditer(text)) if v is not None]
-    return values[-1] if values else None
-
-
-def _normalise_text(text: str) -> str:
-    """Strip, collapse runs of whitespace and casefold (for non-numeric answers)."""
-    return " ".join(text.split()).casefold()
-
-
-def _answer_from_content(content: str) -> str | None:
-    """What an ``<answer>`` tag or a ``\\boxed{}`` holds, normalised.
-
-    A content that is one number, or that contains numbers, gives the (last)
-    number in canonical form. Text without numbers is returned stripped. An
-    empty content gives None.
-    """
-    stripped = content.strip()
-    if not stripped:
-        return None
-    value = _parse_number(stripped)
-    if value is None:
-        value = _last_number(stripped)
-    if value is not None:
-        return _canonical(value)
-    return " ".join(stripped.split())
-
-
-def _last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` whose braces balance, else None."""
-    found = None
-    for m in _BOXED_RE.finditer(text):
-        depth, start = 1, m.end()
-        for i in range(start, len(text)):
-            if text[i] == "{":
-                depth += 1
-            elif text[i] == "}":
-                depth -= 1
-                if depth == 0:
-                    found = text[start:i]
-                    break
-    return found
-
-
-def extract_answer(text: str) -> str | None:
-    """Pull the final answer out of a model's text, normalised for comparison.
-
-    Looks for, in this order of priority (the first kind present decides):
-
-    1. the last ``<answer>...</answer>``;
-    2. the last ``\\boxed{...}`` (nested braces are fine: ``\\boxed{\\frac{1}{2}}``);
-    3. GSM8K's final line ``#### 42`` (only when that line is just a number);
-    4. the last number anywhere in the text.
-
-    Numbers come back in one canonical form, so equal values give equal
-    strings: commas as thousands separators are dropped (``1,234`` -> ``1234``),
-    signs are kept (``-7``), ``$`` and ``%`` are dropped, decimals lose trailing
-    zeros (``3.50`` -> ``3.5``, ``12.0`` -> ``12``), and ``\\frac{3}{4}`` -> ``0.75``.
-
-    Inside a tag or a box the last number wins (``<answer>2+2=4</answer>`` -> ``4``);
-    if there is no number there, the stripped text is returned
-    (``<answer> Paris </answer>`` -> ``Paris``). An empty tag or box returns None
-    without falling back to later rules: the model did answer, with nothing.
-
-    Returns:
-        The normalised answer, or None when nothing answer-like is found.
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}: {text!r:.80}")
-    tags = _ANSWER_TAG_RE.findall(text)
-    if tags:
-        return _answer_from_content(tags[-1])
-    boxed = _last_boxed(text)
-    if boxed is not None:
-        return _answer_from_content(boxed)
-    for line in reversed(_GSM8K_RE.findall(text)):
-        value = _parse_number(line)
-        if value is not None:
-            return _canonical(value)
-    value = _last_number(text)
-    return None if value is None else _canonical(value)
-
-
-def _reference_value(ref: object, name: str) -> Fraction | str:
-    """A reference answer as a number when it is one, else as normalised text."""
-    if isinstance(ref, bool) or not isinstance(ref, (str, numbers.Real)):
-        raise TypeError(f"{name} must be a str or a number, got {type(ref).__name__}: {ref!r:.80}")
-    if isinstance(ref, str):
-        value = _parse_number(ref)
-        return value if value is not None else _normalise_text(ref)
-    if isinstance(ref, numbers.Integral):
-        return Fraction(int(ref))
-    if not math.isfinite(float(ref)):
-        raise ValueError(f"{name} must be a finite number, got {ref!r}")
-    return Fraction(repr(float(ref)))  # 0.1 means the decimal 0.1, not its binary neighbour
-
-
-def answers_match(pred: str | float | None, ref: str | float) -> bool:
-    """True when a predicted answer equals the reference.
-
-    If both parse as numbers (``"1,234"``, ``"3.50"``, ``"$5"``, ``"3/4"``, ints,
-    floats) they are compared as exact rationals, so ``"3.5" == 3.50`` and
-    ``"12" == 12.0``. Otherwise both are compared as text after stripping,
-    collapsing whitespace and casefolding. A ``pred`` of None never matches.
-    """
-    if pred is None:
-        return False
-    p = _reference_value(pred, "pred")
-    r = _reference_value(ref, "ref")
-    if isinstance(p, Fraction) and isinstance(r, Fraction):
-        return p == r
-    if isinstance(p, Fraction) or isinstance(r, Fraction):
-        return False  # a number never equals a non-numeric text
-    return p == r
-
-
-# ---------------------------------------------------------------------------
 # Reward functions (TRL signature)
 # ---------------------------------------------------------------------------
-
-
-def completion_to_text(completion: object) -> str:
-    """The text of one completion, in either of TRL's two formats.
-
-    A string is returned as is. A list of chat messages gives the content of the
-    last ``assistant`` message (or of the last message if none has that role);
-    a content given as a list of blocks (``{"type": "text", "text": ...}``)
-    is joined.
-    """
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, Mapping):
-        completion = [completion]
-    if isinstance(completion, Sequence) and completion and all(isinstance(m, Mapping) for m in completion):
-        assistant = [m for m in completion if m.get("role") == "assistant"]
-        message = (assistant or list(completion))[-1]
-        content = message.get("content", "")
-        if content is None:
-            return ""
-        if isinstance(content, str):
-            return content
-        if isinstance(content, Sequence):
-            return "".join(
-                block.get("text", "") if isinstance(block, Mapping) else str(block) for block in content
-            )
-    raise TypeError(
-        "a completion must be a str or a list of chat messages like "
-        f"[{{'role': 'assistant', 'content': '...'}}], got {type(completion).__name__}: {completion!r:.80}"
-    )
-
-
-def _texts(completions: object) -> list[str]:
-    """Check ``completions`` is a list and turn each item into text."""
-    if isinstance(completions, (str, Mapping)) or not isinstance(completions, Sequence):
-        raise TypeError(
-            f"completions must be a list (one item per completion), got {type(completions).__name__}"
-        )
-    texts = []
-    for i, c in enumerate(completions):
-        try:
-            texts.append(completion_to_text(c))
-        except TypeError as err:
-            raise TypeError(f"completions[{i}]: {err}") from None
-    return texts
-
-
-def _references(answer: object, n: int, name: str = "answer") -> list:
-    """Check ``answer`` (called ``name`` in messages) holds one reference per completion."""
-    if isinstance(answer, (str, Mapping)) or not isinstance(answer, Sequence):
-        raise TypeError(
-            f"{name} must be a list with one reference per completion, got {type(answer).__name__}: {answer!r:.80}"
-        )
-    if len(answer) != n:
-        raise ValueError(f"{name} has {len(answer)} items but there are {n} completions; expected one per completion")
-    return list(answer)
 
 
 def correctness_reward(completions: Sequence, *, answer: Sequence, **kwargs) -> list[float]:
@@ -682,3 +417,40 @@ def reward_function_means(per_fn: Mapping[str, torch.Tensor]) -> dict[str, float
     A function that returned None for every completion logs NaN.
     """
     return {name: float(torch.nanmean(values.float())) for name, values in per_fn.items()}
+
+
+# ---------------------------------------------------------------------------
+# Dataset columns and accuracy (shared by training and evaluation)
+# ---------------------------------------------------------------------------
+
+
+def extra_columns(rows: Sequence[Mapping], group_size: int) -> dict[str, list]:
+    """Dataset columns other than prompt and answer, repeated for each completion.
+
+    TRL passes every dataset column to reward functions as a keyword argument;
+    so do we. A column counts only if every row has it.
+    """
+    keys = [k for k in rows[0] if k not in ("prompt", "answer") and all(k in row for row in rows)]
+    return {k: [row[k] for row in rows for _ in range(group_size)] for k in keys}
+
+
+def judge_correct(
+    accuracy_fn: Callable | None, prompts: list, completions: list[str], answers: list, columns: Mapping
+) -> list[float] | None:
+    """1.0/0.0 per completion as ``accuracy_fn`` judges it (None: cannot be judged).
+
+    With no ``accuracy_fn``, a completion is correct when :func:`extract_answer`
+    finds an answer equal to the row's (``answers_match``); rows without an
+    answer make the whole batch unjudgeable. An ``accuracy_fn`` has the reward
+    signature and may return None for a completion it cannot judge (NaN here).
+    """
+    if accuracy_fn is None:
+        if any(a is None for a in answers):
+            return None
+        return [1.0 if answers_match(extract_answer(c), a) else 0.0 for c, a in zip(completions, answers)]
+    values = accuracy_fn(prompts=prompts, completions=completions, answer=answers, **columns)
+    if len(values) != len(completions):
+        raise ValueError(
+            f"accuracy_fn returned {len(values)} values for {len(completions)} completions; expected one each"
+        )
+    return [math.nan if v is None else float(v) for v in values]

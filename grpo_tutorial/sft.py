@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._checks import check_int, check_number
 from ._progress import progress_bar
 
 __all__ = ["SFTConfig", "encode_sft_batch", "supervised_warmup"]
@@ -30,18 +31,20 @@ class SFTConfig:
     learning_rate: float = 1e-3
     warmup_steps: int = 100
     weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
+    max_grad_norm: float | None = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"SFTConfig.{name} must be a positive int, got {value!r}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"SFTConfig.learning_rate must be > 0, got {self.learning_rate!r}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"SFTConfig.warmup_steps must be >= 0, got {self.warmup_steps!r}")
+        owner = "SFTConfig"
+        check_int(owner, "steps", self.steps, 1)
+        check_int(owner, "batch_size", self.batch_size, 1)
+        check_int(owner, "warmup_steps", self.warmup_steps, 0)
+        check_int(owner, "seed", self.seed, 0)
+        check_number(owner, "learning_rate", self.learning_rate, lambda v: v > 0, "a number > 0")
+        check_number(owner, "weight_decay", self.weight_decay, lambda v: v >= 0, "a number >= 0")
+        check_number(
+            owner, "max_grad_norm", self.max_grad_norm, lambda v: v > 0, "None or a number > 0", optional=True
+        )
 
 
 def encode_sft_batch(tokenizer, rows: list[dict]) -> dict[str, torch.Tensor]:
@@ -114,7 +117,8 @@ def supervised_warmup(
             raise FloatingPointError(f"supervised loss became {loss.item()} at step {step}; lower the learning rate")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        if config.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
         optimizer.step()
         scheduler.step()
         row = {"step": step, "loss": loss.item(), "seconds": time.perf_counter() - start}

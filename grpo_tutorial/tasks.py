@@ -21,8 +21,9 @@ import random
 import re
 from collections.abc import Collection, Mapping, Sequence
 from fractions import Fraction
+from typing import Any
 
-from .rewards import _canonical, _parse_number, _references, _texts
+from .answers import canonical_number, completion_texts, parse_number, references_for
 
 __all__ = [
     "DatasetUnavailableError",
@@ -383,15 +384,15 @@ def countdown_reward(
     parser, never ``eval``); anything it rejects scores 0.0. ``target`` is used
     when given, else ``answer`` (the dataset has both columns).
     """
-    texts = _texts(completions)
+    texts = completion_texts(completions)
     refs = target if target is not None else answer
     if refs is None:
         raise TypeError("countdown_reward needs target=[...] or answer=[...], one target per completion")
-    refs = _references(refs, len(texts), "target" if target is not None else "answer")
-    nums_per_row = _references(numbers, len(texts), "numbers")
+    refs = references_for(refs, len(texts), "target" if target is not None else "answer")
+    nums_per_row = references_for(numbers, len(texts), "numbers")
     scores = []
     for i, (text, nums, ref) in enumerate(zip(texts, nums_per_row, refs)):
-        goal = _parse_number(str(ref))
+        goal = parse_number(str(ref))
         if goal is None:
             raise ValueError(f"target[{i}] must be a number, got {ref!r}")
         expr = countdown_expression(text)
@@ -427,10 +428,10 @@ def gsm8k_final_answer(solution: str) -> str:
     if not isinstance(solution, str) or "####" not in solution:
         raise ValueError(f"solution must be a GSM8K answer text ending in '#### <number>', got {solution!r:.80}")
     tail = solution.rsplit("####", 1)[1]
-    value = _parse_number(tail)
+    value = parse_number(tail)
     if value is None:
         raise ValueError(f"no number after '####' in {solution!r:.80}")
-    return _canonical(value)
+    return canonical_number(value)
 
 
 def load_gsm8k(split: str = "train", *, timeout: float = 3.0) -> list[dict]:
@@ -565,3 +566,39 @@ def validate_dataset(rows: Sequence[Mapping], *, tokenizer=None, max_prompt_toke
                 f"dataset row {i}: the prompt is {length} tokens, longer than the limit of {limit} "
                 f"(max_prompt_tokens / the model's context); shorten it or raise the limit. Prompt: {prompts[i]!r:.80}"
             )
+
+
+def as_rows(dataset: Any) -> Any:
+    """Accept a Hugging Face ``datasets.Dataset`` (as TRL users have) as a list of dicts."""
+    to_list = getattr(dataset, "to_list", None)
+    if callable(to_list) and not isinstance(dataset, (list, tuple)):
+        return to_list()
+    return dataset
+
+
+def check_rows(rows: Any, name: str) -> None:
+    """``rows`` is a non-empty list of dicts, each with a string or chat ``prompt``."""
+    if isinstance(rows, (str, dict)) or not isinstance(rows, Sequence):
+        raise TypeError(f"{name} must be a list of dicts with a 'prompt' key, got {type(rows).__name__}")
+    if len(rows) == 0:
+        raise ValueError(f"{name} is empty; expected at least one row with a 'prompt'")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise TypeError(f"{name}[{i}] must be a dict with a 'prompt' key, got {type(row).__name__}: {row!r:.80}")
+        prompt = row.get("prompt")
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt))):
+            raise ValueError(
+                f"{name}[{i}] needs a 'prompt' that is a string or a list of chat messages, got {row!r:.80}"
+            )
+
+
+def validate_for_model(rows: Sequence[Mapping], model: Any, tokenizer: Any, max_new_tokens: int) -> None:
+    """:func:`validate_dataset` with the model's context, less the completion budget, as the prompt limit."""
+    check_rows(rows, "dataset")
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    max_prompt = limit - max_new_tokens if isinstance(limit, int) else None
+    if max_prompt is not None and max_prompt < 1:
+        raise ValueError(
+            f"GRPOConfig.max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's context of {limit} tokens"
+        )
+    validate_dataset(rows, tokenizer=tokenizer, max_prompt_tokens=max_prompt)

@@ -124,3 +124,30 @@ def test_bad_input_raises_value_error_naming_the_problem(rewards, kwargs, messag
 def test_non_numeric_rewards_raise_type_error():
     with pytest.raises(TypeError, match="rewards"):
         group_advantages([["a", "b"]])
+
+
+def test_nan_skip_leaves_unscorable_completions_out_of_their_group():
+    """One NaN-aware implementation: the trainer calls exactly this (nan="skip")."""
+    from grpo_tutorial.advantages import zero_std_groups
+
+    nan = float("nan")
+    plain = torch.tensor([1.0, 2.0, 4.0, 4.0, 3.0, 3.0])
+    for scale in ("group", "batch", "none"):
+        skipped = group_advantages(plain, 3, scale=scale, nan="skip")
+        assert torch.equal(skipped, group_advantages(plain, 3, scale=scale))  # no NaN: identical
+    assert zero_std_groups(plain, 3).tolist() == [False, False]
+    r = torch.tensor([nan, 1.0, 3.0, 5.0, nan, nan, 2.0, 2.0, nan])
+    adv = group_advantages(r, 3, scale="none", nan="skip")
+    assert adv.tolist() == [0.0, -1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert zero_std_groups(r, 3).tolist() == [False, True, True]  # one scorable member; all equal
+    adv = group_advantages(r, 3, scale="group", std="population", nan="skip")
+    assert adv[1:3].tolist() == pytest.approx([-1 / (1 + 1e-4), 1 / (1 + 1e-4)])
+    # batch scale: the std of the scorable rewards only (1, 3, 5, 2, 2)
+    adv = group_advantages(r, 3, scale="batch", nan="skip")
+    spread = torch.tensor([1.0, 3.0, 5.0, 2.0, 2.0]).std()
+    assert adv[1:3].tolist() == pytest.approx([-1 / (float(spread) + 1e-4), 1 / (float(spread) + 1e-4)])
+    assert float(adv.sum()) == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ValueError, match="nan='skip'"):
+        group_advantages(r, 3)  # the default still refuses NaN
+    with pytest.raises(ValueError, match="NaN or inf"):
+        group_advantages(torch.tensor([1.0, float("inf"), 2.0]), 3, nan="skip")  # inf is never "unscorable"

@@ -1,0 +1,199 @@
+"""Every hyperparameter of a GRPO run, in one dataclass, checked when it is built.
+
+A field's doc says what it does; :class:`GRPOConfig` refuses a bad value at once,
+with the field, the value and what it should be, before any model is touched.
+Chapter 11 maps these names to TRL's ``GRPOConfig``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ._checks import check_choice, check_int, check_number, config_error, is_number
+from .advantages import SCALES, STDS
+from .kl import KL_KINDS
+from .loss import LOSS_TYPES
+
+__all__ = ["GRPOConfig"]
+
+_OWNER = "GRPOConfig"
+
+
+@dataclass
+class GRPOConfig:
+    """Every hyperparameter of a GRPO run, with CPU-sized defaults.
+
+    The defaults are the tiny-model settings of DESIGN.md's calibration (except
+    mu = 1). For a real LLM on a GPU, typical values are ``group_size=8..16``,
+    ``max_new_tokens=256..1024``, ``learning_rate=1e-6..1e-5``.
+
+    Batches and updates. A step samples a *generation batch* of B*G completions.
+    ``minibatch_size`` sets the size of one optimizer update (None: the whole
+    batch, so with mu = 1 a step makes exactly one update, on-policy).
+    ``micro_batch_size`` only sets how many completions go through the model at
+    once (memory); the gradients of a minibatch's micro-batches are accumulated
+    into one update, with each loss type's normaliser kept as TRL keeps it.
+
+    Attributes:
+        group_size: G, completions per prompt (>= 2: a group needs a baseline).
+        prompts_per_step: B, prompts per step; a step samples B*G completions.
+        max_new_tokens: completion budget; longer completions are truncated.
+        temperature: sampling temperature; log-probs are scored at the same T.
+        top_p: must be 1.0 for training. Nucleus sampling draws from a truncated
+            distribution, but the scorer computes log-probs under the full
+            softmax(logits / T), so the first-pass ratio would not be 1 and the
+            objective would be biased; the trainer refuses it rather than train
+            on a wrong ratio.
+        learning_rate, weight_decay: AdamW settings.
+        warmup_steps: linear learning-rate warmup, counted in optimizer updates.
+        beta: KL penalty weight; 0 keeps no reference model at all.
+        kl_kind: ``"k1"``, ``"k2"`` or ``"k3"`` (the estimator in the penalty).
+        clip_eps, clip_eps_high: PPO clip range (1 - eps, 1 + eps_high);
+            ``clip_eps_high=None`` means symmetric. DAPO's clip-higher uses 0.28.
+        num_iterations: mu, passes over each generation batch.
+        minibatch_size: completions per optimizer update (None = all B*G). It
+            must divide B*G; a step makes mu * B*G / minibatch_size updates.
+        micro_batch_size: completions per forward/backward pass (None = the
+            whole minibatch). It must divide the minibatch size. Memory only:
+            it does not change the number of updates.
+        disable_dropout: set every dropout probability of the policy (and the
+            reference) to 0 when the trainer is built, as TRL's
+            ``disable_dropout`` does. Default True: with dropout on, the gradient
+            pass would score other log-probs than the old-policy pass, so the
+            first-pass ratio would not be 1 and the clip statistics would mean
+            nothing. Models without dropout are unaffected.
+        loss_type: ``"grpo"``, ``"bnpo"``, ``"dapo"`` or ``"dr_grpo"``.
+        scale_rewards: ``"group"``, ``"batch"`` or ``"none"`` (Dr. GRPO).
+        std: ``"sample"`` (Bessel) or ``"population"`` for the advantage std.
+        max_grad_norm: gradient clipping threshold (None = no clipping, but the
+            norm is still measured and logged).
+        ref_sync_every: copy the policy into the reference every this many
+            steps (None = never). Only used when beta > 0.
+        reward_weights: one weight per reward function (None = all 1).
+        system_prompt: system message for chat-template models.
+        use_chat_template: None = automatic (use it when the tokenizer has one).
+        seed: seeds the data order, sampling and minibatch shuffles (see
+            :mod:`grpo_tutorial.seeding`).
+        log_every: refresh the progress bar's reward/KL every this many steps.
+        checkpoint_every: save a checkpoint every this many steps and at the
+            end of ``train`` (0 = no periodic checkpoints; Ctrl-C still saves
+            one). Needs output_dir.
+        output_dir: where ``history.jsonl`` and ``checkpoint/`` go (None = keep
+            the history in memory only).
+        eval_batch_size: prompts per ``generate`` call in evaluation.
+    """
+
+    group_size: int = 8
+    prompts_per_step: int = 16
+    max_new_tokens: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    beta: float = 0.0
+    kl_kind: str = "k3"
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    num_iterations: int = 1
+    minibatch_size: int | None = None
+    micro_batch_size: int | None = None
+    disable_dropout: bool = True
+    loss_type: str = "grpo"
+    scale_rewards: str = "group"
+    std: str = "sample"
+    max_grad_norm: float | None = 1.0
+    ref_sync_every: int | None = None
+    reward_weights: list[float] | None = None
+    system_prompt: str | None = None
+    use_chat_template: bool | None = None
+    seed: int = 0
+    log_every: int = 1
+    checkpoint_every: int = 0
+    output_dir: str | None = None
+    eval_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        o = _OWNER
+        check_int(o, "group_size", self.group_size, 2, hint="; a group needs at least 2 completions to have a baseline")
+        for name in ("prompts_per_step", "max_new_tokens", "num_iterations", "log_every", "eval_batch_size"):
+            check_int(o, name, getattr(self, name), 1)
+        for name in ("warmup_steps", "checkpoint_every", "seed"):
+            check_int(o, name, getattr(self, name), 0)
+        check_number(o, "temperature", self.temperature, lambda v: v > 0, "a number > 0")
+        if is_number(self.top_p) and 0 < self.top_p < 1:
+            raise config_error(
+                o, "top_p", self.top_p, "1.0 for training",
+                ": nucleus sampling draws from a truncated distribution but log-probs are scored under the "
+                "full softmax(logits / T), so the ratio would be wrong from the first pass. Lower the "
+                "temperature instead to sample more conservatively",
+            )
+        check_number(o, "top_p", self.top_p, lambda v: v == 1, "1.0 for training")
+        check_number(o, "learning_rate", self.learning_rate, lambda v: v > 0,
+                     "a positive number (e.g. 1e-4 for the tiny model)")
+        check_number(o, "weight_decay", self.weight_decay, lambda v: v >= 0, "a number >= 0")
+        check_number(o, "beta", self.beta, lambda v: v >= 0, "a number >= 0 (0 = no KL penalty)")
+        check_number(o, "clip_eps", self.clip_eps, lambda v: 0 < v < 1, "a number in (0, 1), e.g. 0.2")
+        check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: 0 < v < 1,
+                     "None or a number in (0, 1), e.g. 0.28", optional=True)
+        check_choice(o, "kl_kind", self.kl_kind, KL_KINDS)
+        check_choice(o, "loss_type", self.loss_type, LOSS_TYPES)
+        check_choice(o, "scale_rewards", self.scale_rewards, SCALES)
+        check_choice(o, "std", self.std, STDS)
+        check_number(o, "max_grad_norm", self.max_grad_norm, lambda v: v > 0, "None or a number > 0", optional=True)
+        check_int(o, "ref_sync_every", self.ref_sync_every, 1, optional=True)
+        if not isinstance(self.disable_dropout, bool):
+            raise config_error(o, "disable_dropout", self.disable_dropout, "True or False")
+        n = self.batch_completions
+        check_int(o, "minibatch_size", self.minibatch_size, 1, optional=True)
+        if self.minibatch_size is not None and n % self.minibatch_size != 0:
+            raise config_error(
+                o, "minibatch_size", self.minibatch_size,
+                f"a divisor of prompts_per_step*group_size = {self.prompts_per_step}*{self.group_size} = {n}",
+            )
+        check_int(o, "micro_batch_size", self.micro_batch_size, 1, optional=True)
+        if self.micro_batch_size is not None and self.update_size % self.micro_batch_size != 0:
+            raise config_error(
+                o, "micro_batch_size", self.micro_batch_size,
+                f"a divisor of the update size {self.update_size} (minibatch_size, or B*G when it is None)",
+            )
+        if self.reward_weights is not None:
+            if isinstance(self.reward_weights, (str, bytes)) or not isinstance(self.reward_weights, Sequence):
+                raise config_error(o, "reward_weights", self.reward_weights, "None or a list of numbers")
+            if not all(is_number(w) for w in self.reward_weights):
+                raise config_error(o, "reward_weights", self.reward_weights, "a list of finite numbers")
+            self.reward_weights = [float(w) for w in self.reward_weights]
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise config_error(o, "system_prompt", self.system_prompt, "None or a str")
+        if self.use_chat_template not in (None, True, False):
+            raise config_error(o, "use_chat_template", self.use_chat_template, "None (auto), True or False")
+        if self.output_dir is not None:
+            if not isinstance(self.output_dir, (str, os.PathLike)):
+                raise config_error(o, "output_dir", self.output_dir, "None or a path")
+            self.output_dir = os.fspath(self.output_dir)
+
+    @property
+    def batch_completions(self) -> int:
+        """N = prompts_per_step * group_size, completions sampled per step."""
+        return self.prompts_per_step * self.group_size
+
+    @property
+    def update_size(self) -> int:
+        """Completions per optimizer update (``minibatch_size``, or all N)."""
+        return self.minibatch_size or self.batch_completions
+
+    @property
+    def micro_size(self) -> int:
+        """Completions per forward/backward pass."""
+        return self.micro_batch_size or self.update_size
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates per step: mu * N / minibatch_size."""
+        return self.num_iterations * self.batch_completions // self.update_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,192 @@
+"""Stage 7 of a GRPO step: the history row, and the warnings it can raise.
+
+Every number a step logs is assembled here from what the stages returned, and
+:func:`check_failure_modes` reads the row for the failure modes chapters 8 and 10
+show: no learning signal, collapse, truncation. (Non-finite losses are caught
+where they happen, in the trainer's update.)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+from typing import Any, Callable, Sequence
+
+import torch
+
+__all__ = [
+    "GRPOWarning",
+    "TIMING_KEYS",
+    "WarnOnce",
+    "check_failure_modes",
+    "step_row",
+]
+
+#: History fields that measure wall-clock time. They are the only fields allowed
+#: to differ between two runs with the same seed (or a run and its resumption).
+#: The ``*_seconds`` fields split ``step_seconds`` by stage.
+STAGE_SECONDS = ("generate_seconds", "reward_seconds", "score_seconds", "reference_seconds", "update_seconds")
+TIMING_KEYS = frozenset({"step_seconds", "rollout_seconds", "tokens_per_s", "other_seconds", *STAGE_SECONDS})
+
+
+class GRPOWarning(UserWarning):
+    """A training failure mode was detected (no signal, truncation, collapse, NaN)."""
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside this package."""
+    package_dir = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1  # level 1 = the function calling warnings.warn
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package_dir):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+class WarnOnce:
+    """Issue each kind of :class:`GRPOWarning` at most once per run."""
+
+    def __init__(self, already: Sequence[str] = ()) -> None:
+        self.issued: set[str] = set(already)
+
+    def __call__(self, kind: str, message: str) -> None:
+        if kind in self.issued:
+            return
+        self.issued.add(kind)
+        warnings.warn(message, GRPOWarning, stacklevel=caller_stacklevel())
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((values * mask).sum() / mask.sum().clamp(min=1.0))
+
+
+def nanmean(values: Sequence[float]) -> float:
+    """Mean of the non-NaN values (NaN if there are none)."""
+    kept = [v for v in values if not math.isnan(v)]
+    return float(sum(kept) / len(kept)) if kept else math.nan
+
+
+def finite_mean(values: Sequence[float]) -> float:
+    """Mean of the finite values; if none is finite, the first value (NaN or inf) itself."""
+    kept = [v for v in values if math.isfinite(v)]
+    if kept:
+        return float(sum(kept) / len(kept))
+    return float(values[0]) if values else math.nan
+
+
+def nanmax(values: Sequence[float]) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return float(max(kept)) if kept else math.nan
+
+
+def step_row(
+    *,
+    step: int,
+    rewards: torch.Tensor,
+    per_function: dict[str, float],
+    correct: Sequence[float] | None,
+    update_stats: Sequence[dict],
+    losses: Sequence[float],
+    grad_norms: Sequence[float],
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    zero_std: torch.Tensor,
+    truncated: torch.Tensor,
+    lr: float,
+    skipped_updates: int,
+    seconds: dict[str, float],
+) -> dict[str, Any]:
+    """The history row of one step: plain numbers, documented in ``GRPOTrainer.train_step``.
+
+    ``rewards`` is ``[N]`` with NaN for completions no reward function could
+    score; ``update_stats`` holds one ``grpo_loss`` stats dict per optimizer
+    update; ``entropy`` and ``mask`` are ``[N, T]``; ``seconds`` holds
+    ``step_seconds``, ``rollout_seconds`` and the per-stage timings.
+    """
+    lengths = mask.sum(dim=1)  # [N]
+    scored = rewards[~torch.isnan(rewards)]  # [K]
+    row: dict[str, Any] = {
+        "step": step,
+        "reward_mean": float(scored.mean()) if scored.numel() else math.nan,
+        "reward_std": float(scored.std()) if scored.numel() > 1 else 0.0,
+    }
+    row.update({f"reward/{name}": value for name, value in per_function.items()})
+    row.update(
+        {
+            "accuracy": nanmean(correct) if correct is not None else math.nan,
+            "kl": nanmean([s["kl"] for s in update_stats]),
+            "clip_frac_low": nanmean([s["clip_frac_low"] for s in update_stats]),
+            "clip_frac_high": nanmean([s["clip_frac_high"] for s in update_stats]),
+            "clip_frac": nanmean([s["clip_frac"] for s in update_stats]),
+            "ratio_mean": nanmean([s["ratio_mean"] for s in update_stats]),
+            "ratio_max": nanmax([s["ratio_max"] for s in update_stats]),
+            "entropy": masked_mean(entropy, mask),
+            "completion_len_mean": float(lengths.mean()),
+            "completion_len_max": float(lengths.max()),
+            "frac_zero_std": float(zero_std.float().mean()),
+            "frac_truncated": float(truncated.float().mean()),
+            "grad_norm": finite_mean(grad_norms),
+            "loss": finite_mean(losses),
+            "lr": lr,
+            "skipped_updates": float(skipped_updates),
+        }
+    )
+    step_seconds = seconds["step_seconds"]
+    generated = float(lengths.sum())
+    row.update(seconds)
+    row["tokens_per_s"] = generated / step_seconds if step_seconds > 0 else math.nan
+    return row
+
+
+#: Accuracy at or above this, with most groups all-equal, reads as "solved", not "collapsed".
+MASTERED_ACCURACY = 0.8
+
+
+def check_failure_modes(
+    row: dict, history: Sequence[dict], *, group_size: int, learning_rate: float, max_new_tokens: int,
+    warn: Callable[[str, str], None],
+) -> None:
+    """Warn (through ``warn(kind, message)``) about the failure modes ``row`` shows.
+
+    Most groups with all-equal rewards has two opposite causes, told apart by
+    the reward level and trend: a policy that has *solved* the batch (every
+    completion right: accuracy >= 0.8, or rising reward when there is no
+    accuracy) versus one that has *collapsed* (low accuracy and falling reward).
+    ``history`` is the rows before ``row``.
+    """
+    step = row["step"]
+    accuracy = row.get("accuracy", math.nan)
+    earlier = [r["reward_mean"] for r in history[-10:] if math.isfinite(r.get("reward_mean", math.nan))]
+    trend = row["reward_mean"] - sum(earlier) / len(earlier) if earlier else math.nan
+    solved = accuracy >= MASTERED_ACCURACY if math.isfinite(accuracy) else (math.isfinite(trend) and trend > 0)
+    level = f"accuracy {accuracy:.2f}" if math.isfinite(accuracy) else f"reward {row['reward_mean']:.3f}"
+    trend_text = f", {trend:+.3f} against the mean of the last {len(earlier)} steps" if earlier else ""
+    if row["frac_zero_std"] > 0.8 and solved:
+        warn(
+            "mastered",
+            f"step {step}: {row['frac_zero_std']:.0%} of groups have all-equal rewards because the policy "
+            f"solves them ({level}{trend_text}): these groups carry no learning signal. Not a collapse; "
+            "give it harder problems to keep learning.",
+        )
+    elif row["frac_zero_std"] == 1.0:
+        warn(
+            "zero_std",
+            f"no learning signal at step {step}: in every group all {group_size} completions got "
+            f"the same reward ({level}), so every advantage is 0. Make the task easier (or warm-start the "
+            "model), raise group_size or temperature, or use a reward with partial credit.",
+        )
+    elif row["frac_zero_std"] > 0.8:
+        warn(
+            "collapse",
+            f"possible collapse at step {step}: {row['frac_zero_std']:.0%} of groups have zero reward "
+            f"std while the policy is not solving them ({level}{trend_text}); healthy tiny-model runs sit "
+            "at about 16-42%. The policy may have become deterministic; lower learning_rate "
+            f"(now {learning_rate:g}) or add a KL penalty (beta).",
+        )
+    if row["frac_truncated"] > 0.5:
+        warn(
+            "truncated",
+            f"step {step}: {row['frac_truncated']:.0%} of completions hit max_new_tokens="
+            f"{max_new_tokens} without an EOS; raise max_new_tokens, or ask for shorter answers.",
+        )

@@ -1,0 +1,92 @@
+"""Named seed streams: every random choice of a run comes from ``(seed, stream, index)``.
+
+A run never touches the global RNGs to get its randomness: each random choice
+draws from its own generator, seeded by the run's seed, the *stream* (what the
+randomness is for) and an index (the step or the epoch). So two runs with the
+same seed make the same choices, whatever else the process does, and a run
+resumed from a checkpoint makes the choices the uninterrupted run would have.
+
+=================  =======  ======================================
+stream             number   seeds
+=================  =======  ======================================
+``SAMPLING``       0        the completions of step ``i`` (stage 1)
+``DATA_ORDER``     1        the shuffled order of epoch ``e``
+``MINIBATCHES``    2        the minibatch shuffle of step ``i``
+=================  =======  ======================================
+
+The numbers are part of the stored results: changing one changes every run.
+Reward functions may still use the global RNGs; checkpoints therefore save and
+restore those too (:func:`capture_rng_state`), so a resumed run matches.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+__all__ = [
+    "DATA_ORDER",
+    "MINIBATCHES",
+    "SAMPLING",
+    "capture_rng_state",
+    "derive_seed",
+    "epoch_permutation",
+    "restore_rng_state",
+    "stream_generator",
+    "stream_seed",
+]
+
+SAMPLING = 0
+DATA_ORDER = 1
+MINIBATCHES = 2
+
+
+def derive_seed(seed: int, *keys: int) -> int:
+    """A 63-bit seed mixed from ``seed`` and integer keys, without Python's hash().
+
+    ``hash()`` of a string changes between processes; ``numpy.random.SeedSequence``
+    does not, so ``derive_seed(0, 5)`` is the same number in every process.
+    """
+    state = np.random.SeedSequence([seed, *keys]).generate_state(2, dtype=np.uint32)
+    return (int(state[0]) << 31) ^ int(state[1])
+
+
+def stream_seed(seed: int, stream: int, index: int) -> int:
+    """The seed of item ``index`` (a step or an epoch) of ``stream``."""
+    return derive_seed(seed, stream, index)
+
+
+def stream_generator(seed: int, stream: int, index: int) -> torch.Generator:
+    """A CPU ``torch.Generator`` for item ``index`` of ``stream``."""
+    return torch.Generator().manual_seed(stream_seed(seed, stream, index))
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> list[int]:
+    """The order in which epoch ``epoch`` visits a dataset of ``n`` rows."""
+    return torch.randperm(n, generator=stream_generator(seed, DATA_ORDER, epoch)).tolist()
+
+
+def capture_rng_state() -> dict:
+    """Every global RNG a reward function might touch, in a ``torch.save``-safe form."""
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    """Undo :func:`capture_rng_state`: put every global RNG back where it was."""
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
