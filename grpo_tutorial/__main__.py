@@ -60,6 +60,7 @@ _FLAG_TO_FIELD = {
     "clip_eps_high": "clip_eps_high",
     "num_iterations": "num_iterations",
     "minibatch_size": "minibatch_size",
+    "micro_batch_size": "micro_batch_size",
     "loss_type": "loss_type",
     "scale_rewards": "scale_rewards",
     "std": "std",
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--clip-eps-high", type=float, help="DAPO clip-higher, e.g. 0.28")
     g.add_argument("--num-iterations", type=int, help="mu, passes over each batch")
     g.add_argument("--minibatch-size", type=int, help="completions per optimizer update")
+    g.add_argument("--micro-batch-size", type=int, help="completions per forward/backward pass (memory only)")
     g.add_argument("--loss-type", choices=("grpo", "bnpo", "dapo", "dr_grpo"))
     g.add_argument("--scale-rewards", choices=("group", "batch", "none"))
     g.add_argument("--std", choices=("sample", "population"))
@@ -302,10 +304,25 @@ def _write_json(path: Path, data: Any) -> None:
 # ---------------------------------------------------------------------------
 
 
+def _evaluate(model: Any, tokenizer: Any, rows: list, reward_fns: Any, config: Any, task: str, **kwargs: Any) -> dict:
+    """Greedy held-out evaluation with a run's settings (no trainer is built for it)."""
+    from .evaluation import evaluate_policy
+
+    if kwargs.get("batch_size") is None:
+        kwargs["batch_size"] = config.eval_batch_size
+    return evaluate_policy(
+        model, tokenizer, rows, reward_fns=reward_fns, reward_weights=config.reward_weights,
+        max_new_tokens=config.max_new_tokens, system_prompt=config.system_prompt,
+        use_chat_template=config.use_chat_template, accuracy_fn=accuracy_fn_for(task), **kwargs,
+    )
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     import torch
 
-    from .trainer import GRPOConfig, GRPOTrainer, find_checkpoint
+    from .checkpoint import find_checkpoint
+    from .config import GRPOConfig
+    from .trainer import GRPOTrainer
 
     if args.steps < 1:
         raise ValueError(f"--steps must be a positive int, got {args.steps}")
@@ -348,11 +365,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         stop_when = None
         if args.sft_target_accuracy is not None:
-            probe = GRPOTrainer(model, tokenizer, reward_fns, config, accuracy_fn=accuracy_fn_for(args.task))
             probe_rows = train_rows[-200:]  # training problems: the held-out set stays unseen
 
             def stop_when(m: Any) -> bool:
-                return probe.evaluate(probe_rows, num_samples=0)["accuracy"] >= args.sft_target_accuracy
+                probe = _evaluate(m, tokenizer, probe_rows, reward_fns, config, args.task, num_samples=0)
+                return probe["accuracy"] >= args.sft_target_accuracy
 
         sft_history = supervised_warmup(
             model, tokenizer, train_rows, SFTConfig(steps=args.sft_steps, seed=args.seed),
@@ -390,7 +407,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from .trainer import GRPOConfig, GRPOTrainer, find_checkpoint, load_model_state
+    from .checkpoint import find_checkpoint, load_model_state
+    from .config import GRPOConfig
 
     run: dict[str, Any] = {}
     if args.checkpoint is not None:
@@ -429,8 +447,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         config_values["max_new_tokens"] = args.max_new_tokens
     if args.system_prompt is not None:
         config_values["system_prompt"] = args.system_prompt
-    trainer = GRPOTrainer(model, tokenizer, reward_fns, GRPOConfig(**config_values), accuracy_fn=accuracy_fn_for(task))
-    result = trainer.evaluate(eval_rows, batch_size=args.batch_size)
+    result = _evaluate(
+        model, tokenizer, eval_rows, reward_fns, GRPOConfig(**config_values), task, batch_size=args.batch_size
+    )
     _print_eval(f"{model_name} on {task}" + (f" ({args.checkpoint})" if args.checkpoint else ""), result)
     if args.out:
         _write_json(Path(args.out), result)
