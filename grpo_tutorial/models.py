@@ -561,3 +561,17 @@ def load_policy(
     model.eval()
     _prepare_for_generation(model, tokenizer)
     return model, tokenizer
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Set every dropout probability in ``model`` to 0: ``nn.Dropout`` modules and
+    the ``attention_dropout`` rates that attention layers read from their config."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    config = getattr(model, "config", None)
+    for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop"):
+        if isinstance(getattr(config, name, None), float):
+            setattr(config, name, 0.0)

@@ -24,10 +24,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import signal
-import sys
-import threading
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -52,10 +48,12 @@ from .config import GRPOConfig
 from .evaluation import evaluate_policy
 from .logprobs import completion_logprobs
 from .loss import grpo_loss
-from .metrics import TIMING_KEYS, GRPOWarning, WarnOnce, check_failure_modes, step_row
+from .interrupt import StopAfterStep
+from .metrics import TIMING_KEYS, GRPOWarning, StageClock, WarnOnce, check_failure_modes, step_row
+from .models import disable_dropout
 from .rewards import compute_rewards, extra_columns, judge_correct, reward_function_means
 from .rollout import Rollout, generate_rollouts
-from .seeding import MINIBATCHES, SAMPLING, capture_rng_state, epoch_permutation, restore_rng_state, stream_generator, stream_seed
+from .seeding import MINIBATCHES, SAMPLING, capture_rng_state, next_batch, restore_rng_state, stream_generator, stream_seed
 from .tasks import as_rows, check_rows, validate_for_model
 
 __all__ = [
@@ -68,41 +66,6 @@ __all__ = [
     "load_model_state",
     "read_history",
 ]
-
-
-def disable_dropout(model: torch.nn.Module) -> None:
-    """Set every dropout probability in ``model`` to 0: ``nn.Dropout`` modules and
-    the ``attention_dropout`` rates that attention layers read from their config."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
-    config = getattr(model, "config", None)
-    for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop"):
-        if isinstance(getattr(config, name, None), float):
-            setattr(config, name, 0.0)
-
-
-class _StageClock:
-    """Wall-clock seconds per stage of one step (the ``*_seconds`` history fields)."""
-
-    def __init__(self) -> None:
-        self.start = self.mark = time.perf_counter()
-        self.seconds: dict[str, float] = {}
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.mark
-        self.mark = now
-
-    def done(self) -> dict[str, float]:
-        total = time.perf_counter() - self.start
-        stages = {f"{k}_seconds": v for k, v in self.seconds.items()}
-        for name in ("generate", "reward", "score", "reference", "update"):
-            stages.setdefault(f"{name}_seconds", 0.0)
-        stages["other_seconds"] = max(0.0, total - sum(stages.values()))
-        return {"step_seconds": total, "rollout_seconds": stages["generate_seconds"], **stages}
 
 
 class GRPOTrainer:
@@ -170,9 +133,7 @@ class GRPOTrainer:
         self.skipped_updates = 0
         self._epoch = 0  # data position: epoch and index into its permutation
         self._index = 0
-        self._perm_cache: tuple[int, int, list[int]] | None = None
         self._warn = WarnOnce()
-        self._stop_requested = False
         self._dataset_fingerprint: str | None = None
         #: Reuse the gradient pass's log-probs as the old policy's when a step makes
         #: exactly one update (stage 4 is then skipped). Tests switch it off to
@@ -259,7 +220,7 @@ class GRPOTrainer:
         """
         check_rows(batch, "batch")
         cfg, G = self.config, self.config.group_size
-        clock = _StageClock()
+        clock = StageClock()
 
         # stage 1: rollout, all B*G completions in one generate call
         rollout = self._rollout([row["prompt"] for row in batch])  # N = B*G completions
@@ -441,31 +402,6 @@ class GRPOTrainer:
             "happening, lower learning_rate, check the reward functions, or use float32.",
         )
 
-    # ------------------------------------------------------------------ data
-    def _permutation(self, n: int, epoch: int) -> list[int]:
-        if self._perm_cache is None or self._perm_cache[:2] != (n, epoch):
-            self._perm_cache = (n, epoch, epoch_permutation(n, self.config.seed, epoch))
-        return self._perm_cache[2]
-
-    def _next_batch(self, dataset: Sequence[dict]) -> tuple[list[dict], int, int]:
-        """The next prompts_per_step rows and the data position after them.
-
-        Rows are visited in a seeded shuffled order that changes every epoch; a
-        batch may run over into the next epoch. The position is returned rather
-        than stored, so a step that fails leaves it untouched.
-        """
-        n = len(dataset)
-        epoch, index = self._epoch, self._index
-        rows: list[dict] = []
-        while len(rows) < self.config.prompts_per_step:
-            perm = self._permutation(n, epoch)
-            take = min(self.config.prompts_per_step - len(rows), n - index)
-            rows.extend(dataset[i] for i in perm[index : index + take])
-            index += take
-            if index == n:
-                epoch, index = epoch + 1, 0
-        return rows, epoch, index
-
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, output_dir: str | os.PathLike | None = None) -> Path:
         """Write ``output_dir/checkpoint/`` atomically and return its path.
@@ -563,26 +499,6 @@ class GRPOTrainer:
         return self.config.output_dir
 
     # ------------------------------------------------------------------ the loop
-    def _install_sigint(self) -> Any:
-        """Turn the first Ctrl-C into "stop after this step"; a second one aborts."""
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        previous = signal.getsignal(signal.SIGINT)
-
-        def handler(signum: int, frame: Any) -> None:
-            if self._stop_requested:
-                raise KeyboardInterrupt
-            self._stop_requested = True
-            print(
-                "\nCtrl-C: finishing the current step, then saving a checkpoint "
-                "(press Ctrl-C again to abort at once, losing this step)",
-                file=sys.stderr,
-                flush=True,
-            )
-
-        signal.signal(signal.SIGINT, handler)
-        return previous
-
     def _prepare_resume(self, out: Path | None, fingerprint: str) -> None:
         """Load the checkpoint for ``train(resume=True)``, refusing a different dataset."""
         if out is None:
@@ -667,35 +583,29 @@ class GRPOTrainer:
             from ._progress import progress_bar
 
             bar = progress_bar(total=steps, desc="GRPO", initial=min(self.step, steps), unit="step", dynamic_ncols=True)
-        self._stop_requested = False
-        previous_handler = self._install_sigint()
         saved_at = self.step  # nothing new to save unless a step runs
         try:
-            while self.step < steps:
-                batch, epoch, index = self._next_batch(dataset)
-                row = self.train_step(batch)
-                self._epoch, self._index = epoch, index
-                if history_file is not None:
-                    append_history(history_file, row)
-                if bar is not None:
-                    bar.update(1)
-                    if self.step % cfg.log_every == 0:
-                        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row['kl']:.4f}")
-                if out is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-                    save()
-                    saved_at = self.step
-                if self._stop_requested:
-                    if out is not None:
-                        message = f"training interrupted after step {self.step}; checkpoint saved to {save()}"
-                    else:
-                        message = f"training interrupted after step {self.step} (no output_dir, nothing saved)"
-                    raise KeyboardInterrupt(message)
+            with StopAfterStep() as stop:
+                while self.step < steps:
+                    batch, epoch, index = next_batch(dataset, cfg.prompts_per_step, cfg.seed, self._epoch, self._index)
+                    row = self.train_step(batch)
+                    self._epoch, self._index = epoch, index  # the data position moves only after a good step
+                    if history_file is not None:
+                        append_history(history_file, row)
+                    if bar is not None:
+                        bar.update(1)
+                        if self.step % cfg.log_every == 0:
+                            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row['kl']:.4f}")
+                    if out is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                        save()
+                        saved_at = self.step
+                    if stop.requested:
+                        where = f"checkpoint saved to {save()}" if out is not None else "no output_dir, nothing saved"
+                        raise KeyboardInterrupt(f"training interrupted after step {self.step}; {where}")
             if out is not None and cfg.checkpoint_every and saved_at != self.step:
                 save()
         finally:
             self._appending_to = None
-            if previous_handler is not None:
-                signal.signal(signal.SIGINT, previous_handler)
             if bar is not None:
                 bar.close()
             if history_file is not None:
