@@ -33,6 +33,8 @@ import torch
 from ._checks import is_int
 from .advantages import group_advantages, zero_std_groups
 from .checkpoint import (
+    config_changes,
+    history_until,
     HISTORY_FILE,
     append_history,
     dataset_fingerprint,
@@ -51,7 +53,8 @@ from .loss import grpo_loss
 from .interrupt import StopAfterStep
 from .metrics import TIMING_KEYS, GRPOWarning, StageClock, WarnOnce, check_failure_modes, step_row
 from .models import disable_dropout
-from .rewards import compute_rewards, extra_columns, judge_correct, reward_function_means
+from .optim import make_optimizer, trainable_parameters
+from .rewards import compute_rewards, extra_columns, judge_correct, reward_function_list, reward_function_means
 from .rollout import Rollout, generate_rollouts
 from .seeding import MINIBATCHES, SAMPLING, capture_rng_state, next_batch, restore_rng_state, stream_generator, stream_seed
 from .tasks import as_rows, check_rows, validate_for_model
@@ -103,17 +106,7 @@ class GRPOTrainer:
         config = GRPOConfig() if config is None else config
         if not isinstance(config, GRPOConfig):
             raise TypeError(f"config must be a GRPOConfig, got {type(config).__name__}")
-        fns = [reward_fns] if callable(reward_fns) else reward_fns
-        if isinstance(fns, (str, dict)) or not isinstance(fns, Sequence) or len(fns) == 0:
-            raise TypeError(f"reward_fns must be a reward function or a non-empty list of them, got {reward_fns!r:.80}")
-        for i, fn in enumerate(fns):
-            if not callable(fn):
-                raise TypeError(f"reward_fns[{i}] must be callable, got {type(fn).__name__}: {fn!r:.80}")
-        if config.reward_weights is not None and len(config.reward_weights) != len(fns):
-            raise ValueError(
-                f"GRPOConfig.reward_weights has {len(config.reward_weights)} entries but there are "
-                f"{len(fns)} reward functions; expected one weight per function"
-            )
+        fns = reward_function_list(reward_fns, config.reward_weights)
         if getattr(tokenizer, "eos_token_id", None) is None:
             raise ValueError("tokenizer.eos_token_id is None; the trainer needs an EOS token")
         if accuracy_fn is not None and not callable(accuracy_fn):
@@ -150,24 +143,8 @@ class GRPOTrainer:
             if config.disable_dropout:
                 disable_dropout(self.ref_model)
 
-        self._params = [p for p in model.parameters() if p.requires_grad]
-        if not self._params:
-            raise ValueError("the model has no trainable parameters (all requires_grad=False)")
-        half = sorted({str(p.dtype) for p in self._params if p.dtype in (torch.float16, torch.bfloat16)})
-        if half:
-            warnings.warn(
-                f"the policy's trainable weights are {', '.join(half)}: AdamW updates of size lr "
-                "(e.g. 1e-6) are mostly rounded away in 16-bit weights, so training may silently do "
-                "almost nothing. Load the policy in float32 for training "
-                "(load_policy(name, dtype='float32')); generation can still be fast enough.",
-                GRPOWarning,
-                stacklevel=2,
-            )
-        self.optimizer = torch.optim.AdamW(self._params, lr=config.learning_rate, weight_decay=config.weight_decay)
-        warmup = config.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda update: min(1.0, (update + 1) / (warmup + 1)) if warmup else 1.0
-        )
+        self._params = trainable_parameters(model)
+        self.optimizer, self.scheduler = make_optimizer(self._params, config)
 
     # ------------------------------------------------------------------ scoring
     def _logprobs(self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor, *, entropy: bool = False) -> Any:
@@ -444,18 +421,10 @@ class GRPOTrainer:
         if path is None:
             return False
         state, meta = read_checkpoint(path)
-        saved = meta["config"]
-        ignore = {"output_dir", "log_every", "checkpoint_every", "eval_batch_size"}
-        defaults = GRPOConfig().to_dict()  # a field added since the save counts as its default
-        changed = {
-            k: (saved.get(k, defaults.get(k)), v)
-            for k, v in self.config.to_dict().items()
-            if k not in ignore and saved.get(k, defaults.get(k)) != v
-        }
+        changed = config_changes(meta["config"], self.config.to_dict())
         if changed:
-            listing = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
             warnings.warn(
-                f"resuming from {path} with a different config ({listing}); the resumed run will not "
+                f"resuming from {path} with a different config ({changed}); the resumed run will not "
                 "match an uninterrupted one",
                 GRPOWarning,
                 stacklevel=2,
@@ -479,18 +448,7 @@ class GRPOTrainer:
         self._dataset_fingerprint = meta["dataset_fingerprint"]
         self.skipped_updates = int(meta["skipped_updates"])
         self._warn = WarnOnce(meta["warned"])
-        if "history" in meta:  # format 1 kept the history inside the checkpoint
-            rows = list(meta["history"])[: int(meta["history_len"])]
-        else:
-            rows = read_history(root, drop_cut_last_line=True) if (root / HISTORY_FILE).exists() else []
-        self.history = [row for row in rows if row.get("step", 0) <= self.step]
-        if len(self.history) != self.step:
-            warnings.warn(
-                f"{root / HISTORY_FILE} has {len(self.history)} rows up to the checkpoint's step {self.step}; "
-                "the history of the resumed run will be incomplete",
-                GRPOWarning,
-                stacklevel=2,
-            )
+        self.history = history_until(root, meta)
         return True
 
     def _require_output_dir(self, what: str) -> str:
