@@ -147,7 +147,10 @@ class GRPOTrainer:
         self.optimizer, self.scheduler = make_optimizer(self._params, config)
 
     # ------------------------------------------------------------------ scoring
-    def _logprobs(self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor, *, entropy: bool = False) -> Any:
+    def _logprobs(
+        self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor, *, entropy: bool = False,
+        entropy_grad: bool = False,
+    ) -> Any:
         """Per-token log-probs (and entropy) of the completions in ``rows`` under ``model``."""
         return completion_logprobs(
             model,
@@ -156,6 +159,7 @@ class GRPOTrainer:
             rollout.completion_ids.shape[1],
             temperature=self.config.temperature,
             return_entropy=entropy,
+            entropy_grad=entropy_grad,
         )
 
     @torch.no_grad()
@@ -214,7 +218,9 @@ class GRPOTrainer:
         clock.lap("reward")
 
         # stage 3: group-relative advantages
-        advantages = group_advantages(rewards, G, scale=cfg.scale_rewards, std=cfg.std, nan="skip")  # [N]
+        advantages = group_advantages(
+            rewards, G, scale=cfg.scale_rewards, std=cfg.std, nan="skip", baseline=cfg.advantage_baseline
+        )  # [N]
         advantages = advantages.to(rollout.completion_ids.device)  # [N]
         mask = rollout.completion_mask  # [N, Tc]
 
@@ -332,21 +338,28 @@ class GRPOTrainer:
         """Backward over the micro-batches of one update; return the update's loss.
 
         Stops at the first non-finite micro-batch loss (the caller then skips
-        the update), so no NaN gradient is ever accumulated.
+        the update), so no NaN gradient is ever accumulated. When the loss uses
+        the entropy (``top_entropy_quantile``, ``entropy_coef``), it is the
+        current policy's, from this gradient pass, with its gradient (as TRL).
         """
         cfg = self.config
         steps = len(rows) // micro
-        tokens = mask[rows].sum()  # the whole update's tokens: dapo's normaliser
+        truncated = rollout.truncated.to(mask.device)  # [N]
+        counted = mask * (~truncated)[:, None].to(mask.dtype) if cfg.mask_truncated_completions else mask  # [N, Tc]
+        tokens = counted[rows].sum()  # the whole update's counted tokens: dapo's (and cispo's) normaliser
         total = 0.0
         for start in range(0, len(rows), micro):
             part = rows[start : start + micro]  # [m]
-            if old_logp is None:
-                logp, entropy = self._logprobs(self.model, rollout, part, entropy=True)  # [m, Tc] x2
-                out["entropy"][part] = entropy.float()
-                old = logp.detach()  # [m, Tc]
+            entropies = None
+            if old_logp is None or cfg.needs_entropy_grad:
+                logp, entropies = self._logprobs(
+                    self.model, rollout, part, entropy=True, entropy_grad=cfg.needs_entropy_grad
+                )  # [m, Tc] x2
+                if old_logp is None:
+                    out["entropy"][part] = entropies.detach().float()
             else:
                 logp = self._logprobs(self.model, rollout, part)  # [m, Tc]
-                old = old_logp[part]  # [m, Tc]
+            old = logp.detach() if old_logp is None else old_logp[part]  # [m, Tc]
             loss, stats = grpo_loss(
                 logp,
                 old,
@@ -361,6 +374,16 @@ class GRPOTrainer:
                 kl_kind=cfg.kl_kind,
                 gradient_accumulation_steps=steps,
                 num_items_in_batch=tokens,
+                importance_sampling_level=cfg.importance_sampling_level,
+                delta=cfg.delta,
+                sapo_temperature_pos=cfg.sapo_temperature_pos,
+                sapo_temperature_neg=cfg.sapo_temperature_neg,
+                mask_truncated_completions=cfg.mask_truncated_completions,
+                truncated=truncated[part],
+                top_entropy_quantile=cfg.top_entropy_quantile,
+                entropy_coef=cfg.entropy_coef,
+                entropies=entropies if cfg.needs_entropy_grad else None,
+                off_policy_mask_threshold=cfg.off_policy_mask_threshold,
             )
             out["stats"].append(stats)
             value = float(loss.detach())
