@@ -102,14 +102,15 @@ def test_with_gspo_every_token_of_a_sequence_shares_one_ratio(seed):
 
 
 def test_cispo_keeps_the_gradient_of_clipped_tokens():
-    # ratio 2 > 1 + 0.2 with A > 0: PPO's clip gives no gradient, CISPO gives -1.2 * A / tokens
-    logp = torch.tensor([[math.log(2.0), 0.0]], dtype=D, requires_grad=True)
-    old = torch.zeros(1, 2, dtype=D)
+    # token 0: ratio 2 > 1 + 0.2 with A > 0: PPO's clip gives no gradient, CISPO -1.2 * A / tokens;
+    # token 1: ratio e^0.05 inside the range: the detached weight times A / tokens (no d weight / d logp term)
+    logp = torch.tensor([[math.log(2.0), -1.0]], dtype=D, requires_grad=True)
+    old = torch.tensor([[0.0, -1.05]], dtype=D)
     adv, mask = torch.tensor([1.0], dtype=D), torch.ones(1, 2, dtype=D)
     clip_grad = _grad(grpo_loss(logp, old, adv, mask, loss_type="dapo")[0], logp)
     cispo_grad = _grad(grpo_loss(logp, old, adv, mask, loss_type="cispo")[0], logp)
     assert clip_grad[0, 0].item() == 0.0
-    torch.testing.assert_close(cispo_grad, torch.tensor([[-1.2 / 2, -1.0 / 2]], dtype=D))
+    torch.testing.assert_close(cispo_grad, torch.tensor([[-1.2 / 2, -math.exp(0.05) / 2]], dtype=D))
 
 
 def test_sapo_at_ratio_one_has_the_plain_gradient_and_a_smooth_gate():
