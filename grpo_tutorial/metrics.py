@@ -28,9 +28,14 @@ __all__ = [
 
 #: History fields that measure wall-clock time. They are the only fields allowed
 #: to differ between two runs with the same seed (or a run and its resumption).
-#: The ``*_seconds`` fields split ``step_seconds`` by stage.
+#: The ``*_seconds`` fields split ``step_seconds`` by stage; ``forward``, ``backward``
+#: and ``optimizer`` split ``update_seconds`` (on a GPU, kernels run asynchronously,
+#: so those three are only indicative there).
 STAGE_SECONDS = ("generate_seconds", "reward_seconds", "score_seconds", "reference_seconds", "update_seconds")
-TIMING_KEYS = frozenset({"step_seconds", "rollout_seconds", "tokens_per_s", "other_seconds", *STAGE_SECONDS})
+UPDATE_SECONDS = ("forward_seconds", "backward_seconds", "optimizer_seconds")
+TIMING_KEYS = frozenset(
+    {"step_seconds", "rollout_seconds", "tokens_per_s", "other_seconds", *STAGE_SECONDS, *UPDATE_SECONDS}
+)
 
 
 class StageClock:

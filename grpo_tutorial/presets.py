@@ -11,7 +11,9 @@ on a laptop CPU, and the scale-up values for a GPU, written down once.
 - ``"qwen2.5-0.5b-colab-t4"``: Qwen2.5-0.5B-Instruct on a free Colab T4 (16 GB,
   no bfloat16), with GSM8K-length answers. Weights, gradients and Adam states
   stay in float32; see :func:`training_memory_bytes` for why that fits and why
-  pure float16 weights would not train.
+  pure float16 weights would not train. The B*G = 32 completions go through the
+  model 8 at a time (``micro_batch_size``), with their gradients accumulated into
+  ONE optimizer update per generation batch: on-policy, as with a bigger GPU.
 
 :func:`get_preset` returns a fresh copy, with any fields overridden.
 """
@@ -68,7 +70,7 @@ PRESETS: dict[str, GRPOConfig] = {
         temperature=1.0,
         learning_rate=1e-6,
         num_iterations=1,
-        minibatch_size=8,
+        micro_batch_size=8,  # memory: 8 completions per forward/backward, one update per batch of 32
         beta=0.0,
         clip_eps=0.2,
         loss_type="grpo",

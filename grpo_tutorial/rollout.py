@@ -254,6 +254,41 @@ def _generation_kwargs(
     return kwargs
 
 
+def _can_share_prompts(model: Any) -> bool:
+    """True for a transformers causal LM that uses the default (dynamic) KV cache.
+
+    Anything else (a stand-in model in a test, a static-cache configuration)
+    generates without the shared prompt cache, which gives the same samples.
+    """
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel) or getattr(model.config, "is_encoder_decoder", False):
+        return False
+    if getattr(model.config, "use_cache", True) is False:
+        return False
+    return getattr(model.generation_config, "cache_implementation", None) in (None, "dynamic")
+
+
+def _shared_prompt_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, group_size: int) -> Any:
+    """The KV cache of the B prompts (all but their last token), repeated G times, group by group.
+
+    A group's G completions share one prompt, so ``generate`` need not encode it G
+    times: we run the prompts once, repeat the cache along the batch, and let
+    ``generate`` start from the prompts' last token. Positions come from the
+    attention mask, as ``generate`` (and the scorer) compute them, so the
+    completions are sampled from the same distribution as without the shared
+    cache; with long prompts this roughly halves the cost of a rollout.
+    """
+    position_ids = (mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # [B, Tp]
+    out = model(
+        input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids[:, :-1],
+        use_cache=True, logits_to_keep=1,
+    )
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(group_size)  # [B, ...] -> [B*G, ...], group by group
+    return cache
+
+
 def generate_rollouts(
     model: Any,
     tokenizer: Any,
@@ -339,6 +374,9 @@ def generate_rollouts(
     model.eval()
     try:
         with torch.no_grad(), (_seeded(generator_seed, device) if do_sample else nullcontext()):
+            if group_size > 1 and ids.shape[1] > 1 and _can_share_prompts(model):
+                # each prompt is encoded once; its KV cache is copied for the G completions
+                kwargs["past_key_values"] = _shared_prompt_cache(model, ids.to(device), mask.to(device), group_size)
             output = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
     finally:
         model.train(was_training)

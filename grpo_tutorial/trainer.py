@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -253,7 +254,7 @@ class GRPOTrainer:
             step=self.step, rewards=rewards, per_function=reward_function_means(per_fn), correct=correct,
             update_stats=update["stats"], losses=update["losses"], grad_norms=update["grad_norms"],
             entropy=entropy, mask=mask, zero_std=zero_std_groups(rewards, G), truncated=rollout.truncated,
-            lr=update["lr"], skipped_updates=self.skipped_updates, seconds=clock.done(),
+            lr=update["lr"], skipped_updates=self.skipped_updates, seconds={**clock.done(), **update["seconds"]},
         )
         row["groups_drawn"] = groups_drawn
         check_failure_modes(
@@ -355,6 +356,7 @@ class GRPOTrainer:
         shuffle = stream_generator(cfg.seed, MINIBATCHES, self.step)
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
         out: dict[str, Any] = {"stats": [], "losses": [], "grad_norms": [], "entropy": None}
+        out["seconds"] = {"forward_seconds": 0.0, "backward_seconds": 0.0, "optimizer_seconds": 0.0}
         out["lr"] = float(self.optimizer.param_groups[0]["lr"])
         if old_logp is None:
             out["entropy"] = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)  # [N, Tc]
@@ -374,15 +376,16 @@ class GRPOTrainer:
                         self.optimizer.zero_grad(set_to_none=True)
                         self._skip_update(f"the loss is {loss}")
                         continue
+                    started = time.perf_counter()
                     norm = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm))
                     out["grad_norms"].append(norm)
-                    if not math.isfinite(norm):
-                        self.optimizer.zero_grad(set_to_none=True)
+                    if math.isfinite(norm):
+                        self.optimizer.step()
+                        self.scheduler.step()
+                    else:
                         self._skip_update(f"the gradient norm is {norm}")
-                        continue
-                    self.optimizer.step()
-                    self.scheduler.step()
                     self.optimizer.zero_grad(set_to_none=True)
+                    out["seconds"]["optimizer_seconds"] += time.perf_counter() - started
         finally:
             self.model.train(was_training)
         return out
@@ -401,7 +404,9 @@ class GRPOTrainer:
         counted = mask * (~truncated)[:, None].to(mask.dtype) if cfg.mask_truncated_completions else mask  # [N, Tc]
         tokens = counted[rows].sum()  # the whole update's counted tokens: dapo's (and cispo's) normaliser
         total = 0.0
+        seconds = out["seconds"]
         for start in range(0, len(rows), micro):
+            started = time.perf_counter()
             part = rows[start : start + micro]  # [m]
             entropies = None
             if old_logp is None or cfg.needs_entropy_grad:
@@ -441,9 +446,12 @@ class GRPOTrainer:
             out["stats"].append(stats)
             value = float(loss.detach())
             total += value
+            seconds["forward_seconds"] += time.perf_counter() - started
             if not math.isfinite(value):
                 return value
+            started = time.perf_counter()
             loss.backward()
+            seconds["backward_seconds"] += time.perf_counter() - started
         return total
 
     def _skip_update(self, reason: str) -> None:
