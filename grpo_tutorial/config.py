@@ -252,7 +252,8 @@ class GRPOConfig:
                      "None or a number >= 0 (e.g. 0.5)", optional=True)
         check_choice(o, "advantage_baseline", self.advantage_baseline, BASELINES)
         if self.advantage_baseline == "batch" and self.scale_rewards == "group":
-            raise config_error(o, "scale_rewards", self.scale_rewards, "'batch' or 'none' with advantage_baseline='batch'",
+            raise config_error(o, "scale_rewards", self.scale_rewards,
+                               "'batch' or 'none' with advantage_baseline='batch'",
                                ": a group whose rewards are all equal has std 0, so dividing a batch-centred "
                                "reward by it would blow up (REINFORCE++ uses scale_rewards='batch')")
         check_int(o, "max_sampling_rounds", self.max_sampling_rounds, 1)

@@ -205,7 +205,9 @@ def _check_variant_options(
     one_of("importance_sampling_level", level, IMPORTANCE_SAMPLING_LEVELS)
     if delta is not None:
         if loss_type in ("cispo", "sapo"):
-            raise ValueError(f"delta caps the clipped surrogate's ratio; loss_type={loss_type!r} has none (set delta=None)")
+            raise ValueError(
+                f"delta caps the clipped surrogate's ratio; loss_type={loss_type!r} has none (set delta=None)"
+            )
         if not delta > 1.0 + eps_high:
             raise ValueError(f"delta must be None or > 1 + clip_eps_high = {1.0 + eps_high}, got {delta}")
     for name, value in (("sapo_temperature_pos", tau_pos), ("sapo_temperature_neg", tau_neg)):
@@ -214,7 +216,8 @@ def _check_variant_options(
     if mask_truncated:
         if truncated is None:
             raise ValueError("mask_truncated_completions=True needs truncated, a [N] bool tensor (Rollout.truncated)")
-        if not isinstance(truncated, torch.Tensor) or truncated.dtype != torch.bool or tuple(truncated.shape) != (logp.shape[0],):
+        is_flags = isinstance(truncated, torch.Tensor) and truncated.dtype == torch.bool
+        if not is_flags or tuple(truncated.shape) != (logp.shape[0],):
             raise ValueError(
                 f"truncated must be a bool tensor of shape ({logp.shape[0]},), got "
                 f"{getattr(truncated, 'dtype', type(truncated).__name__)} {tuple(getattr(truncated, 'shape', ()))}"

@@ -635,7 +635,8 @@ class GRPOTrainer:
                         rows, position[0], position[1] = next_batch(dataset, cfg.prompts_per_step, cfg.seed, *position)
                         return rows
 
-                    row = self.train_step(draw(), more_rows=draw)
+                    # more_rows only when used, so a wrapped train_step(batch) keeps working
+                    row = self.train_step(draw(), more_rows=draw) if cfg.dynamic_sampling else self.train_step(draw())
                     self._epoch, self._index = position  # the data position moves only after a good step
                     if history_file is not None:
                         append_history(history_file, row)

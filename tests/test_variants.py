@@ -383,3 +383,24 @@ def test_dynamic_sampling_resumes_exactly(tmp_path):
     assert [{k: v for k, v in r.items() if k not in drop} for r in history] == [
         {k: v for k, v in r.items() if k not in drop} for r in straight
     ]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(mask_truncated_completions=True), "needs truncated"),
+        (dict(mask_truncated_completions=True, truncated=torch.tensor([1, 0])), "bool tensor of shape (2,)"),
+        (dict(top_entropy_quantile=0.2), "need entropies"),
+        (dict(entropy_coef=0.1), "need entropies"),
+        (dict(top_entropy_quantile=1.2, entropies=torch.zeros(2, 3)), "top_entropy_quantile must lie in [0, 1]"),
+        (dict(entropy_coef=0.1, entropies=torch.zeros(2, 4)), "shape mismatch"),
+        (dict(delta=1.1), "delta must be None or > 1 + clip_eps_high = 1.2"),
+        (dict(delta=2.0, loss_type="sapo"), "loss_type='sapo' has none"),
+        (dict(importance_sampling_level="group"), "importance_sampling_level must be one of"),
+        (dict(loss_type="sapo", sapo_temperature_pos=0.0), "sapo_temperature_pos must be > 0"),
+        (dict(off_policy_mask_threshold=-0.1), "off_policy_mask_threshold must be None or >= 0"),
+    ],
+)
+def test_grpo_loss_refuses_bad_variant_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), **kwargs)
