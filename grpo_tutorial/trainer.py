@@ -12,6 +12,13 @@
    accumulated over micro-batches: clipped surrogate + beta*KL      (loss.py)
 7. the history row and the failure-mode warnings                   (metrics.py)
 
+With ``dynamic_sampling`` (DAPO), stages 1-2 run again on the next prompts of
+the data stream until ``prompts_per_step`` groups have a learning signal (or
+``max_sampling_rounds`` is reached); the step then trains on those groups.
+The loss options of TRL (GSPO, ``delta``, CISPO, SAPO, truncation masking, the
+entropy options, the off-policy mask) are :class:`GRPOConfig` fields that stage 6
+passes to ``grpo_loss``.
+
 :meth:`GRPOTrainer.train` loops over a dataset, appends to ``history.jsonl`` and
 saves atomic checkpoints (checkpoint.py), so a run killed at any moment and
 resumed gives the same history as one never interrupted (on CPU, same seed).
