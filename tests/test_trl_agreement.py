@@ -348,11 +348,11 @@ def test_accumulated_micro_batches_agree_with_trl(tmp_path, loss_type, steps):
 # ---------------------------------------------------------------------------
 
 
-def _update_gradient(loss_type: str, micro_batch_size: int | None) -> list[torch.Tensor]:
+def _update_gradient(loss_type: str, micro_batch_size: int | None, **options) -> tuple[list[torch.Tensor], dict]:
     model, tok = build_tiny_policy(seed=4)
     cfg = GRPOConfig(
         prompts_per_step=2, group_size=4, seed=9, max_new_tokens=5, loss_type=loss_type,
-        micro_batch_size=micro_batch_size, max_grad_norm=None,
+        micro_batch_size=micro_batch_size, max_grad_norm=None, **options,
     )
     trainer = GRPOTrainer(model, tok, partial_credit_reward, cfg)
     grads: list[torch.Tensor] = []
@@ -365,18 +365,32 @@ def _update_gradient(loss_type: str, micro_batch_size: int | None) -> list[torch
     trainer.optimizer.step = record
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer.train_step(make_arithmetic_dataset(8, seed=2, digits=1)[:2])
-    return grads
+        row = trainer.train_step(make_arithmetic_dataset(8, seed=2, digits=1)[:2])
+    return grads, row
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "bnpo"])
-def test_micro_batches_give_the_whole_update_gradient(loss_type):
-    whole = _update_gradient(loss_type, None)
+@pytest.mark.parametrize(
+    "loss_type, options",
+    [
+        ("grpo", {}),
+        ("dr_grpo", {}),
+        ("dapo", {}),
+        ("bnpo", {}),
+        ("dapo", {"mask_truncated_completions": True}),
+        ("dapo", {"importance_sampling_level": "sequence"}),
+        ("cispo", {}),
+        ("sapo", {}),
+    ],
+)
+def test_micro_batches_give_the_whole_update_gradient(loss_type, options):
+    whole, row = _update_gradient(loss_type, None, **options)
     assert whole and max(g.abs().max().item() for g in whole) > 1e-4  # a real gradient
+    if options.get("mask_truncated_completions"):
+        assert 0 < row["frac_truncated"] < 1  # precondition: some completions are masked, not all
     for micro in (4, 2):
-        split = _update_gradient(loss_type, micro)
+        split, _ = _update_gradient(loss_type, micro, **options)
         gap = max((a - b).abs().max().item() for a, b in zip(whole, split))
         if loss_type == "bnpo":  # each micro-batch divides by its own tokens, as TRL's bnpo does
             assert gap > 1e-6, f"bnpo with micro-batches of {micro} should differ from one batch"
         else:
-            assert gap < TOL, f"{loss_type}: micro-batches of {micro} change the gradient by {gap}"
+            assert gap < TOL, f"{loss_type} {options}: micro-batches of {micro} change the gradient by {gap}"

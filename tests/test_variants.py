@@ -404,3 +404,27 @@ def test_dynamic_sampling_resumes_exactly(tmp_path):
 def test_grpo_loss_refuses_bad_variant_arguments(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), **kwargs)
+
+
+def test_trainer_masks_truncated_completions_and_counts_only_the_rest(monkeypatch):
+    """With mask_truncated_completions, the trainer hands grpo_loss the rollout's truncation flags,
+    and dapo's normaliser counts only the tokens of untruncated completions (as TRL's num_items_in_batch)."""
+    calls = []
+    real = trainer_module.grpo_loss
+
+    def spy(logp, old, adv, mask, **kwargs):
+        calls.append((mask.clone(), kwargs["truncated"].clone(), float(kwargs["num_items_in_batch"])))
+        return real(logp, old, adv, mask, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    model, tok = build_tiny_policy(seed=4)
+    cfg = GRPOConfig(prompts_per_step=2, group_size=4, seed=9, max_new_tokens=5, loss_type="dapo",
+                     mask_truncated_completions=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        row = GRPOTrainer(model, tok, partial_credit_reward, cfg).train_step(
+            make_arithmetic_dataset(8, seed=2, digits=1)[:2])
+    assert 0 < row["frac_truncated"] < 1  # precondition: some, not all, completions were cut off
+    (mask, truncated, tokens), = calls
+    assert truncated.float().mean().item() == row["frac_truncated"]
+    assert tokens == mask[~truncated].sum().item() < mask.sum().item()
