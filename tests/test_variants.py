@@ -230,6 +230,14 @@ def test_reinforce_plus_plus_uses_one_batch_baseline():
         group_advantages(r, baseline="batch", scale="group")
 
 
+def test_batch_baseline_skips_unscorable_completions():
+    r = torch.tensor([[1.0, float("nan")], [0.0, 2.0]])
+    adv = group_advantages(r, baseline="batch", scale="none", nan="skip")
+    torch.testing.assert_close(adv, torch.tensor([[0.0, 0.0], [-1.0, 1.0]]))  # batch mean of 1, 0, 2 is 1
+    scaled = group_advantages(r, baseline="batch", scale="batch", nan="skip")
+    torch.testing.assert_close(scaled, adv / (torch.tensor([1.0, 0.0, 2.0]).std() + 1e-4))
+
+
 # ---------------------------------------------------------------------------
 # config validation
 # ---------------------------------------------------------------------------
