@@ -97,13 +97,13 @@ def test_paired_comparison_uses_per_seed_differences():
 
 def test_lab_settings_refuse_unknown_methods_and_missing_grpo():
     with pytest.raises(ValueError, match="unknown names"):
-        L.LabSettings(recipe=TinyAdditionRecipe.quick(), methods=("grpo", "ppo"))
+        L.LabSettings(recipe=TinyAdditionRecipe.quick(), methods=("grpo", "ppo"), passk_problems=10)
     with pytest.raises(ValueError, match="must include 'grpo'"):
-        L.LabSettings(recipe=TinyAdditionRecipe.quick(), methods=("rloo",))
+        L.LabSettings(recipe=TinyAdditionRecipe.quick(), methods=("rloo",), passk_problems=10)
 
 
 def test_each_method_config_differs_from_grpo_only_in_its_options():
-    settings = L.LabSettings(recipe=TinyAdditionRecipe.quick())
+    settings = L.LabSettings(recipe=TinyAdditionRecipe.quick(), passk_problems=10)
     base = settings.grpo_config("grpo", 0).to_dict()
     for method, options in L.LAB_METHODS.items():
         if options is None:
@@ -152,7 +152,7 @@ def test_tiny_lab_run_and_summary():
 def test_rejection_sampling_trains_only_on_correct_samples(monkeypatch):
     from grpo_tutorial.recipes import build_recipe_model
 
-    recipe = TinyAdditionRecipe.quick(prompts_per_step=2, group_size=4)
+    recipe = TinyAdditionRecipe.quick(prompts_per_step=2, group_size=4, minibatch_size=4)
     model, tok = build_recipe_model(recipe, 0)
     rft = L.RejectionSamplingFT(model, tok, recipe, seed=0)
     rows = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "4+4=", "answer": "8"}]
