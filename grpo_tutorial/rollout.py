@@ -26,7 +26,7 @@ import torch
 
 from .logprobs import completion_mask
 
-__all__ = ["Rollout", "generate_rollouts", "render_prompts"]
+__all__ = ["Rollout", "concat_groups", "generate_rollouts", "render_prompts"]
 
 
 @dataclass
@@ -402,4 +402,41 @@ def generate_rollouts(
         prompt_index=prompt_index,
         prompts=[p for p in prompts for _ in range(group_size)],
         group_size=group_size,
+    )
+
+
+def concat_groups(parts: Sequence[tuple[Rollout, Sequence[int]]], pad_id: int) -> Rollout:
+    """One rollout made of chosen groups of several rollouts, in the order given.
+
+    ``parts`` is a list of ``(rollout, group indices)``; DAPO's dynamic sampling
+    keeps the groups with a learning signal from several sampling rounds. Each
+    round has its own padded widths, so prompts are left-padded and completions
+    right-padded (mask 0) to the widest. Padding is masked out everywhere, and
+    positions come from the attention mask, so a completion scores the same.
+    """
+    G = parts[0][0].group_size
+    rows = [(r, torch.cat([torch.arange(g * G, (g + 1) * G) for g in groups])) for r, groups in parts if len(groups)]
+    if not rows:
+        raise ValueError("concat_groups needs at least one group")
+    tp = max(r.prompt_ids.shape[1] for r, _ in rows)
+    tc = max(r.completion_ids.shape[1] for r, _ in rows)
+
+    def pad(t: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
+        extra = width - t.shape[1]
+        return torch.nn.functional.pad(t, (extra, 0) if left else (0, extra), value=value)
+
+    def cat(get) -> torch.Tensor:
+        return torch.cat([get(r)[i.to(get(r).device)] for r, i in rows])
+
+    n_groups = sum(len(i) // G for _, i in rows)
+    return Rollout(
+        prompt_ids=cat(lambda r: pad(r.prompt_ids, tp, pad_id, True)),  # [N, Tp]
+        prompt_mask=cat(lambda r: pad(r.prompt_mask, tp, 0, True)),  # [N, Tp]
+        completion_ids=cat(lambda r: pad(r.completion_ids, tc, pad_id, False)),  # [N, Tc]
+        completion_mask=cat(lambda r: pad(r.completion_mask, tc, 0, False)),  # [N, Tc]
+        completions=[r.completions[j] for r, i in rows for j in i.tolist()],
+        truncated=cat(lambda r: r.truncated),  # [N]
+        prompt_index=torch.arange(n_groups, device=rows[0][0].prompt_ids.device).repeat_interleave(G),  # [N]
+        prompts=[r.prompts[j] for r, i in rows for j in i.tolist()],
+        group_size=G,
     )

@@ -12,6 +12,7 @@ stream             number   seeds
 ``SAMPLING``       0        the completions of step ``i`` (stage 1)
 ``DATA_ORDER``     1        the shuffled order of epoch ``e``
 ``MINIBATCHES``    2        the minibatch shuffle of step ``i``
+``RESAMPLING``     3        round ``r`` >= 1 of dynamic sampling in step ``i``
 =================  =======  ======================================
 
 The numbers are part of the stored results: changing one changes every run.
@@ -29,6 +30,7 @@ import torch
 __all__ = [
     "DATA_ORDER",
     "MINIBATCHES",
+    "RESAMPLING",
     "SAMPLING",
     "capture_rng_state",
     "derive_seed",
@@ -42,6 +44,7 @@ __all__ = [
 SAMPLING = 0
 DATA_ORDER = 1
 MINIBATCHES = 2
+RESAMPLING = 3
 
 
 def derive_seed(seed: int, *keys: int) -> int:

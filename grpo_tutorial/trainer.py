@@ -12,6 +12,13 @@
    accumulated over micro-batches: clipped surrogate + beta*KL      (loss.py)
 7. the history row and the failure-mode warnings                   (metrics.py)
 
+With ``dynamic_sampling`` (DAPO), stages 1-2 run again on the next prompts of
+the data stream until ``prompts_per_step`` groups have a learning signal (or
+``max_sampling_rounds`` is reached); the step then trains on those groups.
+The loss options of TRL (GSPO, ``delta``, CISPO, SAPO, truncation masking, the
+entropy options, the off-policy mask) are :class:`GRPOConfig` fields that stage 6
+passes to ``grpo_loss``.
+
 :meth:`GRPOTrainer.train` loops over a dataset, appends to ``history.jsonl`` and
 saves atomic checkpoints (checkpoint.py), so a run killed at any moment and
 resumed gives the same history as one never interrupted (on CPU, same seed).
@@ -56,8 +63,8 @@ from .metrics import TIMING_KEYS, GRPOWarning, StageClock, WarnOnce, check_failu
 from .models import disable_dropout
 from .optim import make_optimizer, trainable_parameters
 from .rewards import compute_rewards, extra_columns, judge_correct, reward_function_list, reward_function_means
-from .rollout import Rollout, generate_rollouts
-from .seeding import MINIBATCHES, SAMPLING, capture_rng_state, next_batch, restore_rng_state, stream_generator, stream_seed
+from .rollout import Rollout, concat_groups, generate_rollouts
+from .seeding import MINIBATCHES, RESAMPLING, SAMPLING, capture_rng_state, derive_seed, next_batch, restore_rng_state, stream_generator, stream_seed
 from .tasks import as_rows, check_rows, validate_for_model
 
 __all__ = [
@@ -148,7 +155,10 @@ class GRPOTrainer:
         self.optimizer, self.scheduler = make_optimizer(self._params, config)
 
     # ------------------------------------------------------------------ scoring
-    def _logprobs(self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor, *, entropy: bool = False) -> Any:
+    def _logprobs(
+        self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor, *, entropy: bool = False,
+        entropy_grad: bool = False,
+    ) -> Any:
         """Per-token log-probs (and entropy) of the completions in ``rows`` under ``model``."""
         return completion_logprobs(
             model,
@@ -157,6 +167,7 @@ class GRPOTrainer:
             rollout.completion_ids.shape[1],
             temperature=self.config.temperature,
             return_entropy=entropy,
+            entropy_grad=entropy_grad,
         )
 
     @torch.no_grad()
@@ -178,8 +189,12 @@ class GRPOTrainer:
         return torch.cat(parts)  # [N, Tc]
 
     # ------------------------------------------------------------------ one step
-    def train_step(self, batch: Sequence[dict]) -> dict:
+    def train_step(self, batch: Sequence[dict], more_rows: Callable[[], list[dict]] | None = None) -> dict:
         """One GRPO step on ``batch`` (a list of rows with ``prompt`` and ``answer``).
+
+        ``more_rows`` (used by ``dynamic_sampling``) returns the next
+        ``prompts_per_step`` rows of the data stream; :meth:`train` passes it.
+        Without it only ``batch`` is sampled.
 
         Returns the history row, also appended to :attr:`history`. Its fields are
         plain numbers: ``step``; ``reward_mean``, ``reward_std`` and
@@ -191,31 +206,36 @@ class GRPOTrainer:
         ``completion_len_max``; ``frac_zero_std`` (groups whose rewards are all
         equal); ``frac_truncated``; ``grad_norm`` (before clipping) and ``loss``
         (means over the step's updates that were finite; NaN/inf only if
-        none was); ``lr``; ``skipped_updates`` (cumulative); and the timing
+        none was); ``lr``; ``skipped_updates`` (cumulative); ``groups_drawn``
+        (groups sampled this step: ``prompts_per_step``, more with dynamic
+        sampling); and the timing
         fields (:data:`TIMING_KEYS`): ``step_seconds``, ``tokens_per_s``, and
         seconds per stage (``generate``, ``reward``, ``score``, ``reference``,
         ``update``, ``other``; ``rollout_seconds`` = ``generate_seconds``).
+        The rewards, accuracy and lengths describe the groups the step trains on.
         """
         check_rows(batch, "batch")
         cfg, G = self.config, self.config.group_size
         clock = StageClock()
 
-        # stage 1: rollout, all B*G completions in one generate call
-        rollout = self._rollout([row["prompt"] for row in batch])  # N = B*G completions
-        clock.lap("generate")
-
-        # stage 2: rewards, [N] (NaN: no reward function could score the completion)
-        answers = [row.get("answer") for row in batch for _ in range(G)]
-        columns = extra_columns(batch, G)
-        rewards, per_fn = compute_rewards(
-            self.reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers, **columns
-        )  # [N], {name: [N]}
-        correct = judge_correct(self.accuracy_fn, rollout.prompts, rollout.completions, answers, columns)
-        self._warn_unscorable(rewards)
-        clock.lap("reward")
+        # stages 1-2: rollout and rewards; with dynamic sampling, more rounds
+        # until prompts_per_step groups have a learning signal (or the cap)
+        rounds = [self._sample_round(batch, 0, clock)]
+        while (
+            cfg.dynamic_sampling and more_rows is not None and len(rounds) < cfg.max_sampling_rounds
+            and sum(int((~r["zero_std"]).sum()) for r in rounds) < cfg.prompts_per_step
+        ):
+            extra = more_rows()
+            check_rows(extra, "more_rows()")
+            rounds.append(self._sample_round(extra, len(rounds), clock))
+        groups_drawn = sum(len(r["zero_std"]) for r in rounds)
+        chosen = rounds[0] if len(rounds) == 1 else self._keep_signal_groups(rounds)
+        rollout, rewards, per_fn, correct = chosen["rollout"], chosen["rewards"], chosen["per_fn"], chosen["correct"]
 
         # stage 3: group-relative advantages
-        advantages = group_advantages(rewards, G, scale=cfg.scale_rewards, std=cfg.std, nan="skip")  # [N]
+        advantages = group_advantages(
+            rewards, G, scale=cfg.scale_rewards, std=cfg.std, nan="skip", baseline=cfg.advantage_baseline
+        )  # [N]
         advantages = advantages.to(rollout.completion_ids.device)  # [N]
         mask = rollout.completion_mask  # [N, Tc]
 
@@ -243,6 +263,7 @@ class GRPOTrainer:
             entropy=entropy, mask=mask, zero_std=zero_std_groups(rewards, G), truncated=rollout.truncated,
             lr=update["lr"], skipped_updates=self.skipped_updates, seconds={**clock.done(), **update["seconds"]},
         )
+        row["groups_drawn"] = groups_drawn
         check_failure_modes(
             row, self.history, group_size=G, learning_rate=cfg.learning_rate,
             max_new_tokens=cfg.max_new_tokens, warn=self._warn,
@@ -250,7 +271,52 @@ class GRPOTrainer:
         self.history.append(row)
         return row
 
-    def _rollout(self, prompts: list) -> Rollout:
+    def _sample_round(self, batch: Sequence[dict], round_: int, clock: StageClock) -> dict:
+        """Stages 1 and 2 for one sampling round: the rollout, its rewards and which groups carry no signal."""
+        cfg, G = self.config, self.config.group_size
+        seed = stream_seed(cfg.seed, SAMPLING, self.step) if round_ == 0 else derive_seed(
+            cfg.seed, RESAMPLING, self.step, round_
+        )
+        # stage 1: rollout, all B*G completions in one generate call
+        rollout = self._rollout([row["prompt"] for row in batch], seed)  # N = B*G completions
+        clock.lap("generate")
+
+        # stage 2: rewards, [N] (NaN: no reward function could score the completion)
+        answers = [row.get("answer") for row in batch for _ in range(G)]
+        columns = extra_columns(batch, G)
+        rewards, per_fn = compute_rewards(
+            self.reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers, **columns
+        )  # [N], {name: [N]}
+        correct = judge_correct(self.accuracy_fn, rollout.prompts, rollout.completions, answers, columns)
+        self._warn_unscorable(rewards)
+        zero_std = zero_std_groups(rewards, G)  # [B]
+        clock.lap("reward")
+        return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct, "zero_std": zero_std}
+
+    def _keep_signal_groups(self, rounds: list[dict]) -> dict:
+        """Dynamic sampling: the first prompts_per_step groups with a learning signal, in the order drawn,
+        filled up with the first zero-std groups if there are not enough."""
+        G, B = self.config.group_size, self.config.prompts_per_step
+        order = [(k, g) for k, r in enumerate(rounds) for g in range(len(r["zero_std"])) if not r["zero_std"][g]]
+        order += [(k, g) for k, r in enumerate(rounds) for g in range(len(r["zero_std"])) if r["zero_std"][g]]
+        picked = [(rounds[k], g) for k, g in order[:B]]  # signal groups first, group by group
+        rollout = concat_groups([(r["rollout"], [g]) for r, g in picked], self._pad_id())
+
+        def rows(values: torch.Tensor) -> torch.Tensor:
+            return torch.cat([v[g * G : (g + 1) * G] for v, g in values])
+
+        rewards = rows([(r["rewards"], g) for r, g in picked])  # [N]
+        per_fn = {name: rows([(r["per_fn"][name], g) for r, g in picked]) for name in rounds[0]["per_fn"]}
+        correct = None
+        if all(r["correct"] is not None for r in rounds):
+            correct = [c for r, g in picked for c in r["correct"][g * G : (g + 1) * G]]
+        return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct}
+
+    def _pad_id(self) -> int:
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        return self.tokenizer.eos_token_id if pad is None else pad
+
+    def _rollout(self, prompts: list, generator_seed: int) -> Rollout:
         cfg = self.config
         return generate_rollouts(
             self.model,
@@ -263,7 +329,7 @@ class GRPOTrainer:
             do_sample=True,
             system_prompt=cfg.system_prompt,
             use_chat_template=cfg.use_chat_template,
-            generator_seed=stream_seed(cfg.seed, SAMPLING, self.step),
+            generator_seed=generator_seed,
         )
 
     def _warn_unscorable(self, rewards: torch.Tensor) -> None:
@@ -335,23 +401,30 @@ class GRPOTrainer:
         """Backward over the micro-batches of one update; return the update's loss.
 
         Stops at the first non-finite micro-batch loss (the caller then skips
-        the update), so no NaN gradient is ever accumulated.
+        the update), so no NaN gradient is ever accumulated. When the loss uses
+        the entropy (``top_entropy_quantile``, ``entropy_coef``), it is the
+        current policy's, from this gradient pass, with its gradient (as TRL).
         """
         cfg = self.config
         steps = len(rows) // micro
-        tokens = mask[rows].sum()  # the whole update's tokens: dapo's normaliser
+        truncated = rollout.truncated.to(mask.device)  # [N]
+        counted = mask * (~truncated)[:, None].to(mask.dtype) if cfg.mask_truncated_completions else mask  # [N, Tc]
+        tokens = counted[rows].sum()  # the whole update's counted tokens: dapo's (and cispo's) normaliser
         total = 0.0
         seconds = out["seconds"]
         for start in range(0, len(rows), micro):
             started = time.perf_counter()
             part = rows[start : start + micro]  # [m]
-            if old_logp is None:
-                logp, entropy = self._logprobs(self.model, rollout, part, entropy=True)  # [m, Tc] x2
-                out["entropy"][part] = entropy.float()
-                old = logp.detach()  # [m, Tc]
+            entropies = None
+            if old_logp is None or cfg.needs_entropy_grad:
+                logp, entropies = self._logprobs(
+                    self.model, rollout, part, entropy=True, entropy_grad=cfg.needs_entropy_grad
+                )  # [m, Tc] x2
+                if old_logp is None:
+                    out["entropy"][part] = entropies.detach().float()
             else:
                 logp = self._logprobs(self.model, rollout, part)  # [m, Tc]
-                old = old_logp[part]  # [m, Tc]
+            old = logp.detach() if old_logp is None else old_logp[part]  # [m, Tc]
             loss, stats = grpo_loss(
                 logp,
                 old,
@@ -366,6 +439,16 @@ class GRPOTrainer:
                 kl_kind=cfg.kl_kind,
                 gradient_accumulation_steps=steps,
                 num_items_in_batch=tokens,
+                importance_sampling_level=cfg.importance_sampling_level,
+                delta=cfg.delta,
+                sapo_temperature_pos=cfg.sapo_temperature_pos,
+                sapo_temperature_neg=cfg.sapo_temperature_neg,
+                mask_truncated_completions=cfg.mask_truncated_completions,
+                truncated=truncated[part],
+                top_entropy_quantile=cfg.top_entropy_quantile,
+                entropy_coef=cfg.entropy_coef,
+                entropies=entropies if cfg.needs_entropy_grad else None,
+                off_policy_mask_threshold=cfg.off_policy_mask_threshold,
             )
             out["stats"].append(stats)
             value = float(loss.detach())
@@ -553,9 +636,15 @@ class GRPOTrainer:
         try:
             with StopAfterStep() as stop:
                 while self.step < steps:
-                    batch, epoch, index = next_batch(dataset, cfg.prompts_per_step, cfg.seed, self._epoch, self._index)
-                    row = self.train_step(batch)
-                    self._epoch, self._index = epoch, index  # the data position moves only after a good step
+                    position = [self._epoch, self._index]
+
+                    def draw() -> list[dict]:  # the next rows of the data stream; every draw advances it
+                        rows, position[0], position[1] = next_batch(dataset, cfg.prompts_per_step, cfg.seed, *position)
+                        return rows
+
+                    # more_rows only when used, so a wrapped train_step(batch) keeps working
+                    row = self.train_step(draw(), more_rows=draw) if cfg.dynamic_sampling else self.train_step(draw())
+                    self._epoch, self._index = position  # the data position moves only after a good step
                     if history_file is not None:
                         append_history(history_file, row)
                     if bar is not None:
