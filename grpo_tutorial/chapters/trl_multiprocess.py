@@ -2,10 +2,13 @@
 
 Each process is one rank of a data-parallel run. On a CPU, ``torchrun`` starts
 the ranks and accelerate runs them in its ``MULTI_CPU`` mode (gloo backend); on
-GPUs the same script runs unchanged under ``accelerate launch`` (one rank per
-GPU, optionally with DeepSpeed ZeRO or vLLM generation)::
+GPUs the same script runs with ``--device cuda`` under ``accelerate launch``
+(one rank per GPU, optionally with a DeepSpeed ZeRO config)::
 
     torchrun --nproc_per_node 2 -m grpo_tutorial.chapters.trl_multiprocess --out runs/trl2
+    accelerate launch --num_processes 8 -m grpo_tutorial.chapters.trl_multiprocess --out runs/trl8 --device cuda
+
+Only the first command has been run (on a CPU, in the tests and in chapter 11).
 
 Every rank writes ``rank{R}.json`` into ``--out``: the rewards its reward
 function saw (its own completions only), TRL's log history, and a SHA-256 digest
@@ -81,8 +84,14 @@ def _checkpointing_off(config_cls: Any) -> dict:
     return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": False}
 
 
-def run(out: Path, steps: int = 2, seed: int = 0) -> dict:
-    """One rank's part of the run (called by every process that torchrun starts)."""
+def run(out: Path, steps: int = 2, seed: int = 0, device: str = "cpu") -> dict:
+    """One rank's part of the run (called by every process that torchrun starts).
+
+    ``device="cpu"``: gloo between the ranks (accelerate's ``MULTI_CPU``);
+    ``"cuda"``: one GPU per rank and accelerate's own choice of backend (NCCL).
+    """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     import datasets
     import torch
     import trl
@@ -92,7 +101,8 @@ def run(out: Path, steps: int = 2, seed: int = 0) -> dict:
     from ..rewards import correctness_reward
     from ..tasks import make_arithmetic_dataset
 
-    torch.set_num_threads(1)  # one core per rank
+    if device == "cpu":
+        torch.set_num_threads(1)  # one core per rank
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     out.mkdir(parents=True, exist_ok=True)
@@ -103,7 +113,7 @@ def run(out: Path, steps: int = 2, seed: int = 0) -> dict:
         tokenizer.save_pretrained(model_dir)
     args = trl.GRPOConfig(
         output_dir=str(out / "trl"),
-        use_cpu=True,
+        use_cpu=device == "cpu",
         bf16=False,
         report_to="none",
         save_strategy="no",
@@ -118,7 +128,7 @@ def run(out: Path, steps: int = 2, seed: int = 0) -> dict:
         lr_scheduler_type="constant",
         beta=0.0,
         reward_weights=[1.0, BREVITY_WEIGHT],
-        ddp_backend="gloo",
+        ddp_backend="gloo" if device == "cpu" else None,
         ddp_find_unused_parameters=False,  # every parameter takes part in the loss
         **_checkpointing_off(trl.GRPOConfig),
     )
@@ -249,8 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="folder for the model and each rank's rank{R}.json")
     parser.add_argument("--steps", type=int, default=2, help="GRPO steps")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu: gloo; cuda: one GPU per rank")
     args = parser.parse_args(argv)
-    run(Path(args.out), steps=args.steps, seed=args.seed)
+    run(Path(args.out), steps=args.steps, seed=args.seed, device=args.device)
     return 0
 
 
