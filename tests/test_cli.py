@@ -291,3 +291,17 @@ def test_plot_history_bad_input():
     with pytest.raises(TypeError, match="history row 0 must be a dict"):
         plot_history([1, 2])
     assert moving_average([1.0, float("nan"), 3.0], 2).tolist() == [1.0, 1.0, 3.0]
+
+
+def test_read_only_parent_of_out_is_one_line(tmp_path, capsys, monkeypatch):
+    """Root writes everywhere, so os.access is made to answer 'no' for the parent folder."""
+    import grpo_tutorial.__main__ as cli
+
+    real_access = os.access
+    monkeypatch.setattr(cli.os, "access", lambda path, mode: False if str(path) == str(tmp_path) else real_access(path, mode))
+    code = main(["train", "--model", "tiny", "--task", "addition", "--steps", "1", "--out", str(tmp_path / "run")])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"error: --out '{tmp_path / 'run'}' cannot be created: '{tmp_path}' is not writable by this user\n"
+    )
+    assert not (tmp_path / "run").exists()

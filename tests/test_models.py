@@ -347,6 +347,16 @@ def test_local_path_that_is_not_a_saved_model_names_path_and_what_is_missing(tin
         load_policy(str(folder), device="cpu")
 
 
+def test_unreadable_model_folder_as_os_access_reports_it(tiny, tmp_path, monkeypatch):
+    """Root reads every folder, so the permission answer is simulated here (the real one below)."""
+    import grpo_tutorial.models as models
+
+    folder = _saved_tiny(tiny, tmp_path / "model")
+    monkeypatch.setattr(models.os, "access", lambda path, mode: False)
+    with pytest.raises(PermissionError, match=r"model folder '.*model' is not readable by this user"):
+        load_policy(str(folder), device="cpu")
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any folder, so permissions cannot be tested")
 def test_unreadable_model_folder(tiny, tmp_path):
     folder = _saved_tiny(tiny, tmp_path / "model")
