@@ -35,6 +35,8 @@ def test_two_ranks_in_multi_cpu_mode(run):
         assert r["backend"] == "gloo"
     assert run["command"].startswith("torchrun --nproc_per_node 2 ")
     for rank in (0, 1):
+        assert f"rank {rank}/2 (DistributedType.MULTI_CPU, gloo): 2 steps, 8+8 completions scored here" in run["output"]
+    for rank in (0, 1):
         assert f"rank {rank}/2 (DistributedType.MULTI_CPU, gloo)" in run["output"]
 
 

@@ -162,8 +162,9 @@ def run(out: Path, steps: int = 2, seed: int = 0, device: str = "cpu") -> dict:
     }
     (out / f"rank{rank}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(
-        f"rank {rank}/{world} ({result['distributed_type']}, {result['backend']}): {len(seen)} reward calls on "
-        f"{sum(len(c['rewards']) for c in seen)} completions, parameters {result['digest_after'][:12]}",
+        f"rank {rank}/{world} ({result['distributed_type']}, {result['backend']}): {len(seen)} steps, "
+        f"{'+'.join(str(len(c['rewards'])) for c in seen)} completions scored here, "
+        f"parameters {result['digest_after'][:12]}",
         flush=True,
     )
     return result
