@@ -12,6 +12,9 @@ Examples::
     python -m grpo_tutorial evaluate --checkpoint runs/tiny --n 500
     python -m grpo_tutorial plot runs/tiny --out runs/tiny/curves.png
 
+Errors in flags and paths print one line, ``error: ...``, and exit with code 2
+(``--traceback`` shows the full traceback); Ctrl-C during training exits with 130.
+
 Every flag left out takes the model's preset (see ``PRESETS``): the tiny model
 gets DESIGN.md's calibrated CPU settings, chat models settings sized for a
 135M-0.5B model.
@@ -77,6 +80,17 @@ _FLAG_TO_FIELD = {
 # ---------------------------------------------------------------------------
 
 
+class _DefaultsOnceFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Append "(default: X)" only where the help text does not state the default
+    itself, and never "(default: None)" or "(default: False)" (an absent flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text.lower() or any(action.default is v for v in (None, False, argparse.SUPPRESS)):
+            return text
+        return super()._get_help_string(action)
+
+
 def _add_model_args(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument(
         "--model",
@@ -107,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="run GRPO and write history.jsonl, checkpoints and eval.json",
         description="Run GRPO. Flags left out take the model's preset (tiny or chat).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsOnceFormatter,
     )
     _add_model_args(t, required=True)
     _add_task_args(t, required=True)
@@ -163,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="greedy accuracy of a model or checkpoint on held-out problems",
         description="Greedy evaluation. With --checkpoint pointing at a train --out directory, "
         "--model, --task and the other settings default to that run's.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsOnceFormatter,
     )
     _add_model_args(e, required=False)
     _add_task_args(e, required=False)
@@ -181,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         "plot",
         help="draw the training curves of a history.jsonl",
         description="Plot reward, accuracy, KL, clip fraction, length and zero-std fraction against the step.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsOnceFormatter,
     )
     p.add_argument("history", help="a run directory or its history.jsonl")
     p.add_argument("--out", required=True, help="image file to write (png, pdf, svg)")
@@ -293,7 +307,50 @@ def _print_eval(label: str, result: dict) -> None:
         print(f"    {sample['prompt']!r} -> {sample['completion']!r} (answer {sample['answer']!r})")
 
 
+def _check_writable(flag: str, path: str, *, is_dir: bool) -> None:
+    """Fail before any work when ``path`` cannot be created: it (or a parent) is
+    a file where a directory must be, or the nearest existing parent is read-only."""
+    target = Path(path).expanduser()
+    if target.exists():
+        if is_dir and not target.is_dir():
+            raise ValueError(f"{flag} {path!r} is a file; it must be a directory (or not exist yet)")
+        if not is_dir and target.is_dir():
+            raise ValueError(f"{flag} {path!r} is a directory; it must be a file name")
+        if not os.access(target, os.W_OK):
+            raise ValueError(f"{flag} {path!r} is not writable by this user")
+        return
+    parent = target.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path!r} cannot be created: {str(parent)!r} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path!r} cannot be created: {str(parent)!r} is not writable by this user")
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Path errors of every subcommand, as one-line errors before a model loads."""
+    model = getattr(args, "model", None)
+    named = ("tiny", "smollm2-135m-instruct")  # load_policy takes these names before folders
+    if model is not None and model.strip().lower() not in named and os.path.exists(os.path.expanduser(model)):
+        from .models import _check_model_dir
+
+        _check_model_dir(model)  # a local --model that is not a saved model fails here, before --out is made
+    if args.command == "train":
+        _check_writable("--out", args.out, is_dir=True)
+    elif args.command == "evaluate":
+        if args.checkpoint is not None and not Path(args.checkpoint).expanduser().exists():
+            raise ValueError(f"--checkpoint {args.checkpoint!r} does not exist")
+        if args.out is not None:
+            _check_writable("--out", args.out, is_dir=False)
+    elif args.command == "plot":
+        if not Path(args.history).expanduser().exists():
+            raise ValueError(f"{args.history!r} does not exist; pass a train --out directory or its history.jsonl")
+        _check_writable("--out", args.out, is_dir=False)
+
+
 def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, path)
@@ -480,8 +537,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_paths(args)
         return args.func(args)
-    except (ValueError, TypeError, ConnectionError, FileNotFoundError, ModuleNotFoundError) as err:
+    except (ValueError, TypeError, ModuleNotFoundError, OSError) as err:  # OSError: ConnectionError, FileNotFoundError, ...
         if args.traceback:
             raise
         print(f"error: {err}", file=sys.stderr)

@@ -60,6 +60,8 @@ from .loss import LOSS_TYPES, grpo_loss
 from .rewards import answers_match, compute_rewards, extract_answer, reward_function_means
 from .rollout import Rollout, generate_rollouts
 from .config import GRPOConfig
+from .optim import make_optimizer as build_optimizer
+from .optim import trainable_parameters
 from .seeding import derive_seed, epoch_permutation
 
 __all__ = [
@@ -147,13 +149,11 @@ def _check_step_config(config: Any) -> None:
 
 
 def make_optimizer(model: torch.nn.Module, config: GRPOConfig) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters, as :class:`GRPOTrainer` builds it."""
+    """AdamW over the trainable parameters, built exactly as :class:`GRPOTrainer` builds it."""
     if not isinstance(config, GRPOConfig):
         raise TypeError(f"config must be a GRPOConfig, got {type(config).__name__}")
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the model has no trainable parameters (all requires_grad=False)")
-    return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+    optimizer, _ = build_optimizer(trainable_parameters(model), config)
+    return optimizer
 
 
 @torch.no_grad()

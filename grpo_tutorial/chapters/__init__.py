@@ -1,1 +1,1 @@
-"""Tools that belong to one chapter of the book (the package core does not import them)."""
+"""Programs the chapters run as they are, so a notebook, its test and a reader run the same code."""
