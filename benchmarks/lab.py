@@ -9,7 +9,7 @@ difference against GRPO) go into ONE file inside the package data,
 records the command, the wall time, and the machine's load (``uptime`` at the
 start and end, and the 1-minute load average sampled during the run).
 
-``--jobs 2`` runs seeds in parallel processes (a seed is independent of the
+``--jobs N`` (default 3) runs seeds in parallel processes (a seed is independent of the
 others, so the numbers are the same; only the wall time changes).
 ``--quick`` is a seconds-long smoke run of the test recipe that proves nothing.
 """
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=None, help=f"steps per method (default {FULL['grpo_steps']})")
     parser.add_argument("--passk-problems", type=int, default=200, help="held-out problems for pass@k")
     parser.add_argument("--passk-n", type=int, default=None, help="samples per problem for pass@k (default 64)")
-    parser.add_argument("--jobs", type=int, default=2, help="seeds run in parallel processes, one per core (default 2)")
+    parser.add_argument("--jobs", type=int, default=3, help="seeds run in parallel processes (default 3: one per seed)")
     parser.add_argument("--quick", action="store_true", help="the seconds-long test recipe (proves nothing)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="default: %(default)s")
