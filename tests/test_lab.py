@@ -120,6 +120,7 @@ def test_each_method_config_differs_from_grpo_only_in_its_options():
 # --- end to end ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tiny_lab_run_and_summary():
     settings = L.LabSettings(
         recipe=TinyAdditionRecipe.quick(grpo_steps=2, eval_every=1),
@@ -164,3 +165,55 @@ def test_rejection_sampling_trains_only_on_correct_samples(monkeypatch):
     row = rft.train_step(rows)
     assert row["kept"] == 4 and row["reward_mean"] == 0.5
     assert sorted(r["answer"] for r in seen) == ["3", "3", "8", "8"]
+
+
+# --- the committed results file ------------------------------------------------
+
+
+def _nan_to_none(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_nan_to_none(v) for v in value]
+    return value
+
+
+def _assert_close(ours, stored, where="summary"):
+    if isinstance(stored, dict):
+        assert isinstance(ours, dict) and set(ours) == set(stored), where
+        for k in stored:
+            _assert_close(ours[k], stored[k], f"{where}.{k}")
+    elif isinstance(stored, list):
+        assert isinstance(ours, list) and len(ours) == len(stored), where
+        for i, (a, b) in enumerate(zip(ours, stored)):
+            _assert_close(a, b, f"{where}[{i}]")
+    elif isinstance(stored, float):
+        assert ours == pytest.approx(stored, rel=1e-12, abs=1e-15), where
+    else:
+        assert ours == stored, where
+
+
+def test_committed_lab_results_are_complete_and_their_summary_is_recomputable():
+    import importlib.resources
+    import json
+
+    path = importlib.resources.files("grpo_tutorial") / "data" / "lab_results.json"
+    results = json.loads(path.read_text())
+    assert not results["quick"], "the committed file must come from the full lab, not --quick"
+    assert len(results["seeds"]) >= 3
+    run = set(results["settings"]["methods"])
+    assert run | set(results["missing_methods"]) == set(L.LAB_METHODS)
+    assert {"reinforce", "rft", "grpo"} <= run  # both controls and the reference
+    steps = results["settings"]["recipe"]["grpo_steps"]
+    for seed in results["seeds"]:
+        assert set(seed["methods"]) == run
+        for m in seed["methods"].values():
+            assert m["steps"] == steps and len(m["curve"]) == steps
+        assert len(seed["passk"]["before"]) == results["settings"]["passk_problems"]
+        assert results["settings"]["passk_n"] == 64 == seed["passk"]["n"]
+    # the stored summary is exactly what the package computes from the per-seed results
+    _assert_close(_nan_to_none(L.summarize_lab(results["seeds"])), results["summary"])
+    assert "load average" in results["load"]["uptime_start"]
+    assert results["wall_seconds"] <= 3600
