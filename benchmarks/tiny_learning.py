@@ -1,6 +1,6 @@
 """Does GRPO really learn on this CPU? The tiny-model demonstration, for several seeds.
 
-For each seed, :func:`grpo_tutorial.recipes.run_tiny_addition` warm-starts a tiny
+For each seed, :func:`grpo_tutorial.chapters.recipes.run_tiny_addition` warm-starts a tiny
 character-level Qwen2 on 2-digit addition until it has partial skill, measures
 held-out greedy accuracy, runs GRPO, and measures it again on the same held-out
 problems. This script prints one row per seed and writes a JSON file with
@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 import torch  # noqa: E402
 
 from benchmarks.common import LoadSampler  # noqa: E402
-from grpo_tutorial.recipes import TinyAdditionRecipe, result_summary, run_tiny_addition  # noqa: E402
+from grpo_tutorial.chapters.recipes import TinyAdditionRecipe, result_summary, run_tiny_addition  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "tiny_learning.json"
 TARGET_GAIN = 0.25  # issue 3: at least +25 points of held-out greedy accuracy ...

@@ -10,7 +10,7 @@ import torch
 
 from grpo_tutorial import completion_logprobs, generate_rollouts, grpo_loss
 from grpo_tutorial.models import build_tiny_policy
-from grpo_tutorial.pitfalls import (
+from grpo_tutorial.chapters.pitfalls import (
     BUGS,
     captured_logs,
     gallery_step,

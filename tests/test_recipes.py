@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_tutorial.recipes import (
+from grpo_tutorial.chapters.recipes import (
     RESULT_KEYS,
     TinyAdditionRecipe,
     accuracy_with_se,

@@ -53,13 +53,13 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from ._checks import one_of, require_tensor
-from .advantages import group_advantages
-from .logprobs import completion_logprobs
-from .loss import LOSS_TYPES, grpo_loss
-from .rewards import answers_match, compute_rewards, extract_answer, reward_function_means
-from .rollout import Rollout, generate_rollouts
-from .trainer import GRPOConfig, derive_seed, epoch_permutation
+from grpo_tutorial._checks import one_of, require_tensor
+from grpo_tutorial.advantages import group_advantages
+from grpo_tutorial.logprobs import completion_logprobs
+from grpo_tutorial.loss import LOSS_TYPES, grpo_loss
+from grpo_tutorial.rewards import answers_match, compute_rewards, extract_answer, reward_function_means
+from grpo_tutorial.rollout import Rollout, generate_rollouts
+from grpo_tutorial.trainer import GRPOConfig, derive_seed, epoch_permutation
 
 __all__ = [
     "BUGS",

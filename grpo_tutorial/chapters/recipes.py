@@ -31,11 +31,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .models import build_tiny_policy
-from .rewards import answers_match, correctness_reward, extract_answer
-from .sft import SFTConfig, supervised_warmup
-from .tasks import train_test_split_arithmetic
-from .trainer import GRPOConfig, GRPOTrainer
+from grpo_tutorial.models import build_tiny_policy
+from grpo_tutorial.rewards import answers_match, correctness_reward, extract_answer
+from grpo_tutorial.sft import SFTConfig, supervised_warmup
+from grpo_tutorial.tasks import train_test_split_arithmetic
+from grpo_tutorial.trainer import GRPOConfig, GRPOTrainer
 
 __all__ = [
     "RESULT_KEYS",
