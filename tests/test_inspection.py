@@ -22,8 +22,8 @@ from grpo_tutorial import (  # noqa: E402
     grpo_loss,
 )
 from grpo_tutorial.chapters.inspection import format_token_matrix, plot_token_heatmaps, token_strings  # noqa: E402
-from grpo_tutorial.models import build_tiny_policy  # noqa: E402
 from grpo_tutorial.chapters.reward_design import number_format_reward  # noqa: E402
+from grpo_tutorial.models import build_tiny_policy  # noqa: E402
 from grpo_tutorial.tasks import make_arithmetic_dataset  # noqa: E402
 from grpo_tutorial.trainer import derive_seed  # noqa: E402
 

@@ -200,7 +200,7 @@ def test_warm_start_stops_at_the_first_check_over_the_target(quick_runs):
     assert checks[-1][1] >= recipe.sft_target_accuracy
     assert all(acc < recipe.sft_target_accuracy for _, acc in checks[:-1])
     assert [step for step, _ in checks] == [recipe.sft_check_every * k for k in range(1, len(checks) + 1)]
-    assert ws["steps"] == len(ws["history"]) == checks[-1][0] < recipe.sft_max_steps
+    assert ws["steps"] == len(ws["history"]) == checks[-1][0] < recipe.sft.steps
 
 
 @pytest.mark.slow

@@ -55,6 +55,16 @@ def _check_normalised(name: str, logp: torch.Tensor, dim: int) -> None:
         )
 
 
+def _check_vocab_pair(name: str, values: torch.Tensor, ref_logp: torch.Tensor) -> None:
+    """``values`` and ``ref_logp``: float tensors of one shape with a vocabulary dimension."""
+    require_tensor(name, values, floating=True)
+    require_tensor("ref_logp", ref_logp, floating=True)
+    if values.shape != ref_logp.shape:
+        raise ValueError(f"ref_logp has shape {tuple(ref_logp.shape)} but {name} has {tuple(values.shape)}")
+    if values.dim() == 0:
+        raise ValueError(f"{name} must have a vocabulary dimension, got a 0-d tensor")
+
+
 def categorical_kl(logp: torch.Tensor, ref_logp: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Exact KL(pi || pi_ref) = sum_v pi(v) (log pi(v) - log pi_ref(v)) over the vocabulary.
 
@@ -68,12 +78,7 @@ def categorical_kl(logp: torch.Tensor, ref_logp: torch.Tensor, dim: int = -1) ->
         nothing; an entry where pi(v) > 0 but pi_ref(v) = 0 makes the KL infinite.
         Differentiable in both arguments.
     """
-    require_tensor("logp", logp, floating=True)
-    require_tensor("ref_logp", ref_logp, floating=True)
-    if logp.shape != ref_logp.shape:
-        raise ValueError(f"ref_logp has shape {tuple(ref_logp.shape)} but logp has {tuple(logp.shape)}")
-    if logp.dim() == 0:
-        raise ValueError("logp must have a vocabulary dimension, got a 0-d tensor")
+    _check_vocab_pair("logp", logp, ref_logp)
     _check_normalised("logp", logp, dim)
     _check_normalised("ref_logp", ref_logp, dim)
     p = logp.exp()  # [..., V]
@@ -161,12 +166,7 @@ def expected_penalty_grad(logits: torch.Tensor, ref_logp: torch.Tensor, form: st
         ``[..., V]``: d E_x[penalty term] / d logits, for beta = 1.
     """
     one_of("form", form, PENALTY_FORMS)
-    require_tensor("logits", logits, floating=True)
-    require_tensor("ref_logp", ref_logp, floating=True)
-    if logits.shape != ref_logp.shape:
-        raise ValueError(f"ref_logp has shape {tuple(ref_logp.shape)} but logits has {tuple(logits.shape)}")
-    if logits.dim() == 0:
-        raise ValueError("logits must have a vocabulary dimension, got a 0-d tensor")
+    _check_vocab_pair("logits", logits, ref_logp)
     _check_normalised("ref_logp", ref_logp, -1)
     z = logits.detach().clone().requires_grad_(True)  # [..., V]
     logp = torch.log_softmax(z, dim=-1)  # [..., V], every token x of the vocabulary

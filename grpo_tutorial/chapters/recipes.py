@@ -392,7 +392,7 @@ def warm_start(
     """Supervised steps until greedy accuracy on the probe set reaches the target.
 
     Returns ``steps``, ``seconds``, ``reached`` (whether the target was hit
-    before ``sft_max_steps``), ``probe_accuracy`` (at every check, as
+    before ``recipe.sft.steps``), ``probe_accuracy`` (at every check, as
     ``(step, accuracy)`` pairs) and the loss ``history``.
     """
     checks: list[tuple[int, float]] = []
