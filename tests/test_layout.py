@@ -6,6 +6,9 @@ chapter tools use the core, never the other way round.
 """
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import grpo_tutorial
@@ -68,3 +71,17 @@ def test_detector_catches_every_spelling(tmp_path):
     harmless = "from .trainer import GRPOConfig\nimport grpo_tutorial.kl\nfrom grpo_tutorial import chapterly\n"
     source.write_text(harmless)
     assert chapter_imports(source) == []
+
+
+def test_importing_the_package_loads_no_chapter_tools():
+    code = "import sys, grpo_tutorial; print(sorted(m for m in sys.modules if m.startswith('grpo_tutorial.chapters')))"
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE.parent))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+def test_chapter_tools_live_only_in_the_subpackage():
+    chapter_modules = {p.stem for p in (PACKAGE / "chapters").glob("*.py")} - {"__init__"}
+    assert {"bandit", "kl_estimators", "reward_design", "inspection", "recipes", "presets", "pitfalls"} <= chapter_modules
+    assert chapter_modules.isdisjoint({p.stem for p in CORE_MODULES})
