@@ -8,7 +8,7 @@ and ``book/data/smollm2_eval.json``)::
 
 Task: one-digit arithmetic, ``"What is 7 * 3?"`` with +, - and *. There are 300
 such problems; 200 of them are the held-out test set and GRPO trains only on the
-other 100. Settings: the ``"smollm2-cpu"`` preset (``grpo_tutorial.presets``),
+other 100. Settings: the ``"smollm2-cpu"`` preset (``grpo_tutorial.chapters.presets``),
 any field of which can be overridden with ``--set name=value``.
 
 Training stops at ``--steps``, or before a step that would (judging by the
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from grpo_tutorial import GRPOTrainer, correctness_reward, load_policy
-from grpo_tutorial.presets import get_preset, smollm2_cpu_data
-from grpo_tutorial.recipes import accuracy_with_se, evaluate_heldout, paired_gain
+from grpo_tutorial.chapters.presets import get_preset, smollm2_cpu_data
+from grpo_tutorial.chapters.recipes import accuracy_with_se, evaluate_heldout, paired_gain
 
 OPS = ["+", "-", "*"]
 

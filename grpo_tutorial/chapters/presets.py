@@ -25,8 +25,8 @@ import dataclasses
 import math
 from typing import Any
 
-from .tasks import train_test_split_arithmetic
-from .trainer import GRPOConfig
+from grpo_tutorial.tasks import train_test_split_arithmetic
+from grpo_tutorial.config import GRPOConfig
 
 __all__ = [
     "PRESETS",
