@@ -37,7 +37,8 @@ import torch  # noqa: E402
 from benchmarks.common import LoadSampler  # noqa: E402
 from grpo_tutorial.recipes import TinyAdditionRecipe, result_summary, run_tiny_addition  # noqa: E402
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "tiny_learning.json"
+# package data: chapter 8 reads it with grpo_tutorial.data.read_data("tiny_learning.json")
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data" / "tiny_learning.json"
 TARGET_GAIN = 0.25  # issue 3: at least +25 points of held-out greedy accuracy ...
 TARGET_GRPO_SECONDS = 180.0  # ... within at most 3 minutes of GRPO wall-clock time
 
