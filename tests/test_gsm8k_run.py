@@ -248,3 +248,37 @@ def test_estimate_step_seconds_compute_bound_with_a_reference():
     with pytest.raises(ValueError, match="completion_tokens must be a positive int, got 0"):
         estimate_step_seconds(num_params=100, vocab_size=10, hidden_size=2, tied_embeddings=True,
                               prompts=1, group_size=2, prompt_tokens=1, completion_tokens=0)
+
+
+# ---------------------------------------------------------------------------
+# The notebook's data cell: GSM8K online, generated problems offline
+# ---------------------------------------------------------------------------
+
+
+def test_gsm8k_data_falls_back_offline(monkeypatch):
+    from grpo_tutorial.chapters.gsm8k import gsm8k_data
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    train_rows, eval_rows, source = gsm8k_data(n_eval=7)
+    assert source.startswith("generated two-digit arithmetic (GSM8K unavailable: load_gsm8k needs the Hugging Face hub")
+    assert len(train_rows) == 5000 and len(eval_rows) == 7
+    assert eval_rows[0]["prompt"].startswith("What is ")
+    assert not {row["prompt"] for row in eval_rows} & {row["prompt"] for row in train_rows}
+
+
+def test_gsm8k_data_uses_gsm8k_when_it_loads(monkeypatch):
+    from grpo_tutorial.chapters import gsm8k
+
+    rows = read_gsm8k_jsonl(FIXTURE)
+    calls = []
+
+    def fake_load(split, *, timeout):
+        calls.append(split)
+        return rows[:12] if split == "train" else rows[12:]
+
+    monkeypatch.setattr(gsm8k, "load_gsm8k", fake_load)
+    train_rows, eval_rows, source = gsm8k.gsm8k_data(n_eval=3)
+    assert (source, calls) == ("gsm8k", ["train", "test"])
+    assert train_rows == rows[:12] and eval_rows == rows[12:15]
+    with pytest.raises(ValueError, match="n_eval must be a positive int, got 0"):
+        gsm8k.gsm8k_data(n_eval=0)
