@@ -23,7 +23,6 @@ import subprocess
 import sys
 import textwrap
 import zipfile
-from pathlib import Path
 
 import nbformat
 import pytest

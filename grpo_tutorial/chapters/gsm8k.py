@@ -137,7 +137,8 @@ def gsm8k_run(
             number ``extract_answer`` finds equals the row's answer).
         gradient_checkpointing: recompute each layer's activations in the
             backward pass instead of storing them (less memory, one more forward).
-            Needs a transformers model (``gradient_checkpointing_enable``).
+            Needs a transformers model (``gradient_checkpointing_enable``); it
+            stays on after the run.
         progress: show the trainer's progress bar.
         overrides: ``GRPOConfig`` fields to change in a named preset.
 
