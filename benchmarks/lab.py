@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from benchmarks.common import LoadSampler, load_average, machine  # noqa: E402
 from grpo_tutorial._progress import progress_bar  # noqa: E402
 from grpo_tutorial.chapters.lab import LAB_METHODS, LabSettings, run_seed, summarize_lab  # noqa: E402
-from grpo_tutorial.recipes import TinyAdditionRecipe  # noqa: E402
+from grpo_tutorial.chapters.recipes import TinyAdditionRecipe  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data" / "lab_results.json"
 

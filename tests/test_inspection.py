@@ -21,9 +21,9 @@ from grpo_tutorial import (  # noqa: E402
     group_advantages,
     grpo_loss,
 )
-from grpo_tutorial.inspection import format_token_matrix, plot_token_heatmaps, token_strings  # noqa: E402
+from grpo_tutorial.chapters.inspection import format_token_matrix, plot_token_heatmaps, token_strings  # noqa: E402
+from grpo_tutorial.chapters.reward_design import number_format_reward  # noqa: E402
 from grpo_tutorial.models import build_tiny_policy  # noqa: E402
-from grpo_tutorial.reward_design import number_format_reward  # noqa: E402
 from grpo_tutorial.tasks import make_arithmetic_dataset  # noqa: E402
 from grpo_tutorial.seeding import derive_seed  # noqa: E402
 

@@ -9,7 +9,7 @@ from itertools import combinations
 import pytest
 
 from grpo_tutorial.chapters import lab as L
-from grpo_tutorial.recipes import TinyAdditionRecipe
+from grpo_tutorial.chapters.recipes import TinyAdditionRecipe
 
 
 # --- pass@k ----------------------------------------------------------------
@@ -151,7 +151,7 @@ def test_tiny_lab_run_and_summary():
 
 
 def test_rejection_sampling_trains_only_on_correct_samples(monkeypatch):
-    from grpo_tutorial.recipes import build_recipe_model
+    from grpo_tutorial.chapters.recipes import build_recipe_model
 
     recipe = TinyAdditionRecipe.quick(prompts_per_step=2, group_size=4, minibatch_size=4)
     model, tok = build_recipe_model(recipe, 0)

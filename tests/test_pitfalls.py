@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from grpo_tutorial import completion_logprobs, generate_rollouts, grpo_loss
-from grpo_tutorial.models import build_tiny_policy
-from grpo_tutorial.pitfalls import (
+from grpo_tutorial.chapters.pitfalls import (
     BUGS,
     captured_logs,
     gallery_step,
@@ -20,6 +19,7 @@ from grpo_tutorial.pitfalls import (
     token_weights,
     train_with_bug,
 )
+from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.sft import SFTConfig, supervised_warmup
 from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.trainer import TIMING_KEYS, GRPOConfig, GRPOTrainer, GRPOWarning

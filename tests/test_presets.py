@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_tutorial import GRPOConfig
-from grpo_tutorial.presets import (
+from grpo_tutorial.chapters.presets import (
     PRESETS,
     SMOLLM2_SYSTEM_PROMPT,
     get_preset,

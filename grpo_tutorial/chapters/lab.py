@@ -1,7 +1,7 @@
 """Chapter 12, "A GRPO lab": GRPO, its variants and two controls, side by side.
 
 Every method starts from ONE shared warm start per seed (chapter 8's recipe,
-:mod:`grpo_tutorial.recipes`) and trains for the same number of steps on the
+:mod:`grpo_tutorial.chapters.recipes`) and trains for the same number of steps on the
 tiny addition task, with the same prompts per step, group size and learning
 rate. Only the objective options of :data:`LAB_METHODS` differ.
 
@@ -31,8 +31,7 @@ import torch
 
 from .._checks import is_int
 from .._progress import progress_bar
-from ..evaluation import evaluate_policy
-from ..recipes import TinyAdditionRecipe, accuracy_with_se, build_recipe_model, make_recipe_data, warm_start
+from .recipes import TinyAdditionRecipe, build_recipe_model, heldout_accuracy, make_recipe_data, warm_start
 from ..rewards import answers_match, correctness_reward, extract_answer
 from ..rollout import generate_rollouts
 from ..sft import encode_sft_batch
@@ -295,12 +294,9 @@ class LabSettings:
 
 def _heldout(model, tokenizer, rows: Sequence[dict], recipe: TinyAdditionRecipe) -> dict:
     """Greedy held-out accuracy with its standard error and the per-problem outcomes."""
-    result = evaluate_policy(
-        model, tokenizer, rows, max_new_tokens=recipe.max_new_tokens, batch_size=recipe.eval_batch_size
+    return heldout_accuracy(
+        model, tokenizer, rows, max_new_tokens=recipe.grpo.max_new_tokens, batch_size=recipe.grpo.eval_batch_size
     )
-    correct = [bool(r["correct"]) for r in result["records"]]
-    accuracy, se = accuracy_with_se(correct)
-    return {"accuracy": accuracy, "se": se, "correct": correct}
 
 
 def correct_counts(
@@ -374,7 +370,7 @@ class RejectionSamplingFT:
         if self._draw is None:
             self._draw = _sampler(rows, self.seed)
         while self.step < steps:
-            self.history.append(self.train_step(self._draw(self.recipe.prompts_per_step)))
+            self.history.append(self.train_step(self._draw(self.recipe.grpo.prompts_per_step)))
         return self.history
 
     def train_step(self, rows: Sequence[dict]) -> dict:
@@ -382,13 +378,13 @@ class RejectionSamplingFT:
         t0 = time.perf_counter()
         step = self.step + 1
         rollout = generate_rollouts(
-            model, self.tokenizer, [r["prompt"] for r in rows], group_size=recipe.group_size,
-            max_new_tokens=recipe.max_new_tokens, temperature=recipe.temperature,
+            model, self.tokenizer, [r["prompt"] for r in rows], group_size=recipe.grpo.group_size,
+            max_new_tokens=recipe.grpo.max_new_tokens, temperature=recipe.grpo.temperature,
             generator_seed=self.seed * 1_000_003 + step,
         )
         kept = []
         for i, text in enumerate(rollout.completions):
-            row = rows[i // recipe.group_size]
+            row = rows[i // recipe.grpo.group_size]
             if answers_match(extract_answer(text), row["answer"]):
                 kept.append({"prompt": row["prompt"], "answer": row["answer"]})
         self._shuffle.shuffle(kept)
@@ -512,8 +508,8 @@ def run_seed(
         passk_rows = data["test"][: settings.passk_problems]
         t0 = time.perf_counter()
         counts_before = correct_counts(
-            model, tokenizer, passk_rows, n=settings.passk_n, max_new_tokens=recipe.max_new_tokens,
-            seed=seed, batch=settings.passk_batch, temperature=recipe.temperature,
+            model, tokenizer, passk_rows, n=settings.passk_n, max_new_tokens=recipe.grpo.max_new_tokens,
+            seed=seed, batch=settings.passk_batch, temperature=recipe.grpo.temperature,
         )
         passk_seconds = time.perf_counter() - t0
         methods: dict[str, dict] = {}
@@ -535,8 +531,8 @@ def run_seed(
                 t0 = time.perf_counter()
                 counts_after = correct_counts(
                     result["model"], tokenizer, passk_rows, n=settings.passk_n,
-                    max_new_tokens=recipe.max_new_tokens, seed=seed, batch=settings.passk_batch,
-                    temperature=recipe.temperature,
+                    max_new_tokens=recipe.grpo.max_new_tokens, seed=seed, batch=settings.passk_batch,
+                    temperature=recipe.grpo.temperature,
                 )
                 passk_seconds += time.perf_counter() - t0
             if on_method is not None:

@@ -6,7 +6,7 @@ on a laptop CPU, and the scale-up values for a GPU, written down once.
 
 - ``"smollm2-cpu"``: SmolLM2-135M-Instruct on a 2-core CPU, one-digit arithmetic,
   an 8-token answer budget and a two-word system prompt. The settings of the
-  committed CPU run in ``book/data/smollm2_history.jsonl`` (see
+  committed CPU run in ``grpo_tutorial/data/smollm2_history.jsonl`` (see
   ``benchmarks/smollm2_run.py`` and chapter 9).
 - ``"qwen2.5-0.5b-colab-t4"``: Qwen2.5-0.5B-Instruct on a free Colab T4 (16 GB,
   no bfloat16), with GSM8K-length answers. Weights, gradients and Adam states
@@ -25,8 +25,8 @@ import dataclasses
 import math
 from typing import Any
 
-from .tasks import train_test_split_arithmetic
-from .trainer import GRPOConfig
+from grpo_tutorial.tasks import train_test_split_arithmetic
+from grpo_tutorial.config import GRPOConfig
 
 __all__ = [
     "PRESETS",
