@@ -1,0 +1,1 @@
+"""Tools that belong to one chapter of the book (diagrams, bandits, pitfalls, ...)."""
