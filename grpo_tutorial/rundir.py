@@ -157,6 +157,10 @@ def run_lock(output_dir: str | os.PathLike | None) -> Iterator[None]:
                 f"{root} is in use by {_holder(fd)}: one run per output directory; "
                 "wait for it to finish, stop it, or choose another directory",
             ) from None
+        except OSError as err:  # a file system without locks (some network mounts): say so, run unlocked
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            warnings.warn(f"{root} cannot be locked ({_reason(err)}): nothing stops a second run there", stacklevel=3)
         with disk_errors(lock_path, root):
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
