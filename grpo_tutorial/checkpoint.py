@@ -213,7 +213,12 @@ def write_checkpoint(root: Path, state: dict, meta: dict) -> Path:
         try:
             tmp.mkdir()
             with open(tmp / STATE_FILE, "wb") as fh:  # a Python file, so a full disk is an OSError
-                torch.save(state, fh)
+                try:
+                    torch.save(state, fh)
+                except RuntimeError as err:  # torch's zip writer hides a failed write's OSError behind its own
+                    if isinstance(err.__context__, OSError):
+                        raise err.__context__ from None
+                    raise
                 fh.flush()
                 os.fsync(fh.fileno())
             write_durably(tmp / META_FILE, json.dumps({"format": FORMAT_VERSION, **meta}, indent=1).encode("utf-8"))
