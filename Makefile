@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh clone:
 #   make test   -> set up .venv, run pytest (unit tests + every notebook via nbmake)
 #   make book   -> set up .venv, build the HTML book into _build/html (executes notebooks)
+#   make check-book -> open every built page in headless Chromium and check it
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV   ?= .venv
@@ -17,7 +18,7 @@ export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
 
-.PHONY: setup test test-fast book book-noexec bench clean
+.PHONY: setup test test-fast book book-noexec check-book bench clean
 
 setup: $(STAMP)
 
@@ -50,13 +51,21 @@ book: $(STAMP) $(MATHJAX_DIR)/node_modules/mathjax/es5/tex-chtml.js
 # Render notebooks that already carry outputs (CI: nbmake wrote them) without
 # executing them again. `jupyter-book build --config FILE` (JB 1.0.4) replaces
 # _config.yml rather than merging with it, so the noexec config is generated from
-# _config.yml with only execute_notebooks changed, and nothing is written twice.
+# _config.yml with only execute_notebooks changed (and local_extensions made absolute:
+# Jupyter Book resolves them from the config file's folder), and nothing is written twice.
 NOEXEC_CONFIG := _build/_config_noexec.yml
 book-noexec: $(STAMP) $(MATHJAX_DIR)/node_modules/mathjax/es5/tex-chtml.js
 	rm -rf _build/html _build/.doctrees _build/jupyter_execute
 	mkdir -p _build
-	$(BIN)/python -c 'import sys, yaml; c = yaml.safe_load(open("_config.yml")); c["execute"]["execute_notebooks"] = "off"; yaml.safe_dump(c, open(sys.argv[1], "w"), sort_keys=False)' $(NOEXEC_CONFIG)
+	$(BIN)/python -c 'import os, sys, yaml; c = yaml.safe_load(open("_config.yml")); c["execute"]["execute_notebooks"] = "off"; ext = c.get("sphinx", {}).get("local_extensions") or {}; ext.update({k: os.path.abspath(v) for k, v in ext.items()}); yaml.safe_dump(c, open(sys.argv[1], "w"), sort_keys=False)' $(NOEXEC_CONFIG)
 	$(BIN)/jupyter-book build . -W -n --keep-going --config $(NOEXEC_CONFIG) $(BOOK_ARGS)
+
+# Open every built page in headless Chromium (Debian: apt-get install chromium) and
+# fail on raw TeX, an image that did not load, a JavaScript error, or a launch
+# button pointing at a notebook that is not in the repository. Run after a book build.
+check-book:
+	@test -f _build/html/index.html || { echo "make check-book: no built book; run make book (or make book-noexec) first" >&2; exit 1; }
+	$(BIN)/python .ci/check_book.py _build/html
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shlex
 import sys
 import time
@@ -14,7 +13,7 @@ from typing import Any
 
 from . import common
 
-PARTS = ("rollout", "train", "mfu")
+PARTS = ("rollout", "train", "mfu", "sweep")
 MODELS = ("tiny", "smollm2-135m-instruct")
 SMOLLM2 = "smollm2-135m-instruct"
 
@@ -31,7 +30,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats of each measurement (default 3, quick 2)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="alternating rounds of the two trainers in the train part (default 2, quick 1)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the number of cores)")
+    parser.add_argument("--threads", default="1,2",
+                        help="torch thread counts, comma-separated; parts rollout, train and mfu run once per "
+                        "count (default: %(default)s)")
+    parser.add_argument("--sweep-threads", type=int, default=1, help="torch threads of the sweep (default: 1)")
     parser.add_argument("--out", type=Path, default=common.RESULTS, help="where to write the JSON (default: %(default)s)")
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -49,7 +51,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.rounds = args.rounds or (1 if args.quick else 2)
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
-    args.threads = args.threads or os.cpu_count() or 1
+    try:
+        args.threads = [int(x) for x in str(args.threads).split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--threads must be comma-separated ints, got {args.threads!r}")
+    if not args.threads or min(args.threads) < 1 or args.sweep_threads < 1:
+        parser.error("--threads and --sweep-threads must be >= 1")
     return args
 
 
@@ -68,7 +75,7 @@ def part_rollout(args: argparse.Namespace, policies: dict) -> dict[str, Any]:
     )
 
 
-def part_train(args: argparse.Namespace) -> dict[str, Any]:
+def part_train(args: argparse.Namespace, threads: int) -> dict[str, Any]:
     """Both trainers on each model, in alternating rounds of fresh worker processes.
 
     The machine's load drifts, so the two trainers take turns: round 1 runs the
@@ -89,9 +96,9 @@ def part_train(args: argparse.Namespace) -> dict[str, Any]:
                 runs[engine].append(
                     common.run_worker(
                         "benchmarks.trainers",
-                        ["--engine", engine, "--model", model, "--threads", str(args.threads),
+                        ["--engine", engine, "--model", model, "--threads", str(threads),
                          "--repeats", str(per_worker), "--warmup", warmup],
-                        threads=args.threads,
+                        threads=threads,
                         timeout=900,
                     )
                 )
@@ -136,6 +143,12 @@ def part_mfu(args: argparse.Namespace, policies: dict) -> dict[str, Any]:
                 repeats=args.repeats, peak_n=peak["n"], profile_ops=name == SMOLLM2)
         )
     return {"peak": peak, "models": models}
+
+
+def part_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    from .sweep import run
+
+    return run(SMOLLM2, threads=args.sweep_threads, quick=args.quick, repeats=1 if args.quick else 2)
 
 
 # ---------------------------------------------------------------------------
@@ -198,16 +211,31 @@ def print_table(results: dict[str, Any]) -> None:
                 print(f"      {op['share']:6.1%}  {op['op']}")
 
 
+def run_parts(args: argparse.Namespace, threads: int, policies: dict) -> dict[str, Any]:
+    """Parts rollout, train and mfu at one thread count."""
+    common.set_threads(threads)
+    out: dict[str, Any] = {"machine": common.machine(threads)}
+    for part in [p for p in args.parts if p != "sweep"]:
+        print(f"benchmark part: {part}, {threads} thread(s) ...", file=sys.stderr, flush=True)
+        before = common.load_average()
+        seconds, result = common.timed(
+            lambda: part_rollout(args, policies) if part == "rollout"
+            else part_train(args, threads) if part == "train"
+            else part_mfu(args, policies)
+        )
+        out[part] = result | {"seconds": seconds, "load_before": before, "load_after": common.load_average()}
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    common.set_threads(args.threads)
     started = time.perf_counter()
     results: dict[str, Any] = {
         "command": "python -m benchmarks" + (" " + shlex.join(argv if argv is not None else sys.argv[1:])).rstrip(),
         "quick": args.quick,
         "repeats": args.repeats,
         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": common.machine(args.threads),
+        "threads": args.threads,
     }
     with common.LoadSampler() as sampler:
         policies: dict = {}
@@ -216,21 +244,35 @@ def main(argv: list[str] | None = None) -> None:
 
             for name in (("tiny", SMOLLM2) if "mfu" in args.parts else (SMOLLM2,)):
                 policies[name] = load_policy(name, device="cpu", dtype="float32")
-        for part in args.parts:
-            print(f"benchmark part: {part} ...", file=sys.stderr, flush=True)
+        results["by_threads"] = {str(n): run_parts(args, n, policies) for n in args.threads}
+        if "sweep" in args.parts:
+            print("benchmark part: sweep ...", file=sys.stderr, flush=True)
             before = common.load_average()
-            seconds, out = common.timed(
-                lambda: part_rollout(args, policies) if part == "rollout"
-                else part_train(args) if part == "train"
-                else part_mfu(args, policies)
-            )
-            results[part] = out | {"seconds": seconds, "load_before": before, "load_after": common.load_average()}
+            seconds, sweep = common.timed(lambda: part_sweep(args))
+            results["sweep"] = sweep | {"seconds": seconds, "load_before": before, "load_after": common.load_average()}
+    # the first thread count's figures also stand at the top level (what the page reads first)
+    results.update(results["by_threads"][str(args.threads[0])])
     results["load_average"] = sampler.summary()
     results["total_seconds"] = time.perf_counter() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    print_table(results)
+    for n in args.threads:
+        print(f"\n===== {n} thread(s) =====")
+        print_table({**results["by_threads"][str(n)], "load_average": results["load_average"]})
+    if "sweep" in results:
+        print_sweep(results["sweep"])
     print(f"\nwrote {args.out} in {results['total_seconds']:.0f} s")
+
+
+def print_sweep(sweep: dict[str, Any]) -> None:
+    print(f"\n(e) Cost growth, {sweep['model']}, {sweep['threads']} thread(s), around {sweep['base']}")
+    for point in sweep["points"]:
+        print(f"  {point['point']}: ours {point['ours']['step']:.2f} s, TRL {point['trl']['step']:.2f} s, "
+              f"ratio {point['ratio']:.2f}")
+    print("  log-log slopes (ours / TRL):")
+    for axis, engines in sweep["slopes"].items():
+        cells = " ".join(f"{ph}={engines['ours'][ph]:.2f}/{engines['trl'][ph]:.2f}" for ph in engines["ours"])
+        print(f"    {axis}: {cells}")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,20 @@
 """GRPO on SmolLM2-135M-Instruct on the CPU: held-out greedy accuracy before and after.
 
-The run behind chapter 9's committed log (``book/data/smollm2_history.jsonl``
-and ``book/data/smollm2_eval.json``)::
+The run behind chapter 9's committed log (``grpo_tutorial/data/smollm2_history.jsonl``
+and ``grpo_tutorial/data/smollm2_eval.json``, package data that the chapter reads
+with ``grpo_tutorial.data.read_data``)::
 
     HF_HUB_OFFLINE=1 python benchmarks/smollm2_run.py --out runs/smollm2 \\
-        --max-train-minutes 15 --steps 200
+        --max-train-minutes 15 --steps 200 --publish
+
+``--out`` gets ``history.jsonl`` and ``summary.json``. ``--publish`` also writes
+them into ``grpo_tutorial/data/``: the history as ``smollm2_history.jsonl`` (seed 0)
+or ``smollm2_history_seed<N>.jsonl``, and, for seed 0, the summary as
+``smollm2_eval.json``, keeping that file's hand-written ``tried`` list.
 
 Task: one-digit arithmetic, ``"What is 7 * 3?"`` with +, - and *. There are 300
 such problems; 200 of them are the held-out test set and GRPO trains only on the
-other 100. Settings: the ``"smollm2-cpu"`` preset (``grpo_tutorial.presets``),
+other 100. Settings: the ``"smollm2-cpu"`` preset (``grpo_tutorial.chapters.presets``),
 any field of which can be overridden with ``--set name=value``.
 
 Training stops at ``--steps``, or before a step that would (judging by the
@@ -25,16 +31,18 @@ import argparse
 import ast
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from grpo_tutorial import GRPOTrainer, correctness_reward, load_policy
-from grpo_tutorial.presets import get_preset, smollm2_cpu_data
-from grpo_tutorial.recipes import accuracy_with_se, evaluate_heldout, paired_gain
+from grpo_tutorial.chapters.presets import get_preset, smollm2_cpu_data
+from grpo_tutorial.chapters.recipes import accuracy_with_se, evaluate_heldout, paired_gain
 
 OPS = ["+", "-", "*"]
+DATA_DIR = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data"  # package data
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
@@ -89,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--preset", default="smollm2-cpu")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a GRPOConfig field")
+    p.add_argument("--publish", action="store_true", help="also write the files chapter 9 reads into grpo_tutorial/data/")
     args = p.parse_args(argv)
     if args.steps < 1 or args.max_train_minutes <= 0:
         raise ValueError(f"--steps must be >= 1 and --max-train-minutes > 0, got {args.steps} and {args.max_train_minutes}")
@@ -150,6 +159,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {out / 'history.jsonl'} and {out / 'summary.json'}")
+    if args.publish:
+        suffix = "" if args.seed == 0 else f"_seed{args.seed}"
+        history = DATA_DIR / f"smollm2_history{suffix}.jsonl"
+        shutil.copyfile(out / "history.jsonl", history)
+        print(f"wrote {history}")
+        if args.seed == 0:
+            eval_file = DATA_DIR / "smollm2_eval.json"
+            old = json.loads(eval_file.read_text(encoding="utf-8")) if eval_file.exists() else {}
+            kept = {k: old[k] for k in ("tried", "tried_note") if k in old}
+            eval_file.write_text(json.dumps({**summary, **kept}, indent=1) + "\n", encoding="utf-8")
+            print(f"wrote {eval_file}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Does GRPO really learn on this CPU? The tiny-model demonstration, for several seeds.
 
-For each seed, :func:`grpo_tutorial.recipes.run_tiny_addition` warm-starts a tiny
+For each seed, :func:`grpo_tutorial.chapters.recipes.run_tiny_addition` warm-starts a tiny
 character-level Qwen2 on 2-digit addition until it has partial skill, measures
 held-out greedy accuracy, runs GRPO, and measures it again on the same held-out
 problems. This script prints one row per seed and writes a JSON file with
@@ -35,9 +35,15 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 import torch  # noqa: E402
 
 from benchmarks.common import LoadSampler  # noqa: E402
-from grpo_tutorial.recipes import TinyAdditionRecipe, result_summary, run_tiny_addition  # noqa: E402
+from grpo_tutorial.chapters.recipes import (  # noqa: E402
+    FLAT_SETTINGS,
+    TinyAdditionRecipe,
+    result_summary,
+    run_tiny_addition,
+)
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "tiny_learning.json"
+# package data: chapter 8 reads it with grpo_tutorial.data.read_data("tiny_learning.json")
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data" / "tiny_learning.json"
 TARGET_GAIN = 0.25  # issue 3: at least +25 points of held-out greedy accuracy ...
 TARGET_GRPO_SECONDS = 180.0  # ... within at most 3 minutes of GRPO wall-clock time
 
@@ -49,15 +55,19 @@ def load_summary(sampler: LoadSampler) -> dict[str, float]:
 
 
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    """``["grpo_steps=400", "grpo_learning_rate=5e-5"]`` -> recipe field values (JSON-parsed)."""
-    fields = {f.name for f in dataclasses.fields(TinyAdditionRecipe)}
+    """``["grpo_steps=400", "grpo_learning_rate=5e-5"]`` -> recipe settings (JSON-parsed).
+
+    Names are recipe fields or the flat names of config settings (``FLAT_SETTINGS``),
+    as :meth:`TinyAdditionRecipe.with_settings` takes them.
+    """
+    names = ({f.name for f in dataclasses.fields(TinyAdditionRecipe)} - {"sft", "grpo"}) | set(FLAT_SETTINGS)
     out: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
             raise ValueError(f"--set expects FIELD=VALUE, got {pair!r}")
         name, text = pair.split("=", 1)
-        if name not in fields:
-            raise ValueError(f"--set {name}: not a TinyAdditionRecipe field; choose from {sorted(fields)}")
+        if name not in names:
+            raise ValueError(f"--set {name}: not a TinyAdditionRecipe field; choose from {sorted(names)}")
         try:
             out[name] = json.loads(text)
         except json.JSONDecodeError:
@@ -100,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seeds must be >= 0, got {args.seeds}")
 
     overrides = parse_overrides(args.overrides)
-    recipe = TinyAdditionRecipe.quick(**overrides) if args.quick else TinyAdditionRecipe(**overrides)
+    base = TinyAdditionRecipe.quick() if args.quick else TinyAdditionRecipe()
+    recipe = base.with_settings(**overrides)
     print(f"recipe: {'quick' if args.quick else 'default'}"
           + (f" with {overrides}" if overrides else "")
           + f"; load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)

@@ -77,7 +77,7 @@ SPECS = {
 
 def ours_config(spec: MatchedSpec):
     """The package's GRPOConfig for a matched spec."""
-    from grpo_tutorial.trainer import GRPOConfig
+    from grpo_tutorial.config import GRPOConfig
 
     return GRPOConfig(
         group_size=spec.group_size,
@@ -216,11 +216,26 @@ def load(spec: MatchedSpec):
     return load_policy(spec.model, device="cpu", dtype="float32")
 
 
-def run_ours(spec: MatchedSpec, warmup: int, repeats: int) -> dict[str, Any]:
-    """Time ``warmup + repeats`` steps of the package's GRPOTrainer."""
-    import warnings
+#: Where each benchmark phase comes from in the package's history row (no patching:
+#: the trainer times its own stages).
+HISTORY_PHASES = {
+    "generate": ("generate_seconds",),
+    "rewards": ("reward_seconds",),
+    "score_no_grad": ("score_seconds", "reference_seconds"),
+    "forward": ("forward_seconds",),
+    "backward": ("backward_seconds",),
+    "optimizer": ("optimizer_seconds",),
+}
 
-    import torch
+
+def history_phases(row: dict[str, float]) -> dict[str, float]:
+    """The benchmark's phases of one step, read from the package's history row."""
+    return {phase: sum(row[key] for key in keys) for phase, keys in HISTORY_PHASES.items()}
+
+
+def run_ours(spec: MatchedSpec, warmup: int, repeats: int) -> dict[str, Any]:
+    """Time ``warmup + repeats`` steps of the package's GRPOTrainer, from its own per-stage timings."""
+    import warnings
 
     import grpo_tutorial.trainer as trainer_module
     from grpo_tutorial.rewards import correctness_reward
@@ -228,43 +243,41 @@ def run_ours(spec: MatchedSpec, warmup: int, repeats: int) -> dict[str, Any]:
     model, tokenizer = load(spec)
     model.generation_config.min_new_tokens = spec.max_new_tokens
     trainer = trainer_module.GRPOTrainer(model, tokenizer, correctness_reward, ours_config(spec))
-    clock = PhaseClock()
-    shapes: dict[str, list[float]] = defaultdict(list)
-
-    def generate(*args, **kwargs):
-        rollout = generate_rollouts(*args, **kwargs)
-        shapes["prompt_tokens"].append(float(rollout.prompt_mask.sum(dim=1).float().mean()))
-        shapes["completion_tokens"].append(float(rollout.completion_mask.sum(dim=1).mean()))
-        return rollout
-
-    generate_rollouts = trainer_module.generate_rollouts
-    trainer_module.generate_rollouts = clock.wrap(generate, "generate")
-    trainer_module.compute_rewards = clock.wrap(trainer_module.compute_rewards, "rewards")
-    trainer_module.completion_logprobs = clock.wrap(trainer_module.completion_logprobs, grad_phase)
-    torch.Tensor.backward = clock.wrap(torch.Tensor.backward, "backward")
-    trainer.optimizer.step = clock.wrap(trainer.optimizer.step, "optimizer")
 
     rows = dataset_rows(spec, spec.prompts_per_step * (warmup + repeats))
     rss_before = current_rss_mb()
-    seconds = []
+    seconds, phases, prompt_tokens, completion_tokens = [], [], [], []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "most completions truncated": forced on purpose here
         for i in range(warmup + repeats):
             batch = rows[i * spec.prompts_per_step : (i + 1) * spec.prompts_per_step]
-            clock.new_step()
             start = time.perf_counter()
-            trainer.train_step(batch)
+            row = trainer.train_step(batch)
             seconds.append(time.perf_counter() - start)
+            phases.append(history_phases(row))
+            completion_tokens.append(row["completion_len_mean"])
+            prompt_tokens.append(_prompt_tokens(tokenizer, batch, trainer.config))
     return {
         "engine": "grpo_tutorial",
         "step_seconds": seconds[warmup:],
-        "phase_steps": phase_rows(seconds[warmup:], clock.steps[warmup:]),
+        "phase_steps": phase_rows(seconds[warmup:], phases[warmup:]),
         "rss_before_mb": rss_before,
         "peak_rss_mb": peak_rss_mb(),
-        "prompt_tokens_mean": summarize(shapes["prompt_tokens"])["median"],
-        "completion_tokens_mean": summarize(shapes["completion_tokens"])["median"],
+        "prompt_tokens_mean": summarize(prompt_tokens)["median"],
+        "completion_tokens_mean": summarize(completion_tokens)["median"],
         "parameters": sum(p.numel() for p in model.parameters()),
     }
+
+
+def _prompt_tokens(tokenizer: Any, batch: list[dict], config: Any) -> float:
+    """Mean prompt length in tokens, rendered as the trainer renders it."""
+    from grpo_tutorial.rollout import _uses_chat_template, render_prompts
+
+    texts = render_prompts(tokenizer, [row["prompt"] for row in batch], system_prompt=config.system_prompt,
+                           use_chat_template=config.use_chat_template)
+    add_special = not _uses_chat_template(tokenizer, config.use_chat_template)
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=add_special)["input_ids"]]
+    return sum(lengths) / len(lengths)
 
 
 def run_trl(spec: MatchedSpec, warmup: int, repeats: int) -> dict[str, Any]:
@@ -358,11 +371,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--prompts-per-step", type=int, help="override the spec's B (the sweep)")
+    parser.add_argument("--group-size", type=int, help="override the spec's G (the sweep)")
+    parser.add_argument("--max-new-tokens", type=int, help="override the spec's completion length (the sweep)")
     args = parser.parse_args(argv)
     if args.warmup < 0 or args.repeats < 1:
         parser.error(f"--warmup must be >= 0 and --repeats >= 1, got {args.warmup} and {args.repeats}")
     set_threads(args.threads)
     spec = SPECS[args.model]
+    overrides = {k: getattr(args, k) for k in ("prompts_per_step", "group_size", "max_new_tokens") if getattr(args, k)}
+    if overrides:  # a point of the cost-growth sweep
+        import dataclasses
+
+        spec = dataclasses.replace(spec, **overrides)
     run = run_ours if args.engine == "ours" else run_trl
     result = run(spec, args.warmup, args.repeats)
     result.update({"model": spec.model, "spec": spec.__dict__, "threads": args.threads, "warmup": args.warmup})

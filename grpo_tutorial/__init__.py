@@ -83,6 +83,7 @@ __all__ = [
     "supervised_warmup",
     "GRPOConfig",
     "GRPOTrainer",
+    "evaluate_policy",
     "GRPOWarning",
     "TIMING_KEYS",
     "plot_history",

@@ -12,6 +12,9 @@ Examples::
     python -m grpo_tutorial evaluate --checkpoint runs/tiny --n 500
     python -m grpo_tutorial plot runs/tiny --out runs/tiny/curves.png
 
+Errors in flags and paths print one line, ``error: ...``, and exit with code 2
+(``--traceback`` shows the full traceback); Ctrl-C during training exits with 130.
+
 Every flag left out takes the model's preset (see ``PRESETS``): the tiny model
 gets DESIGN.md's calibrated CPU settings, chat models settings sized for a
 135M-0.5B model.
@@ -60,6 +63,7 @@ _FLAG_TO_FIELD = {
     "clip_eps_high": "clip_eps_high",
     "num_iterations": "num_iterations",
     "minibatch_size": "minibatch_size",
+    "micro_batch_size": "micro_batch_size",
     "loss_type": "loss_type",
     "scale_rewards": "scale_rewards",
     "std": "std",
@@ -74,6 +78,17 @@ _FLAG_TO_FIELD = {
 # ---------------------------------------------------------------------------
 # Parser
 # ---------------------------------------------------------------------------
+
+
+class _DefaultsOnceFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Append "(default: X)" only where the help text does not state the default
+    itself, and never "(default: None)" or "(default: False)" (an absent flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text.lower() or any(action.default is v for v in (None, False, argparse.SUPPRESS)):
+            return text
+        return super()._get_help_string(action)
 
 
 def _add_model_args(p: argparse.ArgumentParser, required: bool) -> None:
@@ -106,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="run GRPO and write history.jsonl, checkpoints and eval.json",
         description="Run GRPO. Flags left out take the model's preset (tiny or chat).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsOnceFormatter,
     )
     _add_model_args(t, required=True)
     _add_task_args(t, required=True)
@@ -145,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--clip-eps-high", type=float, help="DAPO clip-higher, e.g. 0.28")
     g.add_argument("--num-iterations", type=int, help="mu, passes over each batch")
     g.add_argument("--minibatch-size", type=int, help="completions per optimizer update")
+    g.add_argument("--micro-batch-size", type=int, help="completions per forward/backward pass (memory only)")
     g.add_argument("--loss-type", choices=("grpo", "bnpo", "dapo", "dr_grpo"))
     g.add_argument("--scale-rewards", choices=("group", "batch", "none"))
     g.add_argument("--std", choices=("sample", "population"))
@@ -161,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="greedy accuracy of a model or checkpoint on held-out problems",
         description="Greedy evaluation. With --checkpoint pointing at a train --out directory, "
         "--model, --task and the other settings default to that run's.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsOnceFormatter,
     )
     _add_model_args(e, required=False)
     _add_task_args(e, required=False)
@@ -179,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         "plot",
         help="draw the training curves of a history.jsonl",
         description="Plot reward, accuracy, KL, clip fraction, length and zero-std fraction against the step.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsOnceFormatter,
     )
     p.add_argument("history", help="a run directory or its history.jsonl")
     p.add_argument("--out", required=True, help="image file to write (png, pdf, svg)")
@@ -291,9 +307,53 @@ def _print_eval(label: str, result: dict) -> None:
         print(f"    {sample['prompt']!r} -> {sample['completion']!r} (answer {sample['answer']!r})")
 
 
+def _check_writable(flag: str, path: str, *, is_dir: bool) -> None:
+    """Fail before any work when ``path`` cannot be created: it (or a parent) is
+    a file where a directory must be, or the nearest existing parent is read-only."""
+    target = Path(path).expanduser()
+    if target.exists():
+        if is_dir and not target.is_dir():
+            raise ValueError(f"{flag} {path!r} is a file; it must be a directory (or not exist yet)")
+        if not is_dir and target.is_dir():
+            raise ValueError(f"{flag} {path!r} is a directory; it must be a file name")
+        if not os.access(target, os.W_OK):
+            raise ValueError(f"{flag} {path!r} is not writable by this user")
+        return
+    parent = target.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path!r} cannot be created: {str(parent)!r} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path!r} cannot be created: {str(parent)!r} is not writable by this user")
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Path errors of every subcommand, as one-line errors before a model loads."""
+    model = getattr(args, "model", None)
+    named = ("tiny", "smollm2-135m-instruct")  # load_policy takes these names before folders
+    if model is not None and model.strip().lower() not in named and os.path.exists(os.path.expanduser(model)):
+        from .models import _check_model_dir
+
+        _check_model_dir(model)  # a local --model that is not a saved model fails here, before --out is made
+    if args.command == "train":
+        _check_writable("--out", args.out, is_dir=True)
+    elif args.command == "evaluate":
+        if args.checkpoint is not None and not Path(args.checkpoint).expanduser().exists():
+            raise ValueError(f"--checkpoint {args.checkpoint!r} does not exist")
+        if args.out is not None:
+            _check_writable("--out", args.out, is_dir=False)
+    elif args.command == "plot":
+        if not Path(args.history).expanduser().exists():
+            raise ValueError(f"{args.history!r} does not exist; pass a train --out directory or its history.jsonl")
+        _check_writable("--out", args.out, is_dir=False)
+
+
 def _write_json(path: Path, data: Any, run_dir: Path | None = None) -> None:
     from .rundir import disk_errors
 
+    with disk_errors(path.parent, run_dir):
+        path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with disk_errors(tmp, run_dir):
         tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
@@ -313,6 +373,19 @@ def _claim_out(out: Path) -> Any:
 # ---------------------------------------------------------------------------
 
 
+def _evaluate(model: Any, tokenizer: Any, rows: list, reward_fns: Any, config: Any, task: str, **kwargs: Any) -> dict:
+    """Greedy held-out evaluation with a run's settings (no trainer is built for it)."""
+    from .evaluation import evaluate_policy
+
+    if kwargs.get("batch_size") is None:
+        kwargs["batch_size"] = config.eval_batch_size
+    return evaluate_policy(
+        model, tokenizer, rows, reward_fns=reward_fns, reward_weights=config.reward_weights,
+        max_new_tokens=config.max_new_tokens, system_prompt=config.system_prompt,
+        use_chat_template=config.use_chat_template, accuracy_fn=accuracy_fn_for(task), **kwargs,
+    )
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise ValueError(f"--steps must be a positive int, got {args.steps}")
@@ -323,7 +396,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace, out: Path) -> int:
     import torch
 
-    from .trainer import GRPOConfig, GRPOTrainer, find_checkpoint
+    from .checkpoint import find_checkpoint
+    from .config import GRPOConfig
+    from .trainer import GRPOTrainer
 
     checkpoint = find_checkpoint(out) if args.resume else None
     resuming = checkpoint is not None
@@ -362,11 +437,11 @@ def _train(args: argparse.Namespace, out: Path) -> int:
         t0 = time.perf_counter()
         stop_when = None
         if args.sft_target_accuracy is not None:
-            probe = GRPOTrainer(model, tokenizer, reward_fns, config, accuracy_fn=accuracy_fn_for(args.task))
             probe_rows = train_rows[-200:]  # training problems: the held-out set stays unseen
 
             def stop_when(m: Any) -> bool:
-                return probe.evaluate(probe_rows, num_samples=0)["accuracy"] >= args.sft_target_accuracy
+                probe = _evaluate(m, tokenizer, probe_rows, reward_fns, config, args.task, num_samples=0)
+                return probe["accuracy"] >= args.sft_target_accuracy
 
         sft_history = supervised_warmup(
             model, tokenizer, train_rows, SFTConfig(steps=args.sft_steps, seed=args.seed),
@@ -404,7 +479,8 @@ def _train(args: argparse.Namespace, out: Path) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from .trainer import GRPOConfig, GRPOTrainer, find_checkpoint, load_model_state
+    from .checkpoint import find_checkpoint, load_model_state
+    from .config import GRPOConfig
 
     run: dict[str, Any] = {}
     if args.checkpoint is not None:
@@ -443,8 +519,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         config_values["max_new_tokens"] = args.max_new_tokens
     if args.system_prompt is not None:
         config_values["system_prompt"] = args.system_prompt
-    trainer = GRPOTrainer(model, tokenizer, reward_fns, GRPOConfig(**config_values), accuracy_fn=accuracy_fn_for(task))
-    result = trainer.evaluate(eval_rows, batch_size=args.batch_size)
+    result = _evaluate(
+        model, tokenizer, eval_rows, reward_fns, GRPOConfig(**config_values), task, batch_size=args.batch_size
+    )
     _print_eval(f"{model_name} on {task}" + (f" ({args.checkpoint})" if args.checkpoint else ""), result)
     if args.out:
         _write_json(Path(args.out), result)
@@ -475,14 +552,13 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code (0 on success)."""
-    from .rundir import RunDirectoryError
-
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_paths(args)
         return args.func(args)
-    except (ValueError, TypeError, ConnectionError, FileNotFoundError, ModuleNotFoundError, RunDirectoryError) as err:
-        # allowed broad handler: the command line's top level prints the error as one line and exits 2
+    except (ValueError, TypeError, ModuleNotFoundError, OSError) as err:  # OSError: ConnectionError, FileNotFoundError, ...
+        # allowed broad handler: the top level prints the error (RunDirectoryError too) as one line, exit 2
         if args.traceback:
             raise
         print(f"error: {err}", file=sys.stderr)

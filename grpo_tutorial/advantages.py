@@ -7,6 +7,18 @@ completion's advantage is how much better it scored than its siblings,
     A_i = (r_i - mean(r_group)) / (std(r_group) + eps)
 
 (DeepSeekMath, eq. 3 / the outcome-supervision case). Dr. GRPO drops the division.
+
+Two relatives change the baseline (what a reward is compared with), and compose
+with any ``scale``:
+
+* RLOO (``baseline="rloo"``): the mean of the *other* G - 1 rewards of the group,
+  ``A_i = r_i - (sum_j r_j - r_i) / (G - 1) = G / (G - 1) * (r_i - mean)``.
+  A completion's own reward is not in its baseline, so the estimate is unbiased.
+* REINFORCE++ (``baseline="batch"`` with ``scale="batch"``): one baseline for the
+  whole batch, ``A_i = (r_i - mean(r_batch)) / (std(r_batch) + eps)``. A group
+  whose rewards are all equal still gets a non-zero advantage (the baseline is
+  not its own mean). ``baseline="group"`` with ``scale="batch"`` is
+  "REINFORCE++ with baseline" (TRL's ``scale_rewards="batch"``).
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ import torch
 from ._checks import as_float_tensor, one_of
 
 SCALES = ("group", "batch", "none")
+BASELINES = ("group", "rloo", "batch")
 STDS = ("sample", "population")
 NAN_POLICIES = ("raise", "skip")
 
@@ -30,8 +43,9 @@ def group_advantages(
     std: str = "sample",
     eps: float = 1e-4,
     nan: str = "raise",
+    baseline: str = "group",
 ) -> torch.Tensor:
-    """Z-score each reward within its group.
+    """Z-score each reward within its group (or against another baseline).
 
     Args:
         rewards: ``[P, G]`` (P prompts, G completions each) or flat ``[P*G]``
@@ -46,15 +60,26 @@ def group_advantages(
         nan: what a NaN reward (a completion no reward function could score)
             means. ``"raise"`` (default) refuses it. ``"skip"`` leaves it out of
             its group's mean and std, as TRL 1.16 does, and gives it advantage 0.
+        baseline: ``"group"`` (the group mean, GRPO), ``"rloo"`` (the mean of
+            the other members of the group) or ``"batch"`` (the mean of every
+            reward in the batch, REINFORCE++); see the module docstring.
+            ``"batch"`` cannot be combined with ``scale="group"``.
 
     Returns:
-        Advantages with the same shape as ``rewards``. A group whose rewards are
-        all equal gets exactly 0: it carries no learning signal. So does, with
-        ``nan="skip"``, a group with fewer than two scorable rewards.
+        Advantages with the same shape as ``rewards``. With a group or RLOO
+        baseline, a group whose rewards are all equal gets exactly 0: it carries
+        no learning signal. So does, with ``nan="skip"``, a group with fewer
+        than two scorable rewards. An unscorable completion always gets 0.
     """
     one_of("scale", scale, SCALES)
     one_of("std", std, STDS)
     one_of("nan", nan, NAN_POLICIES)
+    one_of("baseline", baseline, BASELINES)
+    if baseline == "batch" and scale == "group":
+        raise ValueError(
+            "baseline='batch' with scale='group' would divide batch-centred rewards by a group's std, which is 0 "
+            "for a group of equal rewards; use scale='batch' (REINFORCE++) or scale='none'"
+        )
     if not isinstance(eps, (int, float)) or eps < 0:
         raise ValueError(f"eps must be a non-negative number, got {eps!r}")
     r = as_float_tensor("rewards", rewards)
@@ -93,19 +118,25 @@ def group_advantages(
             + ("" if nan == "skip" else "; pass nan='skip' to leave unscorable (NaN) completions out")
         )
     if torch.isnan(grouped).any():
-        return _advantages_skipping_nan(grouped, scale, std, eps).reshape(r.shape)
+        return _advantages_skipping_nan(grouped, scale, std, eps, baseline).reshape(r.shape)
 
     unbiased = std == "sample"
-    centred = grouped - grouped.mean(dim=1, keepdim=True)  # [P, G]
+    if baseline == "batch":
+        centred = grouped - grouped.mean()  # [P, G]
+    else:
+        centred = grouped - grouped.mean(dim=1, keepdim=True)  # [P, G]
+        if baseline == "rloo":
+            centred = centred * (G / (G - 1))  # r_i - mean of the other G - 1
     if scale == "group":
         advantages = centred / (grouped.std(dim=1, keepdim=True, unbiased=unbiased) + eps)
     elif scale == "batch":
         advantages = centred / (grouped.std(unbiased=unbiased) + eps)
     else:  # "none": Dr. GRPO keeps the raw reward scale
         advantages = centred
-    # Floating-point means of equal numbers need not be exact; force exact zeros.
-    constant = (grouped == grouped[:, :1]).all(dim=1)  # [P]
-    advantages = advantages.masked_fill(constant[:, None], 0.0)
+    if baseline != "batch":
+        # Floating-point means of equal numbers need not be exact; force exact zeros.
+        constant = (grouped == grouped[:, :1]).all(dim=1)  # [P]
+        advantages = advantages.masked_fill(constant[:, None], 0.0)
     return advantages.reshape(r.shape)
 
 
@@ -123,13 +154,17 @@ def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return (valid.sum(dim=1) < 2) | (low == high)
 
 
-def _advantages_skipping_nan(grouped: torch.Tensor, scale: str, std: str, eps: float) -> torch.Tensor:
+def _advantages_skipping_nan(
+    grouped: torch.Tensor, scale: str, std: str, eps: float, baseline: str = "group"
+) -> torch.Tensor:
     """:func:`group_advantages` of ``[P, G]`` rewards where NaN marks an unscorable completion."""
     valid = ~torch.isnan(grouped)  # [P, G]
     count = valid.sum(dim=1, keepdim=True)  # [P, 1]
     values = torch.where(valid, grouped, torch.zeros_like(grouped))  # [P, G]
     mean = values.sum(dim=1, keepdim=True) / count.clamp(min=1)  # [P, 1]
     centred = torch.where(valid, grouped - mean, torch.zeros_like(grouped))  # [P, G]
+    if baseline == "rloo":  # the mean of the other scorable members
+        centred = centred * (count / (count - 1).clamp(min=1))  # [P, G]
     ddof = 1 if std == "sample" else 0
     if scale == "group":
         spread = torch.sqrt((centred**2).sum(dim=1, keepdim=True) / (count - ddof).clamp(min=1))  # [P, 1]
@@ -140,5 +175,12 @@ def _advantages_skipping_nan(grouped: torch.Tensor, scale: str, std: str, eps: f
         advantages = centred / (spread + eps)  # [P, G]
     else:
         advantages = centred  # [P, G]
+    if baseline == "batch":
+        kept = grouped[valid]  # [K]
+        advantages = torch.where(valid, grouped - kept.mean(), torch.zeros_like(grouped))  # [P, G]
+        if scale == "batch":
+            spread = kept.std(unbiased=ddof == 1) if kept.numel() > 1 else kept.new_zeros(())
+            advantages = advantages / (spread + eps)  # [P, G]
+        return advantages.masked_fill(~valid, 0.0)  # [P, G]
     no_signal = zero_std_groups(grouped, grouped.shape[1])  # [P]
     return advantages.masked_fill(no_signal[:, None] | ~valid, 0.0)  # [P, G]

@@ -29,11 +29,14 @@ import json
 import math
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from .config import GRPOConfig
+from .metrics import GRPOWarning
 from .rundir import disk_errors
 
 __all__ = [
@@ -42,6 +45,8 @@ __all__ = [
     "META_FILE",
     "STATE_FILE",
     "append_history",
+    "config_changes",
+    "history_until",
     "dataset_fingerprint",
     "find_checkpoint",
     "load_model_state",
@@ -233,6 +238,48 @@ def write_checkpoint(root: Path, state: dict, meta: dict) -> Path:
         fsync_dir(root)
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+#: Fields that may change between a run and its resumption without changing its numbers.
+RESUME_FREE_FIELDS = frozenset({"output_dir", "log_every", "checkpoint_every", "eval_batch_size"})
+
+
+def config_changes(saved: dict, current: dict) -> str:
+    """The fields (other than :data:`RESUME_FREE_FIELDS`) whose values differ, as ``"name: old -> new, ..."``.
+
+    A field the saved config lacks (added to the package since) counts as having
+    its default, so an old checkpoint does not look changed.
+    """
+    defaults = GRPOConfig().to_dict()
+    changed = [
+        f"{k}: {saved.get(k, defaults.get(k))!r} -> {v!r}"
+        for k, v in current.items()
+        if k not in RESUME_FREE_FIELDS and saved.get(k, defaults.get(k)) != v
+    ]
+    return ", ".join(changed)
+
+
+def history_until(root: Path, meta: dict) -> list[dict]:
+    """The history up to the checkpoint's step: rows logged after the save are dropped (they are redone).
+
+    Format-1 checkpoints carried the history themselves; format 2 reads it from
+    ``root/history.jsonl``. A history with fewer rows than steps is returned
+    with a warning.
+    """
+    step = int(meta["step"])
+    if "history" in meta:
+        rows = list(meta["history"])[: int(meta["history_len"])]
+    else:
+        rows = read_history(root, drop_cut_last_line=True) if (root / HISTORY_FILE).exists() else []
+    rows = [row for row in rows if row.get("step", 0) <= step]
+    if len(rows) != step:
+        warnings.warn(
+            f"{root / HISTORY_FILE} has {len(rows)} rows up to the checkpoint's step {step}; "
+            "the history of the resumed run will be incomplete",
+            GRPOWarning,
+            stacklevel=3,
+        )
+    return rows
 
 
 def dataset_fingerprint(dataset: Sequence[dict]) -> str:

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ._checks import check_choice, check_int, check_number, config_error, is_number
-from .advantages import SCALES, STDS
+from .advantages import BASELINES, SCALES, STDS
 from .kl import KL_KINDS
 from .loss import LOSS_TYPES
+from .objectives import IMPORTANCE_SAMPLING_LEVELS
 
 __all__ = ["GRPOConfig"]
 
@@ -65,7 +66,45 @@ class GRPOConfig:
             pass would score other log-probs than the old-policy pass, so the
             first-pass ratio would not be 1 and the clip statistics would mean
             nothing. Models without dropout are unaffected.
-        loss_type: ``"grpo"``, ``"bnpo"``, ``"dapo"`` or ``"dr_grpo"``.
+        loss_type: ``"grpo"``, ``"bnpo"``, ``"dapo"``, ``"dr_grpo"``, ``"cispo"``
+            (MiniMax-M1: a clipped, detached weight times log pi, so clipped
+            tokens keep a gradient; its cap is ``1 + clip_eps_high``, which may
+            then be >= 1: TRL's ``epsilon_high=5.0`` is ``clip_eps_high=4.0``)
+            or ``"sapo"`` (a sigmoid gate instead of the clip).
+        importance_sampling_level: ``"token"`` (one ratio per token) or
+            ``"sequence"`` (GSPO: one length-normalised ratio per completion).
+        delta: None, or a cap on the ratio in the unclipped term of the clipped
+            surrogate (INTELLECT-2's two-sided clip); must be > 1 + clip_eps_high.
+        sapo_temperature_pos, sapo_temperature_neg: SAPO's gate temperatures for
+            positive and non-positive advantages (TRL's defaults 1.0 and 1.05).
+        mask_truncated_completions: completions cut off at ``max_new_tokens``
+            get no loss and no gradient, and their tokens leave every token
+            count (DAPO's overlong filter; TRL zeroes their loss mask the same way).
+        top_entropy_quantile: train only on the tokens in this top fraction of
+            per-token entropy, per micro-batch as in TRL (1.0 = all tokens; the
+            80/20 paper uses 0.2).
+        entropy_coef: subtract this times the mean per-token entropy (an
+            entropy bonus; 0 = off).
+            Both entropy options use the *current* policy's entropy with its
+            gradient, from the gradient pass (as TRL does), never the no-grad
+            old-policy pass; the history's ``entropy`` stays the sampling policy's.
+        off_policy_mask_threshold: None, or drop from the loss the completions
+            with a negative advantage whose mean log(pi_old / pi_theta) exceeds
+            it (DeepSeek-V3.2). Here sampler and scorer are one model, so it
+            only acts on the later updates of an off-policy step (mu > 1 or
+            several minibatches); on-policy it keeps everything.
+        advantage_baseline: what a reward is compared with. ``"group"`` (GRPO:
+            the group mean), ``"rloo"`` (RLOO: the mean of the other G - 1
+            rewards of the group) or ``"batch"`` (REINFORCE++: the mean of the
+            whole batch; use it with ``scale_rewards="batch"`` or ``"none"``).
+        dynamic_sampling: DAPO's dynamic sampling. Groups whose rewards are all
+            equal carry no signal; keep drawing ``prompts_per_step`` more
+            prompts, up to ``max_sampling_rounds`` rounds, until the step has
+            ``prompts_per_step`` groups with non-zero reward std. If the cap is
+            reached first, the step is filled up with zero-std groups (advantage
+            0, as without the option). The history's ``groups_drawn`` counts the
+            groups sampled; every round advances the data position.
+        max_sampling_rounds: the cap of ``dynamic_sampling`` (>= 1).
         scale_rewards: ``"group"``, ``"batch"`` or ``"none"`` (Dr. GRPO).
         std: ``"sample"`` (Bessel) or ``"population"`` for the advantage std.
         max_grad_norm: gradient clipping threshold (None = no clipping, but the
@@ -103,6 +142,17 @@ class GRPOConfig:
     micro_batch_size: int | None = None
     disable_dropout: bool = True
     loss_type: str = "grpo"
+    importance_sampling_level: str = "token"
+    delta: float | None = None
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    mask_truncated_completions: bool = False
+    top_entropy_quantile: float = 1.0
+    entropy_coef: float = 0.0
+    off_policy_mask_threshold: float | None = None
+    advantage_baseline: str = "group"
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 4
     scale_rewards: str = "group"
     std: str = "sample"
     max_grad_norm: float | None = 1.0
@@ -137,10 +187,15 @@ class GRPOConfig:
         check_number(o, "weight_decay", self.weight_decay, lambda v: v >= 0, "a number >= 0")
         check_number(o, "beta", self.beta, lambda v: v >= 0, "a number >= 0 (0 = no KL penalty)")
         check_number(o, "clip_eps", self.clip_eps, lambda v: 0 < v < 1, "a number in (0, 1), e.g. 0.2")
-        check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: 0 < v < 1,
-                     "None or a number in (0, 1), e.g. 0.28", optional=True)
-        check_choice(o, "kl_kind", self.kl_kind, KL_KINDS)
         check_choice(o, "loss_type", self.loss_type, LOSS_TYPES)
+        if self.loss_type == "cispo":  # the cap 1 + clip_eps_high may lie far above 2 (TRL recommends 5)
+            check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: v > 0,
+                         "None or a number > 0 (CISPO's cap is 1 + clip_eps_high)", optional=True)
+        else:
+            check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: 0 < v < 1,
+                         "None or a number in (0, 1), e.g. 0.28", optional=True)
+        check_choice(o, "kl_kind", self.kl_kind, KL_KINDS)
+        self._check_variant_options()
         check_choice(o, "scale_rewards", self.scale_rewards, SCALES)
         check_choice(o, "std", self.std, STDS)
         check_number(o, "max_grad_norm", self.max_grad_norm, lambda v: v > 0, "None or a number > 0", optional=True)
@@ -174,6 +229,39 @@ class GRPOConfig:
             if not isinstance(self.output_dir, (str, os.PathLike)):
                 raise config_error(o, "output_dir", self.output_dir, "None or a path")
             self.output_dir = os.fspath(self.output_dir)
+
+    def _check_variant_options(self) -> None:
+        o = _OWNER
+        check_choice(o, "importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
+        eps_high = self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+        if self.delta is not None and self.loss_type in ("cispo", "sapo"):
+            raise config_error(o, "delta", self.delta, f"None with loss_type={self.loss_type!r}",
+                               ": delta caps the clipped surrogate's ratio, which this loss type does not use")
+        if is_number(eps_high):
+            check_number(o, "delta", self.delta, lambda v: v > 1 + eps_high,
+                         f"None or a number > 1 + clip_eps_high = {1 + eps_high:g}", optional=True)
+        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+            check_number(o, name, getattr(self, name), lambda v: v > 0, "a number > 0")
+        for name in ("mask_truncated_completions", "dynamic_sampling"):
+            if not isinstance(getattr(self, name), bool):
+                raise config_error(o, name, getattr(self, name), "True or False")
+        check_number(o, "top_entropy_quantile", self.top_entropy_quantile, lambda v: 0 <= v <= 1,
+                     "a number in [0, 1] (1.0 = every token; the 80/20 paper uses 0.2)")
+        check_number(o, "entropy_coef", self.entropy_coef, lambda v: True, "a number (0 = no entropy bonus)")
+        check_number(o, "off_policy_mask_threshold", self.off_policy_mask_threshold, lambda v: v >= 0,
+                     "None or a number >= 0 (e.g. 0.5)", optional=True)
+        check_choice(o, "advantage_baseline", self.advantage_baseline, BASELINES)
+        if self.advantage_baseline == "batch" and self.scale_rewards == "group":
+            raise config_error(o, "scale_rewards", self.scale_rewards,
+                               "'batch' or 'none' with advantage_baseline='batch'",
+                               ": a group whose rewards are all equal has std 0, so dividing a batch-centred "
+                               "reward by it would blow up (REINFORCE++ uses scale_rewards='batch')")
+        check_int(o, "max_sampling_rounds", self.max_sampling_rounds, 1)
+
+    @property
+    def needs_entropy_grad(self) -> bool:
+        """Whether the loss uses the current policy's per-token entropy."""
+        return self.top_entropy_quantile < 1.0 or self.entropy_coef != 0.0
 
     @property
     def batch_completions(self) -> int:

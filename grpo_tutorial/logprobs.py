@@ -87,6 +87,7 @@ def completion_logprobs(
     *,
     temperature: float = 1.0,
     return_entropy: bool = False,
+    entropy_grad: bool = False,
 ):
     """Per-token log-probs of the last ``completion_length`` tokens of each row.
 
@@ -106,7 +107,8 @@ def completion_logprobs(
 
     Returns:
         ``[N, Tc]`` log-probs, or ``(logp, entropy)`` with the per-token entropy
-        ``[N, Tc]`` (computed without gradient) when ``return_entropy``.
+        ``[N, Tc]`` when ``return_entropy``: without gradient, unless
+        ``entropy_grad`` (an entropy bonus in the loss needs its gradient).
     """
     require_tensor("input_ids", input_ids, dim=2, floating=False)
     require_tensor("attention_mask", attention_mask, dim=2)
@@ -135,6 +137,8 @@ def completion_logprobs(
     logp = token_logprobs(logits, tokens)  # [N, Tc]
     if not return_entropy:
         return logp
+    if entropy_grad:
+        return logp, token_entropy(logits)  # [N, Tc] x2
     with torch.no_grad():
         entropy = token_entropy(logits)  # [N, Tc]
     return logp, entropy

@@ -16,6 +16,14 @@ For completion i, token t, with ratio rho = pi_theta / pi_old and advantage A_i:
   ``bnpo`` by the tokens of each micro-batch (see :mod:`grpo_tutorial.objectives`).
 * ``"dr_grpo"``: sum over all tokens / (N * max_completion_length), a constant,
   so no length enters the normaliser (Dr. GRPO).
+* ``"cispo"`` (MiniMax-M1): a clipped, detached weight times log pi, so clipped
+  tokens keep a gradient; aggregated like ``"dapo"``.
+* ``"sapo"``: a sigmoid gate instead of the hard clip; aggregated like ``"grpo"``.
+
+The other variant options (GSPO's sequence ratio, ``delta``, truncation
+masking, the high-entropy tokens, the entropy bonus, the off-policy mask) are
+keyword arguments with TRL's names; each is one function of
+:mod:`grpo_tutorial.objectives`. Their defaults leave the loss exactly as above.
 """
 
 from __future__ import annotations
@@ -24,7 +32,18 @@ import torch
 
 from ._checks import one_of, require_tensor, same_shape
 from .kl import KL_KINDS, kl_estimate
-from .objectives import LOSS_TYPES, aggregate_tokens, clipped_surrogate, masked_log_ratio
+from .objectives import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_TYPES,
+    aggregate_tokens,
+    entropy_bonus,
+    high_entropy_mask,
+    importance_weights,
+    masked_log_ratio,
+    off_policy_mask,
+    per_token_objective,
+    truncation_mask,
+)
 
 __all__ = ["LOSS_TYPES", "aggregate_tokens", "grpo_loss", "sequence_logprob_loss"]
 
@@ -44,6 +63,16 @@ def grpo_loss(
     kl_kind: str = "k3",
     gradient_accumulation_steps: int = 1,
     num_items_in_batch: float | torch.Tensor | None = None,
+    importance_sampling_level: str = "token",
+    delta: float | None = None,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+    mask_truncated_completions: bool = False,
+    truncated: torch.Tensor | None = None,
+    top_entropy_quantile: float = 1.0,
+    entropy_coef: float = 0.0,
+    entropies: torch.Tensor | None = None,
+    off_policy_mask_threshold: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The GRPO loss (to minimise) and a dict of diagnostics.
 
@@ -56,12 +85,32 @@ def grpo_loss(
         beta: weight of the KL penalty.
         clip_eps: eps_low; the ratio may not go below ``1 - clip_eps``.
         clip_eps_high: eps_high (DAPO's clip-higher); defaults to ``clip_eps``.
-        loss_type: ``"grpo"``, ``"bnpo"``, ``"dapo"`` or ``"dr_grpo"``.
+        loss_type: ``"grpo"``, ``"bnpo"``, ``"dapo"``, ``"dr_grpo"``, ``"cispo"``
+            or ``"sapo"``. ``"cispo"`` caps its weight at ``1 + clip_eps_high``
+            (TRL: at ``epsilon_high``; see :func:`~grpo_tutorial.objectives.cispo_objective`).
         max_completion_length: the constant for ``"dr_grpo"`` (default: T).
         kl_kind: which estimator (``"k1"``, ``"k2"``, ``"k3"``) the penalty uses.
         gradient_accumulation_steps, num_items_in_batch: the normalisers for an
             update split into micro-batches (see :mod:`grpo_tutorial.objectives`);
             TRL's names. The defaults give the loss of this batch alone.
+        importance_sampling_level: ``"token"`` (one ratio per token) or
+            ``"sequence"`` (GSPO: one length-normalised ratio per sequence).
+        delta: None, or a cap (> 1 + eps_high) on the ratio in the unclipped
+            term (two-sided clipping); only with the clipped surrogate.
+        sapo_temperature_pos, sapo_temperature_neg: SAPO's gate temperatures
+            for A > 0 and A <= 0 (``loss_type="sapo"`` only).
+        mask_truncated_completions: give the completions flagged in
+            ``truncated`` (``[N]`` bool) no loss and no gradient, and leave their
+            tokens out of every token count (DAPO's overlong filter).
+        top_entropy_quantile: keep in the policy term only the tokens in this
+            top fraction of ``entropies`` (1.0 = all; the 80/20 paper uses 0.2).
+        entropy_coef: subtract ``entropy_coef`` times the mean entropy of the
+            counted tokens (an entropy bonus); needs ``entropies`` with gradient.
+        entropies: ``[N, T]`` per-token entropy of the *current* policy (the
+            gradient pass), needed by ``top_entropy_quantile < 1`` and
+            ``entropy_coef != 0``.
+        off_policy_mask_threshold: None, or drop the negative-advantage
+            sequences whose mean log(pi_old / pi_theta) exceeds it (DeepSeek-V3.2).
 
     Returns:
         ``(loss, stats)``: stats are plain floats, measured over masked tokens:
@@ -92,13 +141,28 @@ def grpo_loss(
         raise ValueError(f"beta must be >= 0, got {beta}")
     if beta > 0 and ref_logp is None:
         raise ValueError(f"beta={beta} > 0 needs ref_logp (the reference policy's log-probs)")
+    _check_variant_options(
+        logp, loss_type, eps_high, importance_sampling_level, delta, sapo_temperature_pos, sapo_temperature_neg,
+        mask_truncated_completions, truncated, top_entropy_quantile, entropy_coef, entropies,
+        off_policy_mask_threshold,
+    )
     mask = mask.to(logp.dtype)
     if mask.sum() == 0:
         raise ValueError("mask is all zeros: there are no completion tokens to train on")
+    # the loss's own mask: the rollout's mask minus truncated completions (never mutate the rollout's)
+    loss_mask = truncation_mask(mask, truncated) if mask_truncated_completions else mask  # [N, T]
 
     adv = advantages.detach().to(logp.dtype)[:, None]  # [N, 1]
-    ratio = torch.exp(masked_log_ratio(logp, old_logp, mask))  # [N, T]
-    per_token = clipped_surrogate(ratio, adv, clip_eps, eps_high)  # [N, T]
+    ratio = importance_weights(masked_log_ratio(logp, old_logp, mask), mask, importance_sampling_level)  # [N, T]
+    per_token = per_token_objective(
+        loss_type, ratio, adv, logp, clip_eps=clip_eps, clip_eps_high=eps_high, delta=delta,
+        sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
+    )  # [N, T]
+    if off_policy_mask_threshold is not None:
+        per_token = per_token * off_policy_mask(adv, logp, old_logp, loss_mask, off_policy_mask_threshold)  # [N, T]
+    keep = high_entropy_mask(entropies, loss_mask, top_entropy_quantile) if top_entropy_quantile < 1.0 else None
+    if keep is not None:
+        per_token = per_token * keep  # [N, T]
     kl = None
     if ref_logp is not None:
         # As for the ratio: padded positions get log-ratio 0, so a huge gap
@@ -108,9 +172,12 @@ def grpo_loss(
         if beta > 0:
             per_token = per_token + beta * kl  # [N, T]
     loss = aggregate_tokens(
-        per_token, mask, loss_type, max_completion_length,
+        per_token, loss_mask, loss_type, max_completion_length,
         gradient_accumulation_steps=gradient_accumulation_steps, num_items_in_batch=num_items_in_batch,
     )
+    if entropy_coef != 0.0:
+        bonus_mask = loss_mask if keep is None else loss_mask * keep  # [N, T]
+        loss = loss - entropy_coef * entropy_bonus(entropies, bonus_mask, gradient_accumulation_steps)
 
     with torch.no_grad():
         n_tok = mask.sum()
@@ -128,6 +195,45 @@ def grpo_loss(
             "adv_std": float(advantages.std()) if advantages.numel() > 1 else 0.0,
         }
     return loss, stats
+
+
+def _check_variant_options(
+    logp, loss_type, eps_high, level, delta, tau_pos, tau_neg, mask_truncated, truncated, top_quantile,
+    entropy_coef, entropies, off_policy_threshold,
+) -> None:
+    """Refuse a variant option that is malformed or that the chosen loss_type would silently ignore."""
+    one_of("importance_sampling_level", level, IMPORTANCE_SAMPLING_LEVELS)
+    if delta is not None:
+        if loss_type in ("cispo", "sapo"):
+            raise ValueError(
+                f"delta caps the clipped surrogate's ratio; loss_type={loss_type!r} has none (set delta=None)"
+            )
+        if not delta > 1.0 + eps_high:
+            raise ValueError(f"delta must be None or > 1 + clip_eps_high = {1.0 + eps_high}, got {delta}")
+    for name, value in (("sapo_temperature_pos", tau_pos), ("sapo_temperature_neg", tau_neg)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+    if mask_truncated:
+        if truncated is None:
+            raise ValueError("mask_truncated_completions=True needs truncated, a [N] bool tensor (Rollout.truncated)")
+        is_flags = isinstance(truncated, torch.Tensor) and truncated.dtype == torch.bool
+        if not is_flags or tuple(truncated.shape) != (logp.shape[0],):
+            raise ValueError(
+                f"truncated must be a bool tensor of shape ({logp.shape[0]},), got "
+                f"{getattr(truncated, 'dtype', type(truncated).__name__)} {tuple(getattr(truncated, 'shape', ()))}"
+            )
+    if not 0.0 <= top_quantile <= 1.0:
+        raise ValueError(f"top_entropy_quantile must lie in [0, 1] (1.0 = every token), got {top_quantile}")
+    if (top_quantile < 1.0 or entropy_coef != 0.0) and entropies is None:
+        raise ValueError(
+            "top_entropy_quantile < 1 and entropy_coef != 0 need entropies, the [N, T] per-token entropy "
+            "of the current policy (completion_logprobs(..., return_entropy=True, entropy_grad=True))"
+        )
+    if entropies is not None:
+        require_tensor("entropies", entropies, dim=2, floating=True)
+        same_shape(logp=logp, entropies=entropies)
+    if off_policy_threshold is not None and not off_policy_threshold >= 0:
+        raise ValueError(f"off_policy_mask_threshold must be None or >= 0, got {off_policy_threshold}")
 
 
 def sequence_logprob_loss(seq_logp: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -18,6 +19,7 @@ import torch
 
 __all__ = [
     "GRPOWarning",
+    "StageClock",
     "TIMING_KEYS",
     "WarnOnce",
     "check_failure_modes",
@@ -26,9 +28,35 @@ __all__ = [
 
 #: History fields that measure wall-clock time. They are the only fields allowed
 #: to differ between two runs with the same seed (or a run and its resumption).
-#: The ``*_seconds`` fields split ``step_seconds`` by stage.
+#: The ``*_seconds`` fields split ``step_seconds`` by stage; ``forward``, ``backward``
+#: and ``optimizer`` split ``update_seconds`` (on a GPU, kernels run asynchronously,
+#: so those three are only indicative there).
 STAGE_SECONDS = ("generate_seconds", "reward_seconds", "score_seconds", "reference_seconds", "update_seconds")
-TIMING_KEYS = frozenset({"step_seconds", "rollout_seconds", "tokens_per_s", "other_seconds", *STAGE_SECONDS})
+UPDATE_SECONDS = ("forward_seconds", "backward_seconds", "optimizer_seconds")
+TIMING_KEYS = frozenset(
+    {"step_seconds", "rollout_seconds", "tokens_per_s", "other_seconds", *STAGE_SECONDS, *UPDATE_SECONDS}
+)
+
+
+class StageClock:
+    """Wall-clock seconds per stage of one step (the ``*_seconds`` history fields)."""
+
+    def __init__(self) -> None:
+        self.start = self.mark = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.mark
+        self.mark = now
+
+    def done(self) -> dict[str, float]:
+        total = time.perf_counter() - self.start
+        stages = {f"{k}_seconds": v for k, v in self.seconds.items()}
+        for name in ("generate", "reward", "score", "reference", "update"):
+            stages.setdefault(f"{name}_seconds", 0.0)
+        stages["other_seconds"] = max(0.0, total - sum(stages.values()))
+        return {"step_seconds": total, "rollout_seconds": stages["generate_seconds"], **stages}
 
 
 class GRPOWarning(UserWarning):

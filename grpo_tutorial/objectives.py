@@ -2,23 +2,32 @@
 
 :func:`grpo_loss` (loss.py) is these pieces in a row::
 
-    log-ratio  ->  importance weight  ->  per-token objective  ->  + beta * KL  ->  aggregation
-    (masked)       (token)                (clipped surrogate)                      (loss_type)
+    log-ratio -> importance weight -> per-token objective -> loss masks -> + beta * KL -> aggregation (- entropy bonus)
+    (masked)     (token | sequence)   (clip | cispo | sapo)  (truncated,
+                                                            off-policy,
+                                                            top entropy)
 
 A variant of GRPO changes one piece: a new ratio (GSPO's sequence ratio), a new
-per-token objective (CISPO, SAPO), a new aggregation (DAPO's token mean). Each is
-a function here, chosen by name, so ``grpo_loss`` stays a straight line.
+per-token objective (CISPO, SAPO, a two-sided clip with ``delta``), a new mask
+(DAPO's truncation mask, the 80/20 high-entropy tokens, DeepSeek-V3.2's
+off-policy sequence mask), a new aggregation (DAPO's token mean). Each is a
+function here, chosen by name from a table (:data:`IMPORTANCE_WEIGHTS`,
+:data:`OBJECTIVES`, :data:`AGGREGATIONS`), so ``grpo_loss`` stays a straight line.
+The names and the numbers are TRL 1.16's (``tests/test_trl_agreement.py`` runs
+TRL's own ``_compute_loss`` on the same tensors); the one deliberate difference
+is CISPO's cap, see :func:`cispo_objective`.
 
 Gradient accumulation. When one optimizer update is split into K micro-batches,
 each aggregation keeps the normaliser TRL gives it, so that ``grpo``, ``dr_grpo``
 and ``dapo`` give the gradient of the whole update and ``bnpo`` normalises per
 micro-batch:
 
-* ``grpo``, ``bnpo``, ``dr_grpo``: this micro-batch's value / K
-  (``gradient_accumulation_steps``). For ``grpo`` and ``dr_grpo`` with equal
-  micro-batches that sums to the whole update's value; ``bnpo`` divides each
-  micro-batch by its own token count, so it does not.
-* ``dapo``: the token sum / the tokens of the whole update (``num_items_in_batch``).
+* ``grpo``, ``bnpo``, ``dr_grpo`` (and ``sapo``, aggregated like ``grpo``):
+  this micro-batch's value / K (``gradient_accumulation_steps``). For ``grpo``
+  and ``dr_grpo`` with equal micro-batches that sums to the whole update's
+  value; ``bnpo`` divides each micro-batch by its own token count, so it does not.
+* ``dapo`` (and ``cispo``, aggregated like ``dapo``): the token sum / the tokens
+  of the whole update (``num_items_in_batch``).
 """
 
 from __future__ import annotations
@@ -28,13 +37,32 @@ import torch
 from ._checks import one_of
 
 __all__ = [
+    "AGGREGATIONS",
+    "IMPORTANCE_SAMPLING_LEVELS",
     "LOSS_TYPES",
+    "OBJECTIVES",
     "aggregate_tokens",
+    "cispo_objective",
     "clipped_surrogate",
+    "entropy_bonus",
+    "high_entropy_mask",
+    "importance_weights",
     "masked_log_ratio",
+    "off_policy_mask",
+    "per_token_objective",
+    "sapo_objective",
+    "truncation_mask",
 ]
 
-LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
+#: Every ``loss_type``: the four aggregations of the clipped surrogate, then
+#: CISPO and SAPO, which change the per-token objective (and reuse an aggregation).
+LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
+
+# ---------------------------------------------------------------------------
+# 1. the importance weight
+# ---------------------------------------------------------------------------
 
 
 def masked_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -46,15 +74,201 @@ def masked_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
     return torch.where(mask.bool(), logp - old_logp.detach(), torch.zeros_like(logp))  # [N, T]
 
 
+def token_log_weights(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """PPO/GRPO: every token has its own ratio, ``[N, T]``."""
+    return log_ratio
+
+
+def sequence_log_weights(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO: one ratio per sequence, the geometric mean of its token ratios.
+
+    ``log s_i = (1/|o_i|) sum_t log(pi_theta / pi_old)``, length-normalised so a
+    long completion's ratio does not explode; broadcast back to ``[N, T]``, so
+    every token of a sequence carries the same ratio (and the gradient of each
+    token's log-prob is shared out through the mean).
+    """
+    mean = (log_ratio * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)  # [N, 1]
+    return mean.expand_as(log_ratio)  # [N, T]
+
+
+IMPORTANCE_WEIGHTS = {"token": token_log_weights, "sequence": sequence_log_weights}
+
+
+def importance_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str = "token") -> torch.Tensor:
+    """``[N, T]`` importance weight pi_theta / pi_old at ``level`` (TRL's ``importance_sampling_level``)."""
+    one_of("importance_sampling_level", level, IMPORTANCE_SAMPLING_LEVELS)
+    return torch.exp(IMPORTANCE_WEIGHTS[level](log_ratio, mask))  # [N, T]
+
+
+# ---------------------------------------------------------------------------
+# 2. the per-token objective (a loss: lower is better)
+# ---------------------------------------------------------------------------
+
+
 def clipped_surrogate(
-    ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float, clip_eps_high: float
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_eps: float,
+    clip_eps_high: float,
+    delta: float | None = None,
 ) -> torch.Tensor:
     """PPO's per-token loss, -min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A).
+
+    ``delta`` (INTELLECT-2's two-sided clip): the unclipped term uses
+    ``min(rho, delta)``, so a token with A < 0 whose ratio ran far above 1 can no
+    longer make the loss (and its gradient) arbitrarily large: the ratio term is
+    capped at ``delta`` (> 1 + eps_high). ``None`` keeps PPO's one-sided clip.
 
     ``ratio`` is ``[N, T]``, ``advantages`` ``[N, 1]``; returns ``[N, T]``.
     """
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps_high)  # [N, T]
+    if delta is not None:
+        ratio = torch.clamp(ratio, max=delta)  # [N, T]
     return -torch.min(ratio * advantages, clipped_ratio * advantages)  # [N, T]
+
+
+def cispo_objective(
+    ratio: torch.Tensor, advantages: torch.Tensor, logp: torch.Tensor, clip_eps_high: float
+) -> torch.Tensor:
+    """CISPO (MiniMax-M1): -sg(min(rho, 1 + eps_high)) * A * log pi_theta.
+
+    The importance weight is clipped and *detached*, and multiplies the log-prob
+    (REINFORCE's form), so a token whose ratio is clipped still gets a gradient,
+    ``-min(rho, 1 + eps_high) * A``; PPO's clip gives such a token none.
+
+    The cap is ``1 + clip_eps_high``, the upper end of the ratio range as for
+    every other loss type (MiniMax-M1's ``1 + eps_high^IS``). TRL caps at
+    ``epsilon_high`` itself (ScaleRL's ``eps_max``, recommended 5.0), so TRL's
+    ``epsilon_high=5.0`` is our ``clip_eps_high=4.0``. We keep one meaning for
+    ``clip_eps_high`` because TRL's, left at its default (``epsilon_high``
+    falls back to ``epsilon = 0.2``), caps every weight at 0.2.
+    """
+    weight = torch.clamp(ratio, max=1.0 + clip_eps_high).detach()  # [N, T]
+    return -weight * advantages * logp  # [N, T]
+
+
+def sapo_objective(
+    ratio: torch.Tensor, advantages: torch.Tensor, temperature_pos: float, temperature_neg: float
+) -> torch.Tensor:
+    """SAPO: a smooth gate instead of a hard clip, -(4 / tau) * sigmoid(tau * (rho - 1)) * A.
+
+    Its gradient in rho is ``4 * s * (1 - s)`` with ``s = sigmoid(tau (rho - 1))``:
+    exactly 1 at rho = 1 (as the plain surrogate), fading smoothly as rho moves
+    away, never cut to 0 at a boundary. ``tau`` is ``temperature_pos`` for
+    A > 0 and ``temperature_neg`` otherwise (TRL's split).
+    """
+    tau = torch.where(advantages > 0, temperature_pos, temperature_neg).to(ratio.dtype)  # [N, 1]
+    return -torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau * advantages  # [N, T]
+
+
+#: loss_type -> per-token objective, all with one signature.
+OBJECTIVES = {
+    **{
+        name: lambda ratio, adv, logp, o: clipped_surrogate(ratio, adv, o["clip_eps"], o["clip_eps_high"], o["delta"])
+        for name in ("grpo", "bnpo", "dapo", "dr_grpo")
+    },
+    "cispo": lambda ratio, adv, logp, o: cispo_objective(ratio, adv, logp, o["clip_eps_high"]),
+    "sapo": lambda ratio, adv, logp, o: sapo_objective(
+        ratio, adv, o["sapo_temperature_pos"], o["sapo_temperature_neg"]
+    ),
+}
+
+
+def per_token_objective(
+    loss_type: str, ratio: torch.Tensor, advantages: torch.Tensor, logp: torch.Tensor, **options
+) -> torch.Tensor:
+    """``[N, T]`` per-token loss of ``loss_type``; ``options`` holds ``clip_eps``,
+    ``clip_eps_high``, ``delta``, ``sapo_temperature_pos`` and ``sapo_temperature_neg``."""
+    one_of("loss_type", loss_type, LOSS_TYPES)
+    return OBJECTIVES[loss_type](ratio, advantages, logp, options)
+
+
+# ---------------------------------------------------------------------------
+# 3. loss masks: which tokens train
+# ---------------------------------------------------------------------------
+
+
+def truncation_mask(mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """DAPO's overlong filter: ``mask`` with every truncated completion's row set to 0.
+
+    A completion cut off at ``max_new_tokens`` has no final answer, so its
+    (low) reward says nothing about its tokens. TRL zeroes these rows of the
+    completion mask, so they drop out of the loss *and* of the token counts
+    (``dapo``'s normaliser, the entropy quantile, the entropy bonus); with
+    ``grpo`` they still count as sequences in the mean over N. Same here.
+    """
+    return mask * (~truncated.bool()).to(mask.dtype)[:, None]  # [N, T]
+
+
+def high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_quantile: float) -> torch.Tensor:
+    """``[N, T]`` bool: the tokens whose entropy is in the top ``top_quantile`` of this batch.
+
+    "Beyond the 80/20 rule" trains only on the high-entropy "forking" tokens.
+    The threshold is the ``1 - top_quantile`` quantile of the entropies of the
+    counted tokens; a token is kept if its entropy is >= it (so ties at the
+    threshold are kept, and 0.0 keeps the highest-entropy token(s)). As in TRL,
+    the quantile is taken over the tokens of the batch passed in: with
+    gradient accumulation, one micro-batch.
+    """
+    counted = mask.bool()  # [N, T]
+    values = entropies.detach()[counted].float()  # [K]
+    if values.numel() == 0:
+        return torch.zeros_like(counted)
+    threshold = torch.quantile(values, 1.0 - top_quantile)
+    return (entropies.detach() * mask >= threshold) & counted  # [N, T]
+
+
+def off_policy_mask(
+    advantages: torch.Tensor, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, threshold: float
+) -> torch.Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask, ``[N, 1]`` (1 keep, 0 drop).
+
+    A sequence is dropped when its advantage is negative *and* the policy has
+    moved far from the one that sampled it: the mean over its tokens of
+    ``log pi_old - log pi_theta`` (a KL estimate) exceeds ``threshold``.
+    Pushing down a sample the current policy would no longer produce is mostly
+    noise. In this package the sampler and the scorer are the same model, so
+    on-policy (mu = 1, one update per step) the estimate is exactly 0 and the
+    mask keeps everything; it acts only on the later updates of a step
+    (mu > 1, or several minibatches).
+    """
+    kl = torch.where(mask.bool(), old_logp.detach() - logp.detach(), torch.zeros_like(logp))  # [N, T]
+    seq_kl = kl.sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)  # [N, 1]
+    return ((advantages >= 0) | (seq_kl <= threshold)).to(logp.dtype)  # [N, 1]
+
+
+# ---------------------------------------------------------------------------
+# 4. aggregation, and the entropy bonus
+# ---------------------------------------------------------------------------
+
+
+def _sequence_mean(masked, mask, max_completion_length):
+    return (masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).mean()
+
+
+def _token_mean(masked, mask, max_completion_length):
+    return masked.sum() / mask.sum().clamp(min=1.0)
+
+
+def _constant_normaliser(masked, mask, max_completion_length):
+    length = masked.shape[1] if max_completion_length is None else max_completion_length
+    if not isinstance(length, int) or length < masked.shape[1]:
+        raise ValueError(
+            f"max_completion_length must be an int >= the completion width {masked.shape[1]}, got {length!r}"
+        )
+    return masked.sum() / (masked.shape[0] * length)
+
+
+#: loss_type -> how its per-token losses become one number (``dapo`` is
+#: handled apart: its normaliser is the whole update's token count).
+AGGREGATIONS = {
+    "grpo": _sequence_mean,
+    "sapo": _sequence_mean,
+    "bnpo": _token_mean,
+    "dr_grpo": _constant_normaliser,
+    "dapo": None,
+    "cispo": None,
+}
 
 
 def aggregate_tokens(
@@ -77,19 +291,20 @@ def aggregate_tokens(
         raise ValueError(f"gradient_accumulation_steps must be an int >= 1, got {gradient_accumulation_steps!r}")
     # where(), not multiplication: a NaN/inf at a padded position must not leak in.
     masked = torch.where(mask.bool(), per_token, torch.zeros_like(per_token))  # [N, T]
-    if loss_type == "dapo":
+    reduce = AGGREGATIONS[loss_type]
+    if reduce is None:  # dapo, cispo: tokens of the whole update
         tokens = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=masked.dtype)
         return masked.sum() / tokens.clamp(min=1.0)
-    if loss_type == "grpo":
-        per_seq = masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # [N]
-        loss = per_seq.mean()
-    elif loss_type == "bnpo":
-        loss = masked.sum() / mask.sum().clamp(min=1.0)
-    else:  # dr_grpo
-        length = per_token.shape[1] if max_completion_length is None else max_completion_length
-        if not isinstance(length, int) or length < per_token.shape[1]:
-            raise ValueError(
-                f"max_completion_length must be an int >= the completion width {per_token.shape[1]}, got {length!r}"
-            )
-        loss = masked.sum() / (per_token.shape[0] * length)
+    loss = reduce(masked, mask, max_completion_length)
     return loss if gradient_accumulation_steps == 1 else loss / gradient_accumulation_steps
+
+
+def entropy_bonus(entropies: torch.Tensor, mask: torch.Tensor, gradient_accumulation_steps: int = 1) -> torch.Tensor:
+    """The mean per-token entropy over ``mask``, / K under accumulation (a scalar, with gradient).
+
+    ``grpo_loss`` subtracts ``entropy_coef`` times this. As in TRL, it is the
+    same token mean whatever the loss type (not that type's normaliser), so
+    ``entropy_coef`` means the same for every loss type.
+    """
+    masked = torch.where(mask.bool(), entropies, torch.zeros_like(entropies))  # [N, T]
+    return masked.sum() / mask.sum().clamp(min=1.0) / gradient_accumulation_steps

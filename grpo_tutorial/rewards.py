@@ -454,3 +454,19 @@ def judge_correct(
             f"accuracy_fn returned {len(values)} values for {len(completions)} completions; expected one each"
         )
     return [math.nan if v is None else float(v) for v in values]
+
+
+def reward_function_list(reward_fns: object, weights: Sequence[float] | None = None) -> list[RewardFn]:
+    """One reward function or a list of them, checked, as a list (with one weight each, if weights are given)."""
+    fns = [reward_fns] if callable(reward_fns) else reward_fns
+    if isinstance(fns, (str, dict)) or not isinstance(fns, Sequence) or len(fns) == 0:
+        raise TypeError(f"reward_fns must be a reward function or a non-empty list of them, got {reward_fns!r:.80}")
+    for i, fn in enumerate(fns):
+        if not callable(fn):
+            raise TypeError(f"reward_fns[{i}] must be callable, got {type(fn).__name__}: {fn!r:.80}")
+    if weights is not None and len(weights) != len(fns):
+        raise ValueError(
+            f"GRPOConfig.reward_weights has {len(weights)} entries but there are "
+            f"{len(fns)} reward functions; expected one weight per function"
+        )
+    return list(fns)

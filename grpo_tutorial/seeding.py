@@ -12,6 +12,7 @@ stream             number   seeds
 ``SAMPLING``       0        the completions of step ``i`` (stage 1)
 ``DATA_ORDER``     1        the shuffled order of epoch ``e``
 ``MINIBATCHES``    2        the minibatch shuffle of step ``i``
+``RESAMPLING``     3        round ``r`` >= 1 of dynamic sampling in step ``i``
 =================  =======  ======================================
 
 The numbers are part of the stored results: changing one changes every run.
@@ -29,10 +30,12 @@ import torch
 __all__ = [
     "DATA_ORDER",
     "MINIBATCHES",
+    "RESAMPLING",
     "SAMPLING",
     "capture_rng_state",
     "derive_seed",
     "epoch_permutation",
+    "next_batch",
     "restore_rng_state",
     "stream_generator",
     "stream_seed",
@@ -41,6 +44,7 @@ __all__ = [
 SAMPLING = 0
 DATA_ORDER = 1
 MINIBATCHES = 2
+RESAMPLING = 3
 
 
 def derive_seed(seed: int, *keys: int) -> int:
@@ -66,6 +70,26 @@ def stream_generator(seed: int, stream: int, index: int) -> torch.Generator:
 def epoch_permutation(n: int, seed: int, epoch: int) -> list[int]:
     """The order in which epoch ``epoch`` visits a dataset of ``n`` rows."""
     return torch.randperm(n, generator=stream_generator(seed, DATA_ORDER, epoch)).tolist()
+
+
+def next_batch(dataset, size: int, seed: int, epoch: int, index: int) -> tuple[list, int, int]:
+    """The next ``size`` rows of the data stream at position ``(epoch, index)``, and the position after.
+
+    Rows are visited in a seeded shuffled order that changes every epoch
+    (:func:`epoch_permutation`); a batch may run over into the next epoch. The
+    position is returned rather than stored, so a step that fails can leave it
+    untouched.
+    """
+    n = len(dataset)
+    rows: list = []
+    while len(rows) < size:
+        perm = epoch_permutation(n, seed, epoch)
+        take = min(size - len(rows), n - index)
+        rows.extend(dataset[i] for i in perm[index : index + take])
+        index += take
+        if index == n:
+            epoch, index = epoch + 1, 0
+    return rows, epoch, index
 
 
 def capture_rng_state() -> dict:

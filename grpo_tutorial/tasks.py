@@ -31,6 +31,7 @@ __all__ = [
     "countdown_reward",
     "evaluate_expression",
     "gsm8k_final_answer",
+    "gsm8k_rows",
     "load_gsm8k",
     "make_arithmetic_dataset",
     "make_countdown_dataset",
@@ -434,6 +435,29 @@ def gsm8k_final_answer(solution: str) -> str:
     return canonical_number(value)
 
 
+def gsm8k_rows(records) -> list[dict]:
+    """GSM8K records (``question``, ``answer`` ending in ``#### N``) as prompt/answer rows.
+
+    Each row is ``{"prompt": question, "answer": N, "solution": the worked answer}``,
+    with ``N`` canonical as :func:`gsm8k_final_answer` returns it. :func:`load_gsm8k`
+    maps the hub's rows with it; a local copy in the same format (one JSON object a
+    line) goes through it as well.
+    """
+    rows = []
+    for i, record in enumerate(records):
+        if not isinstance(record, Mapping) or not {"question", "answer"} <= set(record):
+            raise ValueError(
+                f"GSM8K record {i} must be a dict with 'question' and 'answer' keys "
+                f"(the answer ending in '#### <number>'), got {record!r:.120}"
+            )
+        try:
+            answer = gsm8k_final_answer(record["answer"])
+        except ValueError as err:
+            raise ValueError(f"GSM8K record {i}: {err}") from None
+        rows.append({"prompt": record["question"], "answer": answer, "solution": record["answer"]})
+    return rows
+
+
 def load_gsm8k(split: str = "train", *, timeout: float = 3.0) -> list[dict]:
     """GSM8K from the Hugging Face hub (``openai/gsm8k``, config ``main``). Online only.
 
@@ -474,10 +498,7 @@ def load_gsm8k(split: str = "train", *, timeout: float = 3.0) -> list[dict]:
         data = load_dataset("openai/gsm8k", "main", split=split)
     except (ConnectionError, TimeoutError) as err:
         raise DatasetUnavailableError(f"load_gsm8k could not download openai/gsm8k: {err}. {_FALLBACK_ADVICE}") from err
-    return [
-        {"prompt": row["question"], "answer": gsm8k_final_answer(row["answer"]), "solution": row["answer"]}
-        for row in data
-    ]
+    return gsm8k_rows(data)
 
 
 # ---------------------------------------------------------------------------

@@ -12,6 +12,13 @@
    accumulated over micro-batches: clipped surrogate + beta*KL      (loss.py)
 7. the history row and the failure-mode warnings                   (metrics.py)
 
+With ``dynamic_sampling`` (DAPO), stages 1-2 run again on the next prompts of
+the data stream until ``prompts_per_step`` groups have a learning signal (or
+``max_sampling_rounds`` is reached); the step then trains on those groups.
+The loss options of TRL (GSPO, ``delta``, CISPO, SAPO, truncation masking, the
+entropy options, the off-policy mask) are :class:`GRPOConfig` fields that stage 6
+passes to ``grpo_loss``.
+
 :meth:`GRPOTrainer.train` loops over a dataset, appends to ``history.jsonl`` and
 saves atomic checkpoints (checkpoint.py), so a run killed at any moment and
 resumed gives the same history as one never interrupted (on CPU, same seed).
@@ -24,9 +31,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import signal
-import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -37,6 +41,8 @@ import torch
 from ._checks import is_int
 from .advantages import group_advantages, zero_std_groups
 from .checkpoint import (
+    config_changes,
+    history_until,
     HISTORY_FILE,
     append_history,
     dataset_fingerprint,
@@ -52,11 +58,14 @@ from .config import GRPOConfig
 from .evaluation import evaluate_policy
 from .logprobs import completion_logprobs
 from .loss import grpo_loss
-from .metrics import TIMING_KEYS, GRPOWarning, WarnOnce, check_failure_modes, step_row
-from .rewards import compute_rewards, extra_columns, judge_correct, reward_function_means
-from .rollout import Rollout, generate_rollouts
+from .interrupt import StopAfterStep
+from .metrics import TIMING_KEYS, GRPOWarning, StageClock, WarnOnce, check_failure_modes, step_row
+from .models import disable_dropout
+from .optim import make_optimizer, trainable_parameters
+from .rewards import compute_rewards, extra_columns, judge_correct, reward_function_list, reward_function_means
+from .rollout import Rollout, concat_groups, generate_rollouts
 from .rundir import disk_errors, run_lock
-from .seeding import MINIBATCHES, SAMPLING, capture_rng_state, epoch_permutation, restore_rng_state, stream_generator, stream_seed
+from .seeding import MINIBATCHES, RESAMPLING, SAMPLING, capture_rng_state, derive_seed, next_batch, restore_rng_state, stream_generator, stream_seed
 from .tasks import as_rows, check_rows, validate_for_model
 
 __all__ = [
@@ -69,41 +78,6 @@ __all__ = [
     "load_model_state",
     "read_history",
 ]
-
-
-def disable_dropout(model: torch.nn.Module) -> None:
-    """Set every dropout probability in ``model`` to 0: ``nn.Dropout`` modules and
-    the ``attention_dropout`` rates that attention layers read from their config."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
-    config = getattr(model, "config", None)
-    for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop"):
-        if isinstance(getattr(config, name, None), float):
-            setattr(config, name, 0.0)
-
-
-class _StageClock:
-    """Wall-clock seconds per stage of one step (the ``*_seconds`` history fields)."""
-
-    def __init__(self) -> None:
-        self.start = self.mark = time.perf_counter()
-        self.seconds: dict[str, float] = {}
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.mark
-        self.mark = now
-
-    def done(self) -> dict[str, float]:
-        total = time.perf_counter() - self.start
-        stages = {f"{k}_seconds": v for k, v in self.seconds.items()}
-        for name in ("generate", "reward", "score", "reference", "update"):
-            stages.setdefault(f"{name}_seconds", 0.0)
-        stages["other_seconds"] = max(0.0, total - sum(stages.values()))
-        return {"step_seconds": total, "rollout_seconds": stages["generate_seconds"], **stages}
 
 
 class GRPOTrainer:
@@ -141,17 +115,7 @@ class GRPOTrainer:
         config = GRPOConfig() if config is None else config
         if not isinstance(config, GRPOConfig):
             raise TypeError(f"config must be a GRPOConfig, got {type(config).__name__}")
-        fns = [reward_fns] if callable(reward_fns) else reward_fns
-        if isinstance(fns, (str, dict)) or not isinstance(fns, Sequence) or len(fns) == 0:
-            raise TypeError(f"reward_fns must be a reward function or a non-empty list of them, got {reward_fns!r:.80}")
-        for i, fn in enumerate(fns):
-            if not callable(fn):
-                raise TypeError(f"reward_fns[{i}] must be callable, got {type(fn).__name__}: {fn!r:.80}")
-        if config.reward_weights is not None and len(config.reward_weights) != len(fns):
-            raise ValueError(
-                f"GRPOConfig.reward_weights has {len(config.reward_weights)} entries but there are "
-                f"{len(fns)} reward functions; expected one weight per function"
-            )
+        fns = reward_function_list(reward_fns, config.reward_weights)
         if getattr(tokenizer, "eos_token_id", None) is None:
             raise ValueError("tokenizer.eos_token_id is None; the trainer needs an EOS token")
         if accuracy_fn is not None and not callable(accuracy_fn):
@@ -171,9 +135,7 @@ class GRPOTrainer:
         self.skipped_updates = 0
         self._epoch = 0  # data position: epoch and index into its permutation
         self._index = 0
-        self._perm_cache: tuple[int, int, list[int]] | None = None
         self._warn = WarnOnce()
-        self._stop_requested = False
         self._dataset_fingerprint: str | None = None
         #: Reuse the gradient pass's log-probs as the old policy's when a step makes
         #: exactly one update (stage 4 is then skipped). Tests switch it off to
@@ -190,27 +152,14 @@ class GRPOTrainer:
             if config.disable_dropout:
                 disable_dropout(self.ref_model)
 
-        self._params = [p for p in model.parameters() if p.requires_grad]
-        if not self._params:
-            raise ValueError("the model has no trainable parameters (all requires_grad=False)")
-        half = sorted({str(p.dtype) for p in self._params if p.dtype in (torch.float16, torch.bfloat16)})
-        if half:
-            warnings.warn(
-                f"the policy's trainable weights are {', '.join(half)}: AdamW updates of size lr "
-                "(e.g. 1e-6) are mostly rounded away in 16-bit weights, so training may silently do "
-                "almost nothing. Load the policy in float32 for training "
-                "(load_policy(name, dtype='float32')); generation can still be fast enough.",
-                GRPOWarning,
-                stacklevel=2,
-            )
-        self.optimizer = torch.optim.AdamW(self._params, lr=config.learning_rate, weight_decay=config.weight_decay)
-        warmup = config.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda update: min(1.0, (update + 1) / (warmup + 1)) if warmup else 1.0
-        )
+        self._params = trainable_parameters(model)
+        self.optimizer, self.scheduler = make_optimizer(self._params, config)
 
     # ------------------------------------------------------------------ scoring
-    def _logprobs(self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor, *, entropy: bool = False) -> Any:
+    def _logprobs(
+        self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor, *, entropy: bool = False,
+        entropy_grad: bool = False,
+    ) -> Any:
         """Per-token log-probs (and entropy) of the completions in ``rows`` under ``model``."""
         return completion_logprobs(
             model,
@@ -219,6 +168,7 @@ class GRPOTrainer:
             rollout.completion_ids.shape[1],
             temperature=self.config.temperature,
             return_entropy=entropy,
+            entropy_grad=entropy_grad,
         )
 
     @torch.no_grad()
@@ -240,8 +190,12 @@ class GRPOTrainer:
         return torch.cat(parts)  # [N, Tc]
 
     # ------------------------------------------------------------------ one step
-    def train_step(self, batch: Sequence[dict]) -> dict:
+    def train_step(self, batch: Sequence[dict], more_rows: Callable[[], list[dict]] | None = None) -> dict:
         """One GRPO step on ``batch`` (a list of rows with ``prompt`` and ``answer``).
+
+        ``more_rows`` (used by ``dynamic_sampling``) returns the next
+        ``prompts_per_step`` rows of the data stream; :meth:`train` passes it.
+        Without it only ``batch`` is sampled.
 
         Returns the history row, also appended to :attr:`history`. Its fields are
         plain numbers: ``step``; ``reward_mean``, ``reward_std`` and
@@ -253,31 +207,36 @@ class GRPOTrainer:
         ``completion_len_max``; ``frac_zero_std`` (groups whose rewards are all
         equal); ``frac_truncated``; ``grad_norm`` (before clipping) and ``loss``
         (means over the step's updates that were finite; NaN/inf only if
-        none was); ``lr``; ``skipped_updates`` (cumulative); and the timing
+        none was); ``lr``; ``skipped_updates`` (cumulative); ``groups_drawn``
+        (groups sampled this step: ``prompts_per_step``, more with dynamic
+        sampling); and the timing
         fields (:data:`TIMING_KEYS`): ``step_seconds``, ``tokens_per_s``, and
         seconds per stage (``generate``, ``reward``, ``score``, ``reference``,
         ``update``, ``other``; ``rollout_seconds`` = ``generate_seconds``).
+        The rewards, accuracy and lengths describe the groups the step trains on.
         """
         check_rows(batch, "batch")
         cfg, G = self.config, self.config.group_size
-        clock = _StageClock()
+        clock = StageClock()
 
-        # stage 1: rollout, all B*G completions in one generate call
-        rollout = self._rollout([row["prompt"] for row in batch])  # N = B*G completions
-        clock.lap("generate")
-
-        # stage 2: rewards, [N] (NaN: no reward function could score the completion)
-        answers = [row.get("answer") for row in batch for _ in range(G)]
-        columns = extra_columns(batch, G)
-        rewards, per_fn = compute_rewards(
-            self.reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers, **columns
-        )  # [N], {name: [N]}
-        correct = judge_correct(self.accuracy_fn, rollout.prompts, rollout.completions, answers, columns)
-        self._warn_unscorable(rewards)
-        clock.lap("reward")
+        # stages 1-2: rollout and rewards; with dynamic sampling, more rounds
+        # until prompts_per_step groups have a learning signal (or the cap)
+        rounds = [self._sample_round(batch, 0, clock)]
+        while (
+            cfg.dynamic_sampling and more_rows is not None and len(rounds) < cfg.max_sampling_rounds
+            and sum(int((~r["zero_std"]).sum()) for r in rounds) < cfg.prompts_per_step
+        ):
+            extra = more_rows()
+            check_rows(extra, "more_rows()")
+            rounds.append(self._sample_round(extra, len(rounds), clock))
+        groups_drawn = sum(len(r["zero_std"]) for r in rounds)
+        chosen = rounds[0] if len(rounds) == 1 else self._keep_signal_groups(rounds)
+        rollout, rewards, per_fn, correct = chosen["rollout"], chosen["rewards"], chosen["per_fn"], chosen["correct"]
 
         # stage 3: group-relative advantages
-        advantages = group_advantages(rewards, G, scale=cfg.scale_rewards, std=cfg.std, nan="skip")  # [N]
+        advantages = group_advantages(
+            rewards, G, scale=cfg.scale_rewards, std=cfg.std, nan="skip", baseline=cfg.advantage_baseline
+        )  # [N]
         advantages = advantages.to(rollout.completion_ids.device)  # [N]
         mask = rollout.completion_mask  # [N, Tc]
 
@@ -303,8 +262,9 @@ class GRPOTrainer:
             step=self.step, rewards=rewards, per_function=reward_function_means(per_fn), correct=correct,
             update_stats=update["stats"], losses=update["losses"], grad_norms=update["grad_norms"],
             entropy=entropy, mask=mask, zero_std=zero_std_groups(rewards, G), truncated=rollout.truncated,
-            lr=update["lr"], skipped_updates=self.skipped_updates, seconds=clock.done(),
+            lr=update["lr"], skipped_updates=self.skipped_updates, seconds={**clock.done(), **update["seconds"]},
         )
+        row["groups_drawn"] = groups_drawn
         check_failure_modes(
             row, self.history, group_size=G, learning_rate=cfg.learning_rate,
             max_new_tokens=cfg.max_new_tokens, warn=self._warn,
@@ -312,7 +272,52 @@ class GRPOTrainer:
         self.history.append(row)
         return row
 
-    def _rollout(self, prompts: list) -> Rollout:
+    def _sample_round(self, batch: Sequence[dict], round_: int, clock: StageClock) -> dict:
+        """Stages 1 and 2 for one sampling round: the rollout, its rewards and which groups carry no signal."""
+        cfg, G = self.config, self.config.group_size
+        seed = stream_seed(cfg.seed, SAMPLING, self.step) if round_ == 0 else derive_seed(
+            cfg.seed, RESAMPLING, self.step, round_
+        )
+        # stage 1: rollout, all B*G completions in one generate call
+        rollout = self._rollout([row["prompt"] for row in batch], seed)  # N = B*G completions
+        clock.lap("generate")
+
+        # stage 2: rewards, [N] (NaN: no reward function could score the completion)
+        answers = [row.get("answer") for row in batch for _ in range(G)]
+        columns = extra_columns(batch, G)
+        rewards, per_fn = compute_rewards(
+            self.reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers, **columns
+        )  # [N], {name: [N]}
+        correct = judge_correct(self.accuracy_fn, rollout.prompts, rollout.completions, answers, columns)
+        self._warn_unscorable(rewards)
+        zero_std = zero_std_groups(rewards, G)  # [B]
+        clock.lap("reward")
+        return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct, "zero_std": zero_std}
+
+    def _keep_signal_groups(self, rounds: list[dict]) -> dict:
+        """Dynamic sampling: the first prompts_per_step groups with a learning signal, in the order drawn,
+        filled up with the first zero-std groups if there are not enough."""
+        G, B = self.config.group_size, self.config.prompts_per_step
+        order = [(k, g) for k, r in enumerate(rounds) for g in range(len(r["zero_std"])) if not r["zero_std"][g]]
+        order += [(k, g) for k, r in enumerate(rounds) for g in range(len(r["zero_std"])) if r["zero_std"][g]]
+        picked = [(rounds[k], g) for k, g in order[:B]]  # signal groups first, group by group
+        rollout = concat_groups([(r["rollout"], [g]) for r, g in picked], self._pad_id())
+
+        def rows(values: torch.Tensor) -> torch.Tensor:
+            return torch.cat([v[g * G : (g + 1) * G] for v, g in values])
+
+        rewards = rows([(r["rewards"], g) for r, g in picked])  # [N]
+        per_fn = {name: rows([(r["per_fn"][name], g) for r, g in picked]) for name in rounds[0]["per_fn"]}
+        correct = None
+        if all(r["correct"] is not None for r in rounds):
+            correct = [c for r, g in picked for c in r["correct"][g * G : (g + 1) * G]]
+        return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct}
+
+    def _pad_id(self) -> int:
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        return self.tokenizer.eos_token_id if pad is None else pad
+
+    def _rollout(self, prompts: list, generator_seed: int) -> Rollout:
         cfg = self.config
         return generate_rollouts(
             self.model,
@@ -325,7 +330,7 @@ class GRPOTrainer:
             do_sample=True,
             system_prompt=cfg.system_prompt,
             use_chat_template=cfg.use_chat_template,
-            generator_seed=stream_seed(cfg.seed, SAMPLING, self.step),
+            generator_seed=generator_seed,
         )
 
     def _warn_unscorable(self, rewards: torch.Tensor) -> None:
@@ -359,6 +364,7 @@ class GRPOTrainer:
         shuffle = stream_generator(cfg.seed, MINIBATCHES, self.step)
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
         out: dict[str, Any] = {"stats": [], "losses": [], "grad_norms": [], "entropy": None}
+        out["seconds"] = {"forward_seconds": 0.0, "backward_seconds": 0.0, "optimizer_seconds": 0.0}
         out["lr"] = float(self.optimizer.param_groups[0]["lr"])
         if old_logp is None:
             out["entropy"] = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)  # [N, Tc]
@@ -378,15 +384,16 @@ class GRPOTrainer:
                         self.optimizer.zero_grad(set_to_none=True)
                         self._skip_update(f"the loss is {loss}")
                         continue
+                    started = time.perf_counter()
                     norm = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm))
                     out["grad_norms"].append(norm)
-                    if not math.isfinite(norm):
-                        self.optimizer.zero_grad(set_to_none=True)
+                    if math.isfinite(norm):
+                        self.optimizer.step()
+                        self.scheduler.step()
+                    else:
                         self._skip_update(f"the gradient norm is {norm}")
-                        continue
-                    self.optimizer.step()
-                    self.scheduler.step()
                     self.optimizer.zero_grad(set_to_none=True)
+                    out["seconds"]["optimizer_seconds"] += time.perf_counter() - started
         finally:
             self.model.train(was_training)
         return out
@@ -395,21 +402,30 @@ class GRPOTrainer:
         """Backward over the micro-batches of one update; return the update's loss.
 
         Stops at the first non-finite micro-batch loss (the caller then skips
-        the update), so no NaN gradient is ever accumulated.
+        the update), so no NaN gradient is ever accumulated. When the loss uses
+        the entropy (``top_entropy_quantile``, ``entropy_coef``), it is the
+        current policy's, from this gradient pass, with its gradient (as TRL).
         """
         cfg = self.config
         steps = len(rows) // micro
-        tokens = mask[rows].sum()  # the whole update's tokens: dapo's normaliser
+        truncated = rollout.truncated.to(mask.device)  # [N]
+        counted = mask * (~truncated)[:, None].to(mask.dtype) if cfg.mask_truncated_completions else mask  # [N, Tc]
+        tokens = counted[rows].sum()  # the whole update's counted tokens: dapo's (and cispo's) normaliser
         total = 0.0
+        seconds = out["seconds"]
         for start in range(0, len(rows), micro):
+            started = time.perf_counter()
             part = rows[start : start + micro]  # [m]
-            if old_logp is None:
-                logp, entropy = self._logprobs(self.model, rollout, part, entropy=True)  # [m, Tc] x2
-                out["entropy"][part] = entropy.float()
-                old = logp.detach()  # [m, Tc]
+            entropies = None
+            if old_logp is None or cfg.needs_entropy_grad:
+                logp, entropies = self._logprobs(
+                    self.model, rollout, part, entropy=True, entropy_grad=cfg.needs_entropy_grad
+                )  # [m, Tc] x2
+                if old_logp is None:
+                    out["entropy"][part] = entropies.detach().float()
             else:
                 logp = self._logprobs(self.model, rollout, part)  # [m, Tc]
-                old = old_logp[part]  # [m, Tc]
+            old = logp.detach() if old_logp is None else old_logp[part]  # [m, Tc]
             loss, stats = grpo_loss(
                 logp,
                 old,
@@ -424,13 +440,26 @@ class GRPOTrainer:
                 kl_kind=cfg.kl_kind,
                 gradient_accumulation_steps=steps,
                 num_items_in_batch=tokens,
+                importance_sampling_level=cfg.importance_sampling_level,
+                delta=cfg.delta,
+                sapo_temperature_pos=cfg.sapo_temperature_pos,
+                sapo_temperature_neg=cfg.sapo_temperature_neg,
+                mask_truncated_completions=cfg.mask_truncated_completions,
+                truncated=truncated[part],
+                top_entropy_quantile=cfg.top_entropy_quantile,
+                entropy_coef=cfg.entropy_coef,
+                entropies=entropies if cfg.needs_entropy_grad else None,
+                off_policy_mask_threshold=cfg.off_policy_mask_threshold,
             )
             out["stats"].append(stats)
             value = float(loss.detach())
             total += value
+            seconds["forward_seconds"] += time.perf_counter() - started
             if not math.isfinite(value):
                 return value
+            started = time.perf_counter()
             loss.backward()
+            seconds["backward_seconds"] += time.perf_counter() - started
         return total
 
     def _skip_update(self, reason: str) -> None:
@@ -441,31 +470,6 @@ class GRPOTrainer:
             "Training continues and history['skipped_updates'] counts the skips. If it keeps "
             "happening, lower learning_rate, check the reward functions, or use float32.",
         )
-
-    # ------------------------------------------------------------------ data
-    def _permutation(self, n: int, epoch: int) -> list[int]:
-        if self._perm_cache is None or self._perm_cache[:2] != (n, epoch):
-            self._perm_cache = (n, epoch, epoch_permutation(n, self.config.seed, epoch))
-        return self._perm_cache[2]
-
-    def _next_batch(self, dataset: Sequence[dict]) -> tuple[list[dict], int, int]:
-        """The next prompts_per_step rows and the data position after them.
-
-        Rows are visited in a seeded shuffled order that changes every epoch; a
-        batch may run over into the next epoch. The position is returned rather
-        than stored, so a step that fails leaves it untouched.
-        """
-        n = len(dataset)
-        epoch, index = self._epoch, self._index
-        rows: list[dict] = []
-        while len(rows) < self.config.prompts_per_step:
-            perm = self._permutation(n, epoch)
-            take = min(self.config.prompts_per_step - len(rows), n - index)
-            rows.extend(dataset[i] for i in perm[index : index + take])
-            index += take
-            if index == n:
-                epoch, index = epoch + 1, 0
-        return rows, epoch, index
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, output_dir: str | os.PathLike | None = None) -> Path:
@@ -510,18 +514,10 @@ class GRPOTrainer:
         if path is None:
             return False
         state, meta = read_checkpoint(path)
-        saved = meta["config"]
-        ignore = {"output_dir", "log_every", "checkpoint_every", "eval_batch_size"}
-        defaults = GRPOConfig().to_dict()  # a field added since the save counts as its default
-        changed = {
-            k: (saved.get(k, defaults.get(k)), v)
-            for k, v in self.config.to_dict().items()
-            if k not in ignore and saved.get(k, defaults.get(k)) != v
-        }
+        changed = config_changes(meta["config"], self.config.to_dict())
         if changed:
-            listing = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
             warnings.warn(
-                f"resuming from {path} with a different config ({listing}); the resumed run will not "
+                f"resuming from {path} with a different config ({changed}); the resumed run will not "
                 "match an uninterrupted one",
                 GRPOWarning,
                 stacklevel=2,
@@ -545,18 +541,7 @@ class GRPOTrainer:
         self._dataset_fingerprint = meta["dataset_fingerprint"]
         self.skipped_updates = int(meta["skipped_updates"])
         self._warn = WarnOnce(meta["warned"])
-        if "history" in meta:  # format 1 kept the history inside the checkpoint
-            rows = list(meta["history"])[: int(meta["history_len"])]
-        else:
-            rows = read_history(root, drop_cut_last_line=True) if (root / HISTORY_FILE).exists() else []
-        self.history = [row for row in rows if row.get("step", 0) <= self.step]
-        if len(self.history) != self.step:
-            warnings.warn(
-                f"{root / HISTORY_FILE} has {len(self.history)} rows up to the checkpoint's step {self.step}; "
-                "the history of the resumed run will be incomplete",
-                GRPOWarning,
-                stacklevel=2,
-            )
+        self.history = history_until(root, meta)
         return True
 
     def _require_output_dir(self, what: str) -> str:
@@ -565,26 +550,6 @@ class GRPOTrainer:
         return self.config.output_dir
 
     # ------------------------------------------------------------------ the loop
-    def _install_sigint(self) -> Any:
-        """Turn the first Ctrl-C into "stop after this step"; a second one aborts."""
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        previous = signal.getsignal(signal.SIGINT)
-
-        def handler(signum: int, frame: Any) -> None:
-            if self._stop_requested:
-                raise KeyboardInterrupt
-            self._stop_requested = True
-            print(
-                "\nCtrl-C: finishing the current step, then saving a checkpoint "
-                "(press Ctrl-C again to abort at once, losing this step)",
-                file=sys.stderr,
-                flush=True,
-            )
-
-        signal.signal(signal.SIGINT, handler)
-        return previous
-
     def _prepare_resume(self, out: Path | None, fingerprint: str) -> None:
         """Load the checkpoint for ``train(resume=True)``, refusing a different dataset."""
         if out is None:
@@ -674,35 +639,35 @@ class GRPOTrainer:
             from ._progress import progress_bar
 
             bar = progress_bar(total=steps, desc="GRPO", initial=min(self.step, steps), unit="step", dynamic_ncols=True)
-        self._stop_requested = False
-        previous_handler = self._install_sigint()
         saved_at = self.step  # nothing new to save unless a step runs
         try:
-            while self.step < steps:
-                batch, epoch, index = self._next_batch(dataset)
-                row = self.train_step(batch)
-                self._epoch, self._index = epoch, index
-                if history_file is not None:
-                    append_history(history_file, row)
-                if bar is not None:
-                    bar.update(1)
-                    if self.step % cfg.log_every == 0:
-                        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row['kl']:.4f}")
-                if out is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-                    save()
-                    saved_at = self.step
-                if self._stop_requested:
-                    if out is not None:
-                        message = f"training interrupted after step {self.step}; checkpoint saved to {save()}"
-                    else:
-                        message = f"training interrupted after step {self.step} (no output_dir, nothing saved)"
-                    raise KeyboardInterrupt(message)
+            with StopAfterStep() as stop:
+                while self.step < steps:
+                    position = [self._epoch, self._index]
+
+                    def draw() -> list[dict]:  # the next rows of the data stream; every draw advances it
+                        rows, position[0], position[1] = next_batch(dataset, cfg.prompts_per_step, cfg.seed, *position)
+                        return rows
+
+                    # more_rows only when used, so a wrapped train_step(batch) keeps working
+                    row = self.train_step(draw(), more_rows=draw) if cfg.dynamic_sampling else self.train_step(draw())
+                    self._epoch, self._index = position  # the data position moves only after a good step
+                    if history_file is not None:
+                        append_history(history_file, row)
+                    if bar is not None:
+                        bar.update(1)
+                        if self.step % cfg.log_every == 0:
+                            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row['kl']:.4f}")
+                    if out is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                        save()
+                        saved_at = self.step
+                    if stop.requested:
+                        where = f"checkpoint saved to {save()}" if out is not None else "no output_dir, nothing saved"
+                        raise KeyboardInterrupt(f"training interrupted after step {self.step}; {where}")
             if out is not None and cfg.checkpoint_every and saved_at != self.step:
                 save()
         finally:
             self._appending_to = None
-            if previous_handler is not None:
-                signal.signal(signal.SIGINT, previous_handler)
             if bar is not None:
                 bar.close()
             if history_file is not None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grpo_tutorial import group_advantages
-from grpo_tutorial.bandit import (
+from grpo_tutorial.chapters.bandit import (
     BASELINES,
     BanditConfig,
     bandit_advantages,

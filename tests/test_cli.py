@@ -1,5 +1,6 @@
 """The command line (python -m grpo_tutorial) and the training-curve plot."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -130,7 +131,102 @@ def test_evaluate_without_a_checkpoint_needs_model_and_task(capsys):
     assert main(["evaluate", "--n", "4"]) == 2
     assert "evaluate needs --model and --task" in capsys.readouterr().err
     assert main(["evaluate", "--checkpoint", "/nonexistent/dir"]) == 2
-    assert "holds no checkpoint" in capsys.readouterr().err
+    assert capsys.readouterr().err == "error: --checkpoint '/nonexistent/dir' does not exist\n"
+
+
+def test_evaluate_checkpoint_folder_without_a_checkpoint(tmp_path, capsys):
+    assert main(["evaluate", "--checkpoint", str(tmp_path)]) == 2
+    assert "holds no checkpoint (expected checkpoint/state.pt)" in capsys.readouterr().err
+
+
+def _subcommand_parsers():
+    from grpo_tutorial.__main__ import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate", "plot"])
+def test_help_states_each_default_once(command, capsys):
+    sub = _subcommand_parsers()[command]
+    formatter = sub._get_formatter()
+    for action in sub._actions:
+        if not action.help:
+            continue
+        text = formatter._expand_help(action)
+        assert "(default: None)" not in text and "(default: False)" not in text, (action.dest, text)
+        assert text.lower().count("default") <= 1, (action.dest, text)
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in out
+    if command == "train":  # the defaults argparse knows still show, once
+        assert "(default: 0)" in out and "(default: 5000)" in out
+        assert out.count("(default: cuda if available)") == 1
+
+
+# ---------------------------------------------------------------------------
+# Path errors: one line on stderr, exit code 2, nothing written, no model loaded
+# ---------------------------------------------------------------------------
+
+
+def _paths(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--model", "tiny", "--task", "addition", "--steps", "1", "--out", "{t}/afile/run"],
+         "--out '{t}/afile/run' cannot be created: '{t}/afile' is a file, not a directory"),
+        (["train", "--model", "tiny", "--task", "addition", "--steps", "1", "--out", "{t}/afile/a/b"],
+         "--out '{t}/afile/a/b' cannot be created: '{t}/afile' is a file, not a directory"),
+        (["train", "--model", "tiny", "--task", "addition", "--steps", "1", "--out", "{t}/afile", "--resume"],
+         "--out '{t}/afile' is a file; it must be a directory (or not exist yet)"),
+        (["evaluate", "--model", "tiny", "--task", "addition", "--n", "2", "--out", "{t}/afile/e.json"],
+         "--out '{t}/afile/e.json' cannot be created: '{t}/afile' is a file, not a directory"),
+        (["evaluate", "--model", "tiny", "--task", "addition", "--n", "2", "--out", "{t}/adir"],
+         "--out '{t}/adir' is a directory; it must be a file name"),
+        (["evaluate", "--model", "{t}/adir", "--task", "addition", "--n", "2"],
+         "model folder '{t}/adir' is empty"),
+        (["evaluate", "--model", "{t}/afile", "--task", "addition", "--n", "2"],
+         "model path '{t}/afile' is a file, not a folder"),
+        (["train", "--model", "{t}/adir", "--task", "addition", "--steps", "1", "--out", "{t}/run"],
+         "model folder '{t}/adir' is empty"),
+        (["plot", "{t}/nothing", "--out", "{t}/c.png"],
+         "'{t}/nothing' does not exist; pass a train --out directory or its history.jsonl"),
+        (["plot", "{t}/adir", "--out", "{t}/afile/c.png"],
+         "--out '{t}/afile/c.png' cannot be created: '{t}/afile' is a file, not a directory"),
+        (["plot", "{t}/adir", "--out", "{t}/adir"], "--out '{t}/adir' is a directory; it must be a file name"),
+    ],
+)
+def test_path_errors_are_one_line(tmp_path, capsys, argv, message):
+    t = str(_paths(tmp_path))
+    assert main([a.format(t=t) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {message.format(t=t)}\n" or (err.startswith(f"error: {message.format(t=t)}") and err.count("\n") == 1), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_out_under_a_file_prints_one_line_from_the_shell(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_tutorial", "train", "--model", "tiny", "--task", "addition", "--steps", "1",
+         "--out", str(tmp_path / "afile" / "run")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "is a file, not a directory" in done.stderr
+
+
+def test_evaluate_out_creates_missing_parent_folders(tmp_path, capsys):
+    out = tmp_path / "new" / "deeper" / "e.json"
+    assert main(["evaluate", "--model", "tiny", "--task", "addition", "--n", "2", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["n"] == 2
 
 
 # ---------------------------------------------------------------------------
@@ -195,3 +291,17 @@ def test_plot_history_bad_input():
     with pytest.raises(TypeError, match="history row 0 must be a dict"):
         plot_history([1, 2])
     assert moving_average([1.0, float("nan"), 3.0], 2).tolist() == [1.0, 1.0, 3.0]
+
+
+def test_read_only_parent_of_out_is_one_line(tmp_path, capsys, monkeypatch):
+    """Root writes everywhere, so os.access is made to answer 'no' for the parent folder."""
+    import grpo_tutorial.__main__ as cli
+
+    real_access = os.access
+    monkeypatch.setattr(cli.os, "access", lambda path, mode: False if str(path) == str(tmp_path) else real_access(path, mode))
+    code = main(["train", "--model", "tiny", "--task", "addition", "--steps", "1", "--out", str(tmp_path / "run")])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"error: --out '{tmp_path / 'run'}' cannot be created: '{tmp_path}' is not writable by this user\n"
+    )
+    assert not (tmp_path / "run").exists()

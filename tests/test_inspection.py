@@ -21,9 +21,9 @@ from grpo_tutorial import (  # noqa: E402
     group_advantages,
     grpo_loss,
 )
-from grpo_tutorial.inspection import format_token_matrix, plot_token_heatmaps, token_strings  # noqa: E402
+from grpo_tutorial.chapters.inspection import format_token_matrix, plot_token_heatmaps, token_strings  # noqa: E402
+from grpo_tutorial.chapters.reward_design import number_format_reward  # noqa: E402
 from grpo_tutorial.models import build_tiny_policy  # noqa: E402
-from grpo_tutorial.reward_design import number_format_reward  # noqa: E402
 from grpo_tutorial.tasks import make_arithmetic_dataset  # noqa: E402
 from grpo_tutorial.seeding import derive_seed  # noqa: E402
 
@@ -121,7 +121,7 @@ def hand_step(model, tok, batch, cfg, *, trainer_order: bool):
     """Chapter 7's assembly: stages 1-6 from the package, with a frozen reference copy."""
     G = cfg.group_size
     ref = copy.deepcopy(model).eval().requires_grad_(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay, fused=True)
     rollout = generate_rollouts(model, tok, [r["prompt"] for r in batch], group_size=G,
                                 max_new_tokens=cfg.max_new_tokens, generator_seed=derive_seed(cfg.seed, 0, 0))
     answers = [r["answer"] for r in batch for _ in range(G)]

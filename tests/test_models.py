@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 import time
 import warnings
 
@@ -301,6 +302,70 @@ def test_load_from_a_local_folder(tiny, tmp_path):
     assert loaded_tok("12+34=")["input_ids"] == [1, 5, 6, 14, 7, 8, 17]
     assert loaded_tok.padding_side == "left" and loaded_tok.pad_token_id == 0
     assert loaded.generation_config.pad_token_id == 0
+
+
+def _saved_tiny(tiny, folder):
+    model, tok = tiny
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        ("empty", r"model folder '.*' is empty; save a model and its tokenizer there"),
+        ("file", r"model path '.*not_a_dir' is a file, not a folder; pass the folder that holds config.json"),
+        ("no_config", r"model folder '.*' has no config.json, so it is not a saved model"),
+        ("bad_config", r"config.json' is not valid JSON"),
+        ("no_tokenizer", r"model folder '.*' has no tokenizer files \(expected one of \['tokenizer.json'"),
+        ("no_weights", r"model folder '.*' has no weights \(expected one of \['model.safetensors'"),
+        ("unrelated_files", r"model folder '.*' has no config.json"),
+    ],
+)
+def test_local_path_that_is_not_a_saved_model_names_path_and_what_is_missing(tiny, tmp_path, breakage, message):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    if breakage == "file":
+        folder = tmp_path / "not_a_dir"
+        folder.write_text("hello")
+    elif breakage == "unrelated_files":
+        (folder / "notes.txt").write_text("not a model")
+    elif breakage != "empty":
+        _saved_tiny(tiny, folder)
+        remove = {
+            "no_config": ["config.json"],
+            "no_tokenizer": ["tokenizer.json", "tokenizer_config.json"],
+            "no_weights": ["model.safetensors"],
+            "bad_config": [],
+        }[breakage]
+        for name in remove:
+            (folder / name).unlink()
+        if breakage == "bad_config":
+            (folder / "config.json").write_text("{ not json")
+    with pytest.raises(ValueError, match=message):
+        load_policy(str(folder), device="cpu")
+
+
+def test_unreadable_model_folder_as_os_access_reports_it(tiny, tmp_path, monkeypatch):
+    """Root reads every folder, so the permission answer is simulated here (the real one below)."""
+    import grpo_tutorial.models as models
+
+    folder = _saved_tiny(tiny, tmp_path / "model")
+    monkeypatch.setattr(models.os, "access", lambda path, mode: False)
+    with pytest.raises(PermissionError, match=r"model folder '.*model' is not readable by this user"):
+        load_policy(str(folder), device="cpu")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any folder, so permissions cannot be tested")
+def test_unreadable_model_folder(tiny, tmp_path):
+    folder = _saved_tiny(tiny, tmp_path / "model")
+    folder.chmod(0)
+    try:
+        with pytest.raises(PermissionError, match=r"model folder '.*' is not readable"):
+            load_policy(str(folder), device="cpu")
+    finally:
+        folder.chmod(0o755)
 
 
 def test_hub_id_offline_fails_fast_with_advice(monkeypatch):

@@ -183,7 +183,10 @@ def test_config_settings():
     assert execute["execute_notebooks"] == "force", "the cache cannot see package changes"
     assert execute["allow_errors"] is False
     assert 0 < execute["timeout"] <= MAX_TIMEOUT
-    for pattern in [".venv", "_build", ".pytest_cache", ".mathjax", ".hypothesis", "README.md", "benchmarks", "tests"]:
+    for pattern in [
+        ".venv", "_build", ".pytest_cache", ".mathjax", ".hypothesis", "README.md", "CONTRIBUTING.md", "benchmarks",
+        "tests",
+    ]:
         assert pattern in config["exclude_patterns"], pattern
     assert config["repository"]["branch"] == "main"
     assert config["launch_buttons"]["colab_url"].startswith("https://colab.research.google.com")

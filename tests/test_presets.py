@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_tutorial import GRPOConfig
-from grpo_tutorial.presets import (
+from grpo_tutorial.chapters.presets import (
     PRESETS,
     SMOLLM2_SYSTEM_PROMPT,
     get_preset,
@@ -33,11 +33,11 @@ def test_cpu_preset_values():
     assert cfg.batch_completions == 16
 
 
-def test_t4_preset_scores_in_minibatches():
+def test_t4_preset_scores_in_micro_batches_and_updates_once_per_batch():
     cfg = get_preset("qwen2.5-0.5b-colab-t4")
     assert cfg.batch_completions == 32
-    assert cfg.minibatch_size == 8
-    assert cfg.updates_per_step == 4
+    assert cfg.micro_batch_size == 8 and cfg.micro_size == 8  # memory: 8 completions per pass
+    assert cfg.minibatch_size is None and cfg.updates_per_step == 1  # one on-policy update per generation batch
     assert "\\boxed{}" in cfg.system_prompt
 
 
@@ -57,6 +57,8 @@ def test_get_preset_overrides_are_applied_and_validated():
         get_preset("smollm2-cpu", group_size=1)
     with pytest.raises(ValueError, match="minibatch_size"):
         get_preset("qwen2.5-0.5b-colab-t4", minibatch_size=5)  # 32 % 5 != 0
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        get_preset("qwen2.5-0.5b-colab-t4", micro_batch_size=5)
 
 
 def test_get_preset_bad_names():

@@ -1,5 +1,6 @@
 """The tiny-addition recipe: statistics, data split, and a small end-to-end run."""
 
+import dataclasses
 import json
 import math
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_tutorial.recipes import (
+from grpo_tutorial.chapters.recipes import (
     RESULT_KEYS,
     TinyAdditionRecipe,
     accuracy_with_se,
@@ -75,16 +76,20 @@ def test_statistics_reject_bad_input(call, match):
 def test_recipe_validation_names_the_field():
     with pytest.raises(ValueError, match=r"TinyAdditionRecipe.grpo_steps must be an int >= 1, got 0"):
         TinyAdditionRecipe(grpo_steps=0)
-    with pytest.raises(ValueError, match=r"group_size must be an int >= 2, got 1"):
-        TinyAdditionRecipe(group_size=1)
+    with pytest.raises(ValueError, match=r"group_size"):  # checked by GRPOConfig
+        TinyAdditionRecipe().with_settings(group_size=1)
     with pytest.raises(ValueError, match=r"sft_target_accuracy must be a number in \(0, 1\], got 1.5"):
         TinyAdditionRecipe(sft_target_accuracy=1.5)
     with pytest.raises(ValueError, match=r"only 100 exist with digits=1"):
         TinyAdditionRecipe(digits=1, n_test=90, n_probe=20)
     with pytest.raises(ValueError, match=r"GRPOConfig.learning_rate"):  # checked by GRPOConfig, at once
-        TinyAdditionRecipe(grpo_learning_rate=-1.0)
+        TinyAdditionRecipe().with_settings(grpo_learning_rate=-1.0)
     with pytest.raises(ValueError, match=r"GRPOConfig.minibatch_size must be a divisor of"):
-        TinyAdditionRecipe(minibatch_size=100)
+        TinyAdditionRecipe().with_settings(minibatch_size=100)
+    with pytest.raises(TypeError, match=r"TinyAdditionRecipe.grpo must be a GRPOConfig, got dict"):
+        TinyAdditionRecipe(grpo={"learning_rate": 1e-4})
+    with pytest.raises(ValueError, match=r"'steps' is not a TinyAdditionRecipe setting"):
+        TinyAdditionRecipe().with_settings(steps=3)
 
 
 def test_recipe_builds_the_configs_it_describes():
@@ -92,13 +97,39 @@ def test_recipe_builds_the_configs_it_describes():
     cfg = recipe.grpo_config(seed=7)
     assert (cfg.group_size, cfg.prompts_per_step, cfg.max_new_tokens) == (8, 32, 4)
     assert (cfg.learning_rate, cfg.num_iterations, cfg.clip_eps, cfg.beta, cfg.seed) == (
-        recipe.grpo_learning_rate, recipe.num_iterations, 0.2, 0.0, 7,
+        1e-4, 1, 0.2, 0.0, 7,
     )
     assert (cfg.minibatch_size, cfg.updates_per_step) == (128, 2)
     sft = recipe.sft_config(seed=3)
     assert (sft.steps, sft.batch_size, sft.learning_rate, sft.seed) == (1000, 64, 1e-3, 3)
     assert recipe.num_threads == 1
+    assert cfg.output_dir is None and recipe.grpo_config(seed=7, output_dir="run").output_dir == "run"
     assert TinyAdditionRecipe.quick(grpo_steps=9).grpo_steps == 9
+    # the configs inside the recipe are the single source; a run's configs differ only in seed
+    assert dataclasses.replace(cfg, seed=recipe.grpo.seed) == recipe.grpo
+    assert dataclasses.replace(sft, seed=recipe.sft.seed) == recipe.sft
+
+
+def test_with_settings_reaches_into_the_configs():
+    recipe = TinyAdditionRecipe()
+    changed = recipe.with_settings(grpo_learning_rate=1e-3, sft_max_steps=50, group_size=4, grpo_steps=7)
+    assert (changed.grpo.learning_rate, changed.sft.steps, changed.grpo.group_size, changed.grpo_steps) == (
+        1e-3, 50, 4, 7,
+    )
+    assert changed.grpo.prompts_per_step == recipe.grpo.prompts_per_step == 32
+    assert (recipe.grpo.learning_rate, recipe.sft.steps, recipe.grpo_steps) == (1e-4, 1000, 200)  # untouched
+    assert recipe.with_settings() == recipe
+
+
+def test_stored_flat_records_read_back_as_the_same_recipe():
+    # benchmarks/tiny_learning.json stores the recipe as flat fields (written before the
+    # recipe held its two configs); it must describe exactly today's default recipe
+    root = Path(__file__).resolve().parent.parent
+    stored = json.loads((root / "benchmarks" / "tiny_learning.json").read_text())
+    for run in stored["runs"]:
+        assert TinyAdditionRecipe.from_dict(run["recipe"]) == TinyAdditionRecipe()
+    quick = TinyAdditionRecipe.quick(num_iterations=2)
+    assert TinyAdditionRecipe.from_dict(json.loads(json.dumps(quick.to_dict()))) == quick
 
 
 def test_data_split_is_disjoint_and_fixed_by_data_seed():
@@ -169,7 +200,7 @@ def test_warm_start_stops_at_the_first_check_over_the_target(quick_runs):
     assert checks[-1][1] >= recipe.sft_target_accuracy
     assert all(acc < recipe.sft_target_accuracy for _, acc in checks[:-1])
     assert [step for step, _ in checks] == [recipe.sft_check_every * k for k in range(1, len(checks) + 1)]
-    assert ws["steps"] == len(ws["history"]) == checks[-1][0] < recipe.sft_max_steps
+    assert ws["steps"] == len(ws["history"]) == checks[-1][0] < recipe.sft.steps
 
 
 @pytest.mark.slow

@@ -15,8 +15,8 @@ from grpo_tutorial import (
     generate_rollouts,
     group_advantages,
 )
+from grpo_tutorial.chapters.reward_design import applies_to, contains_monitor, number_format_reward, sample_audit
 from grpo_tutorial.models import build_tiny_policy
-from grpo_tutorial.reward_design import applies_to, contains_monitor, number_format_reward, sample_audit
 from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.seeding import derive_seed
 

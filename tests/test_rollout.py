@@ -211,3 +211,21 @@ def test_every_eos_of_the_model_ends_a_completion():
             assert mask.sum() == stops[0] + 1 and not truncated
         else:
             assert mask.sum() == len(ids) and truncated
+
+
+def test_shared_prompt_cache_samples_the_same_tokens(tiny, monkeypatch):
+    """Encoding each prompt once and copying its cache G times changes no sampled token."""
+    import grpo_tutorial.rollout as rollout_module
+
+    model, tok = tiny
+    prompts = ["12+34=", "5+6=", "71+8="]  # different lengths: left padding is exercised too
+    calls = []
+    real = rollout_module._shared_prompt_cache
+    monkeypatch.setattr(rollout_module, "_shared_prompt_cache", lambda *a: calls.append(1) or real(*a))
+    shared = generate_rollouts(model, tok, prompts, group_size=4, max_new_tokens=6, generator_seed=3)
+    assert calls == [1]
+    monkeypatch.setattr(rollout_module, "_can_share_prompts", lambda m: False)
+    plain = generate_rollouts(model, tok, prompts, group_size=4, max_new_tokens=6, generator_seed=3)
+    assert torch.equal(shared.completion_ids, plain.completion_ids)
+    assert torch.equal(shared.prompt_ids, plain.prompt_ids) and shared.completions == plain.completions
+    assert len(set(shared.completions)) > 1  # really sampled, not all the same

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ._checks import one_of, require_tensor
-from .advantages import group_advantages
-from .loss import sequence_logprob_loss
+from grpo_tutorial._checks import one_of, require_tensor
+from grpo_tutorial.advantages import group_advantages
+from grpo_tutorial.loss import sequence_logprob_loss
 
 BASELINES = ("none", "batch_mean", "value", "group_mean", "group_zscore")
 

@@ -12,7 +12,24 @@ of code, the same step as :meth:`GRPOTrainer.train_step
 <grpo_tutorial.trainer.GRPOTrainer.train_step>` (a test checks that, with
 ``bug="none"``, both give the same history row and the same weights). Its
 ``bug`` argument switches on one **deliberately wrong** variant at a time, each
-a mistake that real implementations make:
+a mistake that real implementations make.
+
+Why a written-out copy and not the trainer's step with one seam per bug: each
+bug lives *between* the stages (which tensor is passed as ``old_logp``, whether
+the forward pass runs under ``no_grad``, which mask reaches the loss), and a
+reader of chapter 10 should see the wrong line next to the right one on one
+page. Seams for these bugs inside ``GRPOTrainer`` would put switches that no
+real run wants into the core trainer. So the page stays, and the duplication is
+limited to the order of the calls: every stage is the core function itself
+(``generate_rollouts``, ``compute_rewards``, ``group_advantages``,
+``completion_logprobs``, ``grpo_loss``, ``derive_seed``; :func:`train_with_bug`
+visits prompts with ``epoch_permutation``), and the equality test ties the page
+to the real step, so a change to the trainer that the page does not follow
+fails a test. The
+page supports whole-batch updates without warmup only; the trainer's
+minibatching, warmup, checkpoints and timing are not repeated here.
+
+The bugs:
 
 ``"no_grad"``
     WRONG: the new log-probs are computed under ``torch.no_grad()``. The loss
@@ -53,14 +70,16 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from ._checks import one_of, require_tensor
-from .advantages import group_advantages
-from .logprobs import completion_logprobs
-from .loss import LOSS_TYPES, grpo_loss
-from .rewards import answers_match, compute_rewards, extract_answer, reward_function_means
-from .rollout import Rollout, generate_rollouts
-from .config import GRPOConfig
-from .seeding import derive_seed, epoch_permutation
+from grpo_tutorial._checks import one_of, require_tensor
+from grpo_tutorial.advantages import group_advantages
+from grpo_tutorial.config import GRPOConfig
+from grpo_tutorial.logprobs import completion_logprobs
+from grpo_tutorial.loss import LOSS_TYPES, grpo_loss
+from grpo_tutorial.optim import make_optimizer as build_optimizer
+from grpo_tutorial.optim import trainable_parameters
+from grpo_tutorial.rewards import answers_match, compute_rewards, extract_answer, reward_function_means
+from grpo_tutorial.rollout import Rollout, generate_rollouts
+from grpo_tutorial.seeding import derive_seed, epoch_permutation
 
 __all__ = [
     "BUGS",
@@ -147,13 +166,11 @@ def _check_step_config(config: Any) -> None:
 
 
 def make_optimizer(model: torch.nn.Module, config: GRPOConfig) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters, as :class:`GRPOTrainer` builds it."""
+    """AdamW over the trainable parameters, built exactly as :class:`GRPOTrainer` builds it."""
     if not isinstance(config, GRPOConfig):
         raise TypeError(f"config must be a GRPOConfig, got {type(config).__name__}")
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the model has no trainable parameters (all requires_grad=False)")
-    return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+    optimizer, _ = build_optimizer(trainable_parameters(model), config)
+    return optimizer
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ._checks import require_tensor
+from grpo_tutorial._checks import require_tensor
 
 __all__ = ["format_token_matrix", "plot_token_heatmaps", "token_strings"]
 

@@ -26,8 +26,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .rewards import RewardFn, _texts, compute_rewards, reward_function_means, reward_function_name
-from .rollout import generate_rollouts
+from grpo_tutorial.rewards import RewardFn, _texts, compute_rewards, reward_function_means, reward_function_name
+from grpo_tutorial.rollout import generate_rollouts
 
 __all__ = ["applies_to", "contains_monitor", "number_format_reward", "sample_audit"]
 

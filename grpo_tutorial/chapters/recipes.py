@@ -26,16 +26,18 @@ import copy
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
-from .models import build_tiny_policy
-from .rewards import answers_match, correctness_reward, extract_answer
-from .sft import SFTConfig, supervised_warmup
-from .tasks import train_test_split_arithmetic
-from .trainer import GRPOConfig, GRPOTrainer
+from grpo_tutorial.models import build_tiny_policy
+from grpo_tutorial.rewards import answers_match, correctness_reward, extract_answer
+from grpo_tutorial.sft import SFTConfig, supervised_warmup
+from grpo_tutorial.tasks import train_test_split_arithmetic
+from grpo_tutorial.config import GRPOConfig
+from grpo_tutorial.evaluation import evaluate_policy
+from grpo_tutorial.trainer import GRPOTrainer
 
 __all__ = [
     "RESULT_KEYS",
@@ -43,6 +45,7 @@ __all__ = [
     "accuracy_with_se",
     "build_recipe_model",
     "evaluate_heldout",
+    "heldout_accuracy",
     "make_recipe_data",
     "make_recipe_trainer",
     "paired_gain",
@@ -79,14 +82,44 @@ def _check_positive_int(owner: str, name: str, value: Any, minimum: int = 1) -> 
         raise ValueError(f"{owner}.{name} must be an int >= {minimum}, got {value!r}")
 
 
+# The recipe's warm start and GRPO phase, written once as the configs they are.
+_SFT_SETTINGS: dict[str, Any] = dict(steps=1_000, batch_size=64, learning_rate=1e-3, warmup_steps=100)
+_GRPO_SETTINGS: dict[str, Any] = dict(
+    group_size=8, prompts_per_step=32, max_new_tokens=4, temperature=1.0, learning_rate=1e-4,
+    warmup_steps=0, beta=0.0, clip_eps=0.2, num_iterations=1, minibatch_size=128, loss_type="grpo",
+    max_grad_norm=1.0, eval_batch_size=250,
+)
+
+# Flat names for settings inside ``sft`` and ``grpo``: ``--set`` on the benchmark,
+# :meth:`TinyAdditionRecipe.with_settings`, and recipe records stored before the
+# recipe held the two configs (``benchmarks/tiny_learning.json``) use them.
+FLAT_SETTINGS: dict[str, tuple[str, str]] = {
+    "sft_max_steps": ("sft", "steps"),
+    "sft_batch_size": ("sft", "batch_size"),
+    "sft_learning_rate": ("sft", "learning_rate"),
+    "sft_warmup_steps": ("sft", "warmup_steps"),
+    "grpo_learning_rate": ("grpo", "learning_rate"),
+    "grpo_warmup_steps": ("grpo", "warmup_steps"),
+    **{name: ("grpo", name) for name in (
+        "group_size", "prompts_per_step", "max_new_tokens", "temperature", "clip_eps", "num_iterations",
+        "minibatch_size", "max_grad_norm", "beta", "loss_type", "eval_batch_size",
+    )},
+}
+
+
 @dataclass
 class TinyAdditionRecipe:
     """Every setting of the tiny-model learning demonstration.
 
     The defaults are the settings the benchmark reports (see
     ``benchmarks/tiny_learning.py``); :meth:`quick` is a much smaller run for
-    tests. GRPO settings mirror :class:`~grpo_tutorial.trainer.GRPOConfig`'s
-    fields with a ``grpo_`` prefix where the name would be ambiguous.
+    tests. The warm start and the GRPO phase are an
+    :class:`~grpo_tutorial.sft.SFTConfig` and a
+    :class:`~grpo_tutorial.trainer.GRPOConfig` (fields ``sft`` and ``grpo``), so
+    their settings are documented and checked in one place; the recipe only adds
+    what neither config knows (data, model size, when to stop the warm start,
+    how many GRPO steps, when to evaluate). The seed of each run is set by
+    :meth:`sft_config` and :meth:`grpo_config`, not stored here.
 
     Compared with DESIGN.md's first calibration (16 prompts, mu = 2), the
     defaults sample 32 prompts per step and make a single pass over each batch
@@ -107,18 +140,15 @@ class TinyAdditionRecipe:
             never used to make a decision).
         data_seed: fixes the split; the same for every training seed.
         hidden_size, num_layers, num_heads, intermediate_size: the tiny Qwen2.
-        sft_max_steps: upper bound on warm-start steps.
-        sft_batch_size, sft_learning_rate, sft_warmup_steps: warm-start AdamW settings.
+        sft: the warm start's settings; ``sft.steps`` is an upper bound.
         sft_target_accuracy: stop the warm start once greedy accuracy on the
             probe set reaches this (checked every ``sft_check_every`` steps).
+        grpo: the GRPO phase's settings (``grpo.eval_batch_size`` is also the
+            batch of the held-out evaluations).
         grpo_steps: GRPO steps (a fixed count, so a seed always gives the same run).
-        group_size, prompts_per_step, max_new_tokens, temperature,
-        grpo_learning_rate, clip_eps, num_iterations, minibatch_size, max_grad_norm, beta,
-        grpo_warmup_steps, loss_type: passed to ``GRPOConfig``.
         eval_every: also evaluate on the test set every this many GRPO steps
             (0 = only before and after). The time it takes is not counted as
             GRPO time.
-        eval_batch_size: prompts per greedy ``generate`` call in evaluation.
         num_threads: torch CPU threads during the run, restored afterwards
             (None = leave torch's setting alone). The default is 1: the tiny
             model's matrices are too small to gain from a second thread, and on
@@ -135,39 +165,28 @@ class TinyAdditionRecipe:
     num_layers: int = 3
     num_heads: int = 4
     intermediate_size: int = 512
-    sft_max_steps: int = 1_000
-    sft_batch_size: int = 64
-    sft_learning_rate: float = 1e-3
-    sft_warmup_steps: int = 100
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(**_SFT_SETTINGS))
     sft_target_accuracy: float = 0.3
     sft_check_every: int = 10
+    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(**_GRPO_SETTINGS))
     grpo_steps: int = 200
-    group_size: int = 8
-    prompts_per_step: int = 32
-    max_new_tokens: int = 4
-    temperature: float = 1.0
-    grpo_learning_rate: float = 1e-4
-    clip_eps: float = 0.2
-    num_iterations: int = 1
-    minibatch_size: int | None = 128
-    max_grad_norm: float | None = 1.0
-    beta: float = 0.0
-    grpo_warmup_steps: int = 0
-    loss_type: str = "grpo"
     eval_every: int = 50
-    eval_batch_size: int = 250
     num_threads: int | None = 1
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
+        for name, cls in (("sft", SFTConfig), ("grpo", GRPOConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(
+                    f"{owner}.{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}; "
+                    f"build one with {cls.__name__}(...) or use {owner}.from_dict for stored records"
+                )
         for name in (
             "digits", "n_train", "n_probe", "n_test", "hidden_size", "num_layers", "num_heads",
-            "intermediate_size", "sft_max_steps", "sft_batch_size", "sft_check_every", "grpo_steps",
-            "prompts_per_step", "max_new_tokens", "num_iterations", "eval_batch_size",
+            "intermediate_size", "sft_check_every", "grpo_steps",
         ):
             _check_positive_int(owner, name, getattr(self, name))
-        _check_positive_int(owner, "group_size", self.group_size, 2)
-        for name in ("data_seed", "sft_warmup_steps", "grpo_warmup_steps", "eval_every"):
+        for name in ("data_seed", "eval_every"):
             _check_positive_int(owner, name, getattr(self, name), 0)
         if not isinstance(self.sft_target_accuracy, (int, float)) or not 0 < self.sft_target_accuracy <= 1:
             raise ValueError(
@@ -180,14 +199,51 @@ class TinyAdditionRecipe:
                 f"{owner}: n_test + n_probe = {self.n_test + self.n_probe} distinct problems requested, "
                 f"but only {10 ** (2 * self.digits)} exist with digits={self.digits}"
             )
-        # the remaining GRPO fields are checked by GRPOConfig itself, now rather than later
-        self.grpo_config(seed=0)
+
+    def with_settings(self, **settings: Any) -> "TinyAdditionRecipe":
+        """A copy with some settings changed, by recipe field or flat name.
+
+        Flat names (:data:`FLAT_SETTINGS`) reach into the configs:
+        ``recipe.with_settings(grpo_learning_rate=1e-3, sft_max_steps=50)`` is
+        ``recipe.grpo.learning_rate = 1e-3`` and ``recipe.sft.steps = 50`` on a
+        copy. The configs check the new values at once.
+        """
+        top = {f.name for f in dataclasses.fields(self)}
+        changes: dict[str, Any] = {}
+        inner: dict[str, dict[str, Any]] = {"sft": {}, "grpo": {}}
+        for name, value in settings.items():
+            if name in FLAT_SETTINGS:
+                config, key = FLAT_SETTINGS[name]
+                inner[config][key] = value
+            elif name in top:
+                changes[name] = value
+            else:
+                raise ValueError(
+                    f"{name!r} is not a TinyAdditionRecipe setting; choose a field {sorted(top)} "
+                    f"or a flat name {sorted(FLAT_SETTINGS)}"
+                )
+        for config, values in inner.items():
+            if values:
+                changes[config] = dataclasses.replace(changes.get(config, getattr(self, config)), **values)
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> "TinyAdditionRecipe":
+        """The recipe a :meth:`to_dict` record describes; flat records from older runs work too."""
+        record = dict(record)
+        sft, grpo = record.pop("sft", None), record.pop("grpo", None)
+        base = cls(
+            sft=SFTConfig(**sft) if isinstance(sft, dict) else cls().sft,
+            grpo=GRPOConfig(**grpo) if isinstance(grpo, dict) else cls().grpo,
+        )
+        return base.with_settings(**record)
 
     @classmethod
     def quick(cls, **overrides: Any) -> "TinyAdditionRecipe":
         """A seconds-long run for tests: 1-digit addition, a 2-layer model, a low target, few steps.
 
-        It exercises every phase but proves nothing about learning.
+        It exercises every phase but proves nothing about learning. ``overrides``
+        are applied with :meth:`with_settings`.
         """
         settings: dict[str, Any] = dict(
             digits=1, n_train=500, n_probe=30, n_test=40, hidden_size=32, num_layers=2, num_heads=2,
@@ -196,39 +252,18 @@ class TinyAdditionRecipe:
             group_size=8, prompts_per_step=4, max_new_tokens=3, minibatch_size=16, eval_every=2, eval_batch_size=64,
         )
         settings.update(overrides)
-        return cls(**settings)
+        return cls().with_settings(**settings)
 
     def sft_config(self, seed: int) -> SFTConfig:
-        """The warm start's :class:`~grpo_tutorial.sft.SFTConfig`."""
-        return SFTConfig(
-            steps=self.sft_max_steps,
-            batch_size=self.sft_batch_size,
-            learning_rate=self.sft_learning_rate,
-            warmup_steps=self.sft_warmup_steps,
-            seed=seed,
-        )
+        """The warm start's :class:`~grpo_tutorial.sft.SFTConfig` for one run."""
+        return dataclasses.replace(self.sft, seed=seed)
 
     def grpo_config(self, seed: int, output_dir: str | None = None) -> GRPOConfig:
-        """The GRPO phase's :class:`~grpo_tutorial.trainer.GRPOConfig`."""
-        return GRPOConfig(
-            group_size=self.group_size,
-            prompts_per_step=self.prompts_per_step,
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            learning_rate=self.grpo_learning_rate,
-            warmup_steps=self.grpo_warmup_steps,
-            beta=self.beta,
-            clip_eps=self.clip_eps,
-            num_iterations=self.num_iterations,
-            minibatch_size=self.minibatch_size,
-            loss_type=self.loss_type,
-            max_grad_norm=self.max_grad_norm,
-            seed=seed,
-            output_dir=output_dir,
-            eval_batch_size=self.eval_batch_size,
-        )
+        """The GRPO phase's :class:`~grpo_tutorial.trainer.GRPOConfig` for one run."""
+        return dataclasses.replace(self.grpo, seed=seed, output_dir=output_dir)
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain data (the configs as nested dicts); :meth:`from_dict` reads it back."""
         return dataclasses.asdict(self)
 
 
@@ -321,23 +356,32 @@ def make_recipe_trainer(model, tokenizer, recipe: TinyAdditionRecipe, seed: int,
 
 
 def evaluate_heldout(trainer: GRPOTrainer, rows: Sequence[dict]) -> dict:
+    """:func:`heldout_accuracy` of a trainer's model, with its token budget and batch size."""
+    if not isinstance(trainer, GRPOTrainer):
+        raise TypeError(f"trainer must be a GRPOTrainer, got {type(trainer).__name__}")
+    return heldout_accuracy(
+        trainer.model, trainer.tokenizer, rows,
+        max_new_tokens=trainer.config.max_new_tokens, batch_size=trainer.config.eval_batch_size,
+    )
+
+
+def heldout_accuracy(model, tokenizer, rows: Sequence[dict], *, max_new_tokens: int, batch_size: int = 64) -> dict:
     """Greedy accuracy on ``rows`` with its standard error, and every completion.
 
-    Uses ``trainer.evaluate`` (one greedy completion per prompt, batched; no RNG
-    consumed, the model's train/eval mode restored).
+    Uses :func:`~grpo_tutorial.evaluation.evaluate_policy` (one greedy completion
+    per prompt, batched; no RNG consumed, the model's train/eval mode restored),
+    so no trainer has to be built just to evaluate.
 
     Returns ``accuracy``, ``se``, ``n``, ``correct`` (one bool per row, in order,
     for paired comparisons), ``completions`` and ``seconds``.
     """
-    if not isinstance(trainer, GRPOTrainer):
-        raise TypeError(f"trainer must be a GRPOTrainer, got {type(trainer).__name__}")
     start = time.perf_counter()
-    result = trainer.evaluate(list(rows), num_samples=len(rows))
-    completions = [s["completion"] for s in result["samples"]]
+    result = evaluate_policy(model, tokenizer, list(rows), max_new_tokens=max_new_tokens, batch_size=batch_size)
+    completions = [r["completion"] for r in result["records"]]
     correct = [answers_match(extract_answer(c), row["answer"]) for c, row in zip(completions, rows)]
     accuracy, se = accuracy_with_se(correct)
     if abs(accuracy - result["accuracy"]) > 1e-12:  # the two scorings must agree
-        raise RuntimeError(f"evaluate() says {result['accuracy']} but the per-problem scores say {accuracy}")
+        raise RuntimeError(f"evaluate_policy() says {result['accuracy']} but the per-problem scores say {accuracy}")
     return {
         "accuracy": accuracy,
         "se": se,
@@ -360,14 +404,16 @@ def warm_start(
     """Supervised steps until greedy accuracy on the probe set reaches the target.
 
     Returns ``steps``, ``seconds``, ``reached`` (whether the target was hit
-    before ``sft_max_steps``), ``probe_accuracy`` (at every check, as
+    before ``recipe.sft.steps``), ``probe_accuracy`` (at every check, as
     ``(step, accuracy)`` pairs) and the loss ``history``.
     """
     checks: list[tuple[int, float]] = []
-    evaluator = make_recipe_trainer(model, tokenizer, recipe, seed)  # only its evaluate() is used
+    grpo = recipe.grpo_config(seed)
 
     def stop_when(m) -> bool:
-        accuracy = evaluate_heldout(evaluator, data["probe"])["accuracy"]
+        accuracy = heldout_accuracy(
+            m, tokenizer, data["probe"], max_new_tokens=grpo.max_new_tokens, batch_size=grpo.eval_batch_size
+        )["accuracy"]
         checks.append(((len(checks) + 1) * recipe.sft_check_every, accuracy))
         return accuracy >= recipe.sft_target_accuracy
 
@@ -466,7 +512,7 @@ def _run_phases(
     sft = warm_start(model, tokenizer, data, recipe, seed, progress=progress)
     notify("warm_start", sft)
 
-    trainer = make_recipe_trainer(model, tokenizer, recipe, seed, output_dir)  # seeds every RNG itself
+    trainer = make_recipe_trainer(model, tokenizer, recipe, seed, output_dir)  # its randomness: seed streams
     before = evaluate_heldout(trainer, data["test"])
     notify("before", before)
     eval_seconds = before["seconds"]

@@ -6,12 +6,14 @@ on a laptop CPU, and the scale-up values for a GPU, written down once.
 
 - ``"smollm2-cpu"``: SmolLM2-135M-Instruct on a 2-core CPU, one-digit arithmetic,
   an 8-token answer budget and a two-word system prompt. The settings of the
-  committed CPU run in ``book/data/smollm2_history.jsonl`` (see
+  committed CPU run in ``grpo_tutorial/data/smollm2_history.jsonl`` (see
   ``benchmarks/smollm2_run.py`` and chapter 9).
 - ``"qwen2.5-0.5b-colab-t4"``: Qwen2.5-0.5B-Instruct on a free Colab T4 (16 GB,
   no bfloat16), with GSM8K-length answers. Weights, gradients and Adam states
   stay in float32; see :func:`training_memory_bytes` for why that fits and why
-  pure float16 weights would not train.
+  pure float16 weights would not train. The B*G = 32 completions go through the
+  model 8 at a time (``micro_batch_size``), with their gradients accumulated into
+  ONE optimizer update per generation batch: on-policy, as with a bigger GPU.
 
 :func:`get_preset` returns a fresh copy, with any fields overridden.
 """
@@ -23,8 +25,8 @@ import dataclasses
 import math
 from typing import Any
 
-from .tasks import train_test_split_arithmetic
-from .trainer import GRPOConfig
+from grpo_tutorial.tasks import train_test_split_arithmetic
+from grpo_tutorial.config import GRPOConfig
 
 __all__ = [
     "PRESETS",
@@ -68,7 +70,7 @@ PRESETS: dict[str, GRPOConfig] = {
         temperature=1.0,
         learning_rate=1e-6,
         num_iterations=1,
-        minibatch_size=8,
+        micro_batch_size=8,  # memory: 8 completions per forward/backward, one update per batch of 32
         beta=0.0,
         clip_eps=0.2,
         loss_type="grpo",

@@ -1,0 +1,26 @@
+"""Tools for single chapters of the book, kept apart from the GRPO core.
+
+The core (``grpo_tutorial`` top level) is the method itself; nothing in it imports
+from here. Each module below serves the chapter named next to it, and its notebook
+imports it as ``from grpo_tutorial.chapters.<module> import ...``:
+
+=========  =================  ==================================================
+Chapter    Module             What it holds
+=========  =================  ==================================================
+1          ``bandit``         the multi-armed bandit: REINFORCE, baselines, GRPO
+                              on a toy policy
+5          ``kl_estimators``  exact KLs, estimator bias/spread, expected penalty
+                              gradients, the KL-regularised optimum
+6          ``reward_design``  reward-hacking audits, format and monitor rewards
+7          ``inspection``     per-token tables and heatmaps of one training step
+8          ``recipes``        the tiny-addition recipe (warm start + GRPO) and
+                              held-out evaluation with standard errors
+9          ``presets``        named ``GRPOConfig`` presets for real models
+10         ``pitfalls``       the bug gallery: a written-out training step with
+                              bug switches, tested against the real one
+11         ``trl_multiprocess`` TRL's GRPOTrainer in two CPU processes (torchrun)
+=========  =================  ==================================================
+
+This package ``__init__`` imports nothing, so importing one chapter's tools does
+not load the others.
+"""

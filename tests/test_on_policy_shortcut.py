@@ -1,0 +1,94 @@
+"""Stage 4 is skipped when a step is exactly on-policy, and that changes no number (issue 10).
+
+With one optimizer update per step (mu = 1, one minibatch), the policy that
+sampled is the policy being updated, so the old log-probs are the gradient
+pass's own, detached. The trainer then skips the separate no-grad scoring pass.
+These tests run the same steps both ways and demand identical bits; and they
+check that the explicit pass still runs whenever the step is not on-policy.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import grpo_tutorial.trainer as trainer_module
+from grpo_tutorial import GRPOConfig, GRPOTrainer, TIMING_KEYS, build_tiny_policy, make_arithmetic_dataset
+from grpo_tutorial.rewards import partial_credit_reward
+
+
+def _run(reuse: bool, steps: int = 3, **overrides):
+    model, tok = build_tiny_policy(seed=4)
+    cfg = GRPOConfig(prompts_per_step=4, group_size=4, seed=9, learning_rate=3e-3, **overrides)
+    trainer = GRPOTrainer(model, tok, partial_credit_reward, cfg)
+    trainer.reuse_on_policy_logprobs = reuse
+    data = make_arithmetic_dataset(32, seed=2, digits=1)
+    grads = []
+    real_step = trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):  # the gradient each update applies
+        grads.append([p.grad.clone() for p in trainer._params])
+        return real_step(*args, **kwargs)
+
+    trainer.optimizer.step = recording_step
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        history = trainer.train(data, steps, progress=False)
+    rows = [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in history]
+    return rows, grads, model.state_dict()
+
+
+@pytest.mark.parametrize("overrides", [{}, {"beta": 0.04}, {"micro_batch_size": 4, "loss_type": "dapo"}])
+def test_shortcut_and_explicit_path_are_bit_identical(overrides):
+    rows_fast, grads_fast, weights_fast = _run(True, **overrides)
+    rows_slow, grads_slow, weights_slow = _run(False, **overrides)
+    assert rows_fast == rows_slow  # loss, entropy, clip fractions, ratios: every logged number
+    assert rows_fast[0]["ratio_max"] == 1.0 and rows_fast[0]["grad_norm"] > 0.0  # a real update
+    assert len(grads_fast) == len(grads_slow) == 3
+    for step_fast, step_slow in zip(grads_fast, grads_slow):
+        assert all(torch.equal(a, b) for a, b in zip(step_fast, step_slow))
+    assert all(torch.equal(weights_fast[k], weights_slow[k]) for k in weights_fast)
+
+
+class _CountScoring:
+    """Counts the no-grad scoring passes of the policy (stage 4)."""
+
+    def __init__(self, trainer: GRPOTrainer):
+        self.policy_passes = 0
+        real = trainer._score_no_grad
+
+        def counting(model, rollout, *, entropy):
+            if model is trainer.model:
+                self.policy_passes += 1
+            return real(model, rollout, entropy=entropy)
+
+        trainer._score_no_grad = counting
+
+
+@pytest.mark.parametrize(
+    "overrides, explicit",
+    [({}, False), ({"micro_batch_size": 4}, False), ({"num_iterations": 2}, True), ({"minibatch_size": 8}, True)],
+)
+def test_old_logprobs_are_scored_exactly_when_the_step_is_not_on_policy(overrides, explicit):
+    model, tok = build_tiny_policy(seed=4)
+    trainer = GRPOTrainer(model, tok, partial_credit_reward, GRPOConfig(prompts_per_step=4, group_size=4, **overrides))
+    counter = _CountScoring(trainer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        row = trainer.train_step(make_arithmetic_dataset(8, seed=2, digits=1)[:4])
+    assert counter.policy_passes == (1 if explicit else 0)
+    assert (row["score_seconds"] > 0) if explicit else (row["score_seconds"] < 1e-3)
+
+
+def test_the_shortcut_is_what_makes_the_ratio_one(monkeypatch):
+    """A wrong shortcut (old log-probs that are not the gradient pass's) shows in the ratio at once."""
+    real = trainer_module.grpo_loss
+
+    def shifted(logp, old_logp, *args, **kwargs):
+        return real(logp, old_logp + 1e-3, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", shifted)
+    rows, _, _ = _run(True, steps=1)
+    assert rows[0]["ratio_max"] != 1.0

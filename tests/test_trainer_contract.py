@@ -1,0 +1,148 @@
+"""What building and running a trainer may and may not do (issue 16).
+
+* Building a trainer touches no global RNG: all randomness comes from named seed
+  streams (grpo_tutorial.seeding).
+* Dropout: the policy is scored the same way in the old-policy pass and the
+  gradient pass, so the first-pass ratio is exactly 1 even for a model with dropout.
+* Evaluation is a free function; it returns one record per row.
+* SFTConfig and GRPOConfig share one set of validators.
+* A checkpoint's size does not grow with the number of steps taken.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, evaluate_policy, make_arithmetic_dataset
+from grpo_tutorial.rewards import correctness_reward, partial_credit_reward
+from grpo_tutorial.sft import SFTConfig
+
+
+def _data(n=32):
+    return make_arithmetic_dataset(n, seed=1, digits=1)
+
+
+def _global_states():
+    return torch.get_rng_state().clone(), random.getstate(), np.random.get_state()[1].copy()
+
+
+def test_building_and_evaluating_leave_the_global_rngs_alone():
+    torch.manual_seed(123), random.seed(123), np.random.seed(123)
+    before = _global_states()
+    model, tok = build_tiny_policy(seed=0)
+    trainer = GRPOTrainer(model, tok, correctness_reward, GRPOConfig(seed=7, beta=0.1))
+    trainer.evaluate(_data(8))
+    evaluate_policy(model, tok, _data(8))
+    after = _global_states()
+    assert torch.equal(before[0], after[0])
+    assert before[1] == after[1]
+    assert np.array_equal(before[2], after[2])
+
+
+def test_a_run_does_not_depend_on_the_global_rng_state():
+    rows = []
+    for outside_seed in (1, 2):
+        torch.manual_seed(outside_seed), random.seed(outside_seed), np.random.seed(outside_seed)
+        model, tok = build_tiny_policy(seed=0)
+        trainer = GRPOTrainer(model, tok, partial_credit_reward, GRPOConfig(prompts_per_step=2, group_size=4, seed=3))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rows.append(trainer.train_step(_data()[:2]))
+    assert rows[0]["reward_mean"] == rows[1]["reward_mean"] and rows[0]["loss"] == rows[1]["loss"]
+
+
+def _with_attention_dropout(p: float):
+    model, tok = build_tiny_policy(seed=0)
+    model.config.attention_dropout = p
+    for module in model.modules():
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = p
+    return model, tok
+
+
+@pytest.mark.parametrize("disable", [True, False])
+def test_first_pass_ratio_is_exactly_one_with_dropout_disabled(disable):
+    model, tok = _with_attention_dropout(0.1)
+    cfg = GRPOConfig(prompts_per_step=4, group_size=4, seed=0, disable_dropout=disable, learning_rate=1e-12)
+    trainer = GRPOTrainer(model, tok, partial_credit_reward, cfg)
+    trainer.reuse_on_policy_logprobs = False  # score old log-probs in a separate pass, as mu > 1 would
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        row = trainer.train_step(_data()[:4])
+    if disable:
+        assert row["ratio_mean"] == 1.0 and row["ratio_max"] == 1.0
+        assert all(m.attention_dropout == 0.0 for m in model.modules() if hasattr(m, "attention_dropout"))
+    else:  # the control: with dropout left on, the two passes disagree
+        assert row["ratio_max"] > 1.0
+
+
+def test_evaluate_policy_returns_one_record_per_row_and_matches_the_trainer():
+    model, tok = build_tiny_policy(seed=0)
+    rows = _data(10)
+    result = evaluate_policy(model, tok, rows, max_new_tokens=4, batch_size=3, num_samples=2)
+    assert result["n"] == len(result["records"]) == 10
+    assert [r["prompt"] for r in result["records"]] == [r["prompt"] for r in rows]
+    assert {"completion", "correct", "reward", "length", "truncated", "answer"} <= set(result["records"][0])
+    assert result["accuracy"] == pytest.approx(np.mean([r["correct"] for r in result["records"]]))
+    assert len(result["samples"]) == 2
+    trainer = GRPOTrainer(model, tok, correctness_reward, GRPOConfig(max_new_tokens=4))
+    assert trainer.evaluate(rows, batch_size=3)["records"] == result["records"]
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("steps", True), ("weight_decay", -1), ("max_grad_norm", -1), ("seed", -3), ("learning_rate", 0),
+     ("batch_size", 1.5), ("warmup_steps", -1)],
+)
+def test_sft_config_rejects_what_grpo_config_rejects(field, value):
+    with pytest.raises(ValueError, match=rf"SFTConfig\.{field} must be"):
+        SFTConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field, value", [("seed", -3), ("weight_decay", -1), ("max_grad_norm", -1), ("warmup_steps", True)])
+def test_both_configs_word_the_same_error_the_same_way(field, value):
+    messages = []
+    for cls in (SFTConfig, GRPOConfig):
+        with pytest.raises(ValueError) as err:
+            cls(**{field: value})
+        messages.append(str(err.value).split(".", 1)[1])
+    assert messages[0] == messages[1]
+
+
+def test_micro_batch_size_must_divide_the_update():
+    with pytest.raises(ValueError, match="micro_batch_size must be a divisor of the update size 16"):
+        GRPOConfig(prompts_per_step=4, group_size=4, micro_batch_size=3)
+    assert GRPOConfig(prompts_per_step=4, group_size=8, micro_batch_size=8).updates_per_step == 1
+
+
+def test_micro_batches_make_one_update_per_generation_batch(monkeypatch):
+    model, tok = build_tiny_policy(seed=0)
+    cfg = GRPOConfig(prompts_per_step=4, group_size=4, seed=0, micro_batch_size=4)
+    trainer = GRPOTrainer(model, tok, partial_credit_reward, cfg)
+    steps = []
+    real = trainer.optimizer.step
+    monkeypatch.setattr(trainer.optimizer, "step", lambda *a, **k: (steps.append(1), real(*a, **k))[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train_step(_data()[:4])
+    assert len(steps) == 1
+
+
+def test_checkpoint_size_does_not_grow_with_the_run(tmp_path):
+    model, tok = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+    cfg = GRPOConfig(prompts_per_step=2, group_size=2, max_new_tokens=2, checkpoint_every=2, output_dir=str(tmp_path))
+    trainer = GRPOTrainer(model, tok, partial_credit_reward, cfg)
+    sizes = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for steps in (2, 20):
+            trainer.train(_data(), steps, progress=False)
+            sizes.append((tmp_path / "checkpoint" / "trainer_state.json").stat().st_size)
+    assert abs(sizes[1] - sizes[0]) < 16  # a few digits of the step counter, not 18 more history rows
+    assert len((tmp_path / "history.jsonl").read_text().splitlines()) == 20

@@ -1,0 +1,438 @@
+"""Each variant option on an exact small example, and an invariant that breaks if the option does (issue 11).
+
+TRL agreement is in tests/test_trl_agreement.py; here each option is checked
+against numbers worked out by hand and against the property that defines it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import grpo_tutorial.trainer as trainer_module
+from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
+from grpo_tutorial.advantages import group_advantages
+from grpo_tutorial.loss import grpo_loss
+from grpo_tutorial.objectives import (
+    clipped_surrogate,
+    high_entropy_mask,
+    importance_weights,
+    masked_log_ratio,
+    off_policy_mask,
+)
+from grpo_tutorial.rewards import partial_credit_reward
+from grpo_tutorial.seeding import next_batch
+
+D = torch.float64
+
+
+def _grad(loss, x):
+    (g,) = torch.autograd.grad(loss, x)
+    return g
+
+
+# ---------------------------------------------------------------------------
+# delta: two-sided clipping
+# ---------------------------------------------------------------------------
+
+
+def test_delta_caps_the_ratio_term_on_an_exact_example():
+    ratio = torch.tensor([[3.0, 0.5, 1.1]], dtype=D)
+    adv = torch.tensor([[-1.0]], dtype=D)
+    plain = clipped_surrogate(ratio, adv, 0.2, 0.2)
+    capped = clipped_surrogate(ratio, adv, 0.2, 0.2, delta=2.0)
+    # A < 0: -min(rho*A, clip(rho)*A) = max(rho, clip(rho)) * |A|; delta caps rho itself at 2
+    assert plain.tolist() == [[3.0, 0.8, 1.1]]
+    assert capped.tolist() == [[2.0, 0.8, 1.1]]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 10_000), st.floats(1.3, 3.0))
+def test_with_delta_the_ratio_term_never_exceeds_delta(seed, delta):
+    g = torch.Generator().manual_seed(seed)
+    logp = (torch.randn(4, 6, generator=g, dtype=D) * 2).requires_grad_(True)
+    old = torch.zeros(4, 6, dtype=D)
+    adv = torch.randn(4, generator=g, dtype=D)
+    loss, _ = grpo_loss(logp, old, adv, torch.ones(4, 6, dtype=D), delta=delta, loss_type="dapo")
+    # every token's loss is at most delta * |A|, and its gradient at most delta * |A| / tokens
+    ratio = torch.exp(logp.detach())
+    per_token = clipped_surrogate(ratio, adv[:, None], 0.2, 0.2, delta)
+    assert bool((per_token <= delta * adv.abs()[:, None] + 1e-12).all())
+    bound = delta * adv.abs()[:, None] / 24
+    assert bool((_grad(loss, logp).abs() <= bound + 1e-12).all())
+
+
+# ---------------------------------------------------------------------------
+# GSPO: one ratio per sequence
+# ---------------------------------------------------------------------------
+
+
+def test_sequence_ratio_is_the_geometric_mean_of_the_token_ratios():
+    logp = torch.tensor([[0.2, 0.4, 9.0], [-0.3, 0.0, 0.0]], dtype=D)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]], dtype=D)
+    w = importance_weights(masked_log_ratio(logp, torch.zeros_like(logp), mask), mask, "sequence")
+    torch.testing.assert_close(w[0, :2], torch.full((2,), math.exp(0.3), dtype=D))
+    torch.testing.assert_close(w[1, :1], torch.full((1,), math.exp(-0.3), dtype=D))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000))
+def test_with_gspo_every_token_of_a_sequence_shares_one_ratio(seed):
+    g = torch.Generator().manual_seed(seed)
+    logp, old = torch.randn(5, 7, generator=g, dtype=D), torch.randn(5, 7, generator=g, dtype=D)
+    lengths = torch.randint(1, 8, (5,), generator=g)
+    mask = (torch.arange(7)[None, :] < lengths[:, None]).to(D)
+    w = importance_weights(masked_log_ratio(logp, old, mask), mask, "sequence")  # [5, 7]
+    for i in range(5):
+        kept = w[i, : lengths[i]]
+        assert torch.equal(kept, kept[:1].expand_as(kept))
+    token = importance_weights(masked_log_ratio(logp, old, mask), mask, "token")
+    assert not torch.equal(w, token)  # the token level really is per token
+
+
+# ---------------------------------------------------------------------------
+# CISPO and SAPO
+# ---------------------------------------------------------------------------
+
+
+def test_cispo_keeps_the_gradient_of_clipped_tokens():
+    # token 0: ratio 2 > 1 + 0.2 with A > 0: PPO's clip gives no gradient, CISPO -1.2 * A / tokens;
+    # token 1: ratio e^0.05 inside the range: the detached weight times A / tokens (no d weight / d logp term)
+    logp = torch.tensor([[math.log(2.0), -1.0]], dtype=D, requires_grad=True)
+    old = torch.tensor([[0.0, -1.05]], dtype=D)
+    adv, mask = torch.tensor([1.0], dtype=D), torch.ones(1, 2, dtype=D)
+    clip_grad = _grad(grpo_loss(logp, old, adv, mask, loss_type="dapo")[0], logp)
+    cispo_grad = _grad(grpo_loss(logp, old, adv, mask, loss_type="cispo")[0], logp)
+    assert clip_grad[0, 0].item() == 0.0
+    torch.testing.assert_close(cispo_grad, torch.tensor([[-1.2 / 2, -math.exp(0.05) / 2]], dtype=D))
+
+
+def test_sapo_at_ratio_one_has_the_plain_gradient_and_a_smooth_gate():
+    logp = torch.zeros(2, 3, dtype=D, requires_grad=True)
+    adv, mask = torch.tensor([1.0, -0.5], dtype=D), torch.ones(2, 3, dtype=D)
+    loss, _ = grpo_loss(logp, logp.detach(), adv, mask, loss_type="sapo", sapo_temperature_pos=1.0,
+                        sapo_temperature_neg=2.0)
+    # value at rho = 1: -(4 / tau) * sigmoid(0) * A, per sequence
+    assert loss.item() == pytest.approx((-(4 / 1.0) * 0.5 * 1.0 - (4 / 2.0) * 0.5 * -0.5) / 2)
+    plain, _ = grpo_loss(logp, logp.detach(), adv, mask, loss_type="grpo")
+    torch.testing.assert_close(_grad(loss, logp), _grad(plain, logp))
+    # far off-policy the gate fades but never cuts to exactly 0
+    far = torch.full((2, 3), 1.5, dtype=D, requires_grad=True)
+    g = _grad(grpo_loss(far, torch.zeros(2, 3, dtype=D), adv, mask, loss_type="sapo")[0], far)
+    assert bool((g != 0).all())
+
+
+# ---------------------------------------------------------------------------
+# the masks: truncated completions, high-entropy tokens, off-policy sequences
+# ---------------------------------------------------------------------------
+
+
+def test_masked_truncated_completions_get_zero_loss_and_gradient():
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.1]], dtype=D, requires_grad=True)
+    old = logp.detach() - 0.1
+    adv, mask = torch.tensor([1.0, -1.0], dtype=D), torch.ones(2, 2, dtype=D)
+    truncated = torch.tensor([True, False])
+    loss, _ = grpo_loss(logp, old, adv, mask, loss_type="dapo", mask_truncated_completions=True, truncated=truncated)
+    grad = _grad(loss, logp)
+    assert torch.count_nonzero(grad[0]) == 0 and torch.count_nonzero(grad[1]) == 2
+    # dapo divides by the 2 counted tokens, not 4: row 1 alone, ratio e^0.1 < 1.2, A = -1
+    assert loss.item() == pytest.approx(math.exp(0.1))
+    # every completion truncated: loss 0, gradient 0, no error
+    all_cut = grpo_loss(logp, old, adv, mask, mask_truncated_completions=True, truncated=torch.tensor([True, True]))[0]
+    assert all_cut.item() == 0.0 and torch.count_nonzero(_grad(all_cut, logp)) == 0
+
+
+def test_top_entropy_quantile_keeps_exactly_the_top_fraction():
+    entropies = torch.arange(10, dtype=D).reshape(2, 5) / 10  # 10 distinct values
+    mask = torch.ones(2, 5, dtype=D)
+    kept = high_entropy_mask(entropies, mask, 0.2)
+    assert kept.sum().item() == 2 and kept[1, 3:].all()  # the two highest: 0.8 and 0.9
+    assert high_entropy_mask(entropies, mask, 1.0).all()
+    assert high_entropy_mask(entropies, mask, 0.0).sum().item() == 1  # only the highest
+    # padded tokens never count, however high their entropy
+    mask[1, 4] = 0.0
+    kept = high_entropy_mask(entropies, mask, 0.2)
+    assert not kept[1, 4] and kept.sum().item() == 2
+
+
+def test_top_entropy_quantile_trains_only_the_kept_tokens():
+    logp = torch.zeros(2, 5, dtype=D, requires_grad=True)
+    entropies = torch.arange(10, dtype=D).reshape(2, 5) / 10
+    loss, _ = grpo_loss(logp, logp.detach(), torch.tensor([1.0, 1.0], dtype=D), torch.ones(2, 5, dtype=D),
+                        top_entropy_quantile=0.2, entropies=entropies)
+    assert (_grad(loss, logp) != 0).tolist() == [[False] * 5, [False, False, False, True, True]]
+
+
+def test_entropy_coef_adds_minus_coef_times_the_mean_entropy():
+    g = torch.Generator().manual_seed(1)
+    logp = torch.randn(3, 4, generator=g, dtype=D)
+    old, adv = logp - 0.05, torch.tensor([1.0, -1.0, 0.5], dtype=D)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=D)
+    entropies = torch.rand(3, 4, generator=g, dtype=D).requires_grad_(True)
+    base, _ = grpo_loss(logp, old, adv, mask)
+    bonus, _ = grpo_loss(logp, old, adv, mask, entropy_coef=0.1, entropies=entropies)
+    mean_entropy = (entropies * mask).sum() / mask.sum()
+    assert (bonus - base).item() == pytest.approx(-0.1 * mean_entropy.item())
+    torch.testing.assert_close(_grad(bonus, entropies), -0.1 * mask / mask.sum())
+
+
+def test_off_policy_mask_drops_only_negative_advantage_sequences_that_moved():
+    old = torch.zeros(3, 2, dtype=D)
+    logp = torch.tensor([[-0.5, -0.5], [-0.5, -0.5], [-0.01, -0.01]], dtype=D)  # KL 0.5, 0.5, 0.01
+    adv = torch.tensor([[1.0], [-1.0], [-1.0]], dtype=D)
+    keep = off_policy_mask(adv, logp, old, torch.ones(3, 2, dtype=D), threshold=0.1)
+    assert keep.flatten().tolist() == [1.0, 0.0, 1.0]
+    # on-policy the estimate is 0: nothing is ever dropped
+    assert off_policy_mask(adv, old, old, torch.ones(3, 2, dtype=D), threshold=0.0).all()
+
+
+# ---------------------------------------------------------------------------
+# advantages: RLOO and REINFORCE++
+# ---------------------------------------------------------------------------
+
+
+def test_rloo_on_an_exact_example():
+    adv = group_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0], [3.0, 3.0, 3.0, 3.0]]), baseline="rloo", scale="none")
+    torch.testing.assert_close(adv, torch.tensor([[2 / 3, -2 / 3, -2 / 3, 2 / 3], [0.0, 0.0, 0.0, 0.0]]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 6), st.sampled_from(["group", "batch", "none"]))
+def test_rloo_is_the_leave_one_out_formula_and_sums_to_zero(seed, G, scale):
+    r = torch.rand(3, G, generator=torch.Generator().manual_seed(seed), dtype=D)
+    adv = group_advantages(r, baseline="rloo", scale=scale)
+    loo = torch.stack([r[:, i] - (r.sum(dim=1) - r[:, i]) / (G - 1) for i in range(G)], dim=1)
+    divisor = {"group": r.std(dim=1, keepdim=True) + 1e-4, "batch": r.std() + 1e-4, "none": 1.0}[scale]
+    torch.testing.assert_close(adv, loo / divisor)
+    torch.testing.assert_close(adv.sum(dim=1), torch.zeros(3, dtype=D), atol=1e-9, rtol=0)
+
+
+def test_rloo_skips_unscorable_completions():
+    adv = group_advantages(torch.tensor([[1.0, float("nan"), 0.0, 0.0]]), baseline="rloo", scale="none", nan="skip")
+    torch.testing.assert_close(adv, torch.tensor([[1.0, 0.0, -0.5, -0.5]]))
+
+
+def test_reinforce_plus_plus_uses_one_batch_baseline():
+    r = torch.tensor([[1.0, 1.0], [0.0, 2.0]])
+    adv = group_advantages(r, baseline="batch", scale="batch")
+    expected = (r - 1.0) / (r.std() + 1e-4)
+    torch.testing.assert_close(adv, expected)
+    assert adv[0].tolist() == [0.0, 0.0]  # here the batch mean happens to equal the group's
+    r2 = torch.tensor([[2.0, 2.0], [0.0, 2.0]])  # an all-equal group above the batch mean still learns
+    assert (group_advantages(r2, baseline="batch", scale="none")[0] > 0).all()
+    with pytest.raises(ValueError, match="scale='batch'"):
+        group_advantages(r, baseline="batch", scale="group")
+
+
+def test_batch_baseline_skips_unscorable_completions():
+    r = torch.tensor([[1.0, float("nan")], [0.0, 2.0]])
+    adv = group_advantages(r, baseline="batch", scale="none", nan="skip")
+    torch.testing.assert_close(adv, torch.tensor([[0.0, 0.0], [-1.0, 1.0]]))  # batch mean of 1, 0, 2 is 1
+    scaled = group_advantages(r, baseline="batch", scale="batch", nan="skip")
+    torch.testing.assert_close(scaled, adv / (torch.tensor([1.0, 0.0, 2.0]).std() + 1e-4))
+
+
+# ---------------------------------------------------------------------------
+# config validation
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(delta=1.1), "delta must be None or a number > 1 + clip_eps_high = 1.2"),
+        (dict(delta=2.0, loss_type="cispo"), "delta must be None with loss_type='cispo'"),
+        (dict(importance_sampling_level="seq"), "importance_sampling_level must be one of"),
+        (dict(sapo_temperature_neg=0.0), "sapo_temperature_neg must be a number > 0"),
+        (dict(mask_truncated_completions=1), "mask_truncated_completions must be True or False"),
+        (dict(top_entropy_quantile=1.5), "top_entropy_quantile must be a number in [0, 1]"),
+        (dict(off_policy_mask_threshold=-1.0), "off_policy_mask_threshold must be None or a number >= 0"),
+        (dict(advantage_baseline="mean"), "advantage_baseline must be one of"),
+        (dict(advantage_baseline="batch"), "scale_rewards must be 'batch' or 'none'"),
+        (dict(max_sampling_rounds=0), "max_sampling_rounds must be an int >= 1"),
+        (dict(clip_eps_high=4.0), "clip_eps_high must be None or a number in (0, 1)"),
+    ],
+)
+def test_config_rejects_bad_variant_options(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        GRPOConfig(**kwargs)
+
+
+def test_cispo_accepts_a_cap_above_two():
+    assert GRPOConfig(loss_type="cispo", clip_eps_high=4.0).clip_eps_high == 4.0
+
+
+# ---------------------------------------------------------------------------
+# the trainer with each option
+# ---------------------------------------------------------------------------
+
+
+def _length_reward(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(loss_type="cispo", clip_eps_high=4.0),
+        dict(loss_type="sapo"),
+        dict(importance_sampling_level="sequence", loss_type="dapo"),
+        dict(delta=1.5, num_iterations=2),
+        dict(mask_truncated_completions=True, loss_type="dapo"),
+        dict(top_entropy_quantile=0.2, entropy_coef=0.01, micro_batch_size=4),
+        dict(off_policy_mask_threshold=0.01, num_iterations=2),
+        dict(advantage_baseline="rloo", scale_rewards="none"),
+        dict(advantage_baseline="batch", scale_rewards="batch"),
+    ],
+)
+def test_trainer_steps_with_each_option(options):
+    model, tok = build_tiny_policy(seed=4)
+    cfg = GRPOConfig(prompts_per_step=2, group_size=4, seed=1, max_new_tokens=3, learning_rate=1e-2, **options)
+    trainer = GRPOTrainer(model, tok, _length_reward, cfg)
+    before = [p.detach().clone() for p in trainer._params]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        row = trainer.train_step(make_arithmetic_dataset(8, seed=2, digits=1)[:2])
+    assert math.isfinite(row["loss"]) and row["groups_drawn"] == 2
+    assert row["reward_std"] > 0 and row["grad_norm"] > 0  # precondition: a learning signal
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer._params))
+
+
+def test_trainer_entropy_options_use_the_gradient_pass_entropy(monkeypatch):
+    """entropies reach grpo_loss with a gradient (from the gradient pass), also on the explicit path."""
+    seen = []
+    real = trainer_module.grpo_loss
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["entropies"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    model, tok = build_tiny_policy(seed=4)
+    cfg = GRPOConfig(prompts_per_step=2, group_size=4, num_iterations=2, entropy_coef=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        GRPOTrainer(model, tok, partial_credit_reward, cfg).train_step(make_arithmetic_dataset(8, seed=2, digits=1)[:2])
+    assert len(seen) == 2 and all(e is not None and e.requires_grad for e in seen)
+
+
+# ---------------------------------------------------------------------------
+# dynamic sampling
+# ---------------------------------------------------------------------------
+
+
+def _half_constant_reward(completions, a, **kwargs):
+    """Constant (no signal) for prompts with a < 5, the completion's length otherwise."""
+    return [1.0 if ai < 5 else float(len(c)) for c, ai in zip(completions, a)]
+
+
+def _dynamic_trainer(**overrides):
+    model, tok = build_tiny_policy(seed=4)
+    cfg = GRPOConfig(prompts_per_step=4, group_size=4, seed=3, max_new_tokens=4, **overrides)
+    return GRPOTrainer(model, tok, _half_constant_reward, cfg)
+
+
+def test_dynamic_sampling_trains_only_on_groups_with_signal_and_logs_the_count(monkeypatch):
+    trained = []
+    real = trainer_module.group_advantages
+
+    def spy(rewards, G, **kwargs):
+        trained.append(rewards.view(-1, G).clone())
+        return real(rewards, G, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "group_advantages", spy)
+    data = make_arithmetic_dataset(64, seed=5, digits=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = _dynamic_trainer().train(data, 3, progress=False)
+        dynamic_trainer = _dynamic_trainer(dynamic_sampling=True, max_sampling_rounds=8)
+        dynamic = dynamic_trainer.train(data, 3, progress=False)
+    assert all(row["groups_drawn"] == 4 for row in plain)
+    assert any(row["frac_zero_std"] > 0 for row in plain)  # the control: without it, dead groups train
+    assert all(row["frac_zero_std"] == 0.0 for row in dynamic)
+    assert any(row["groups_drawn"] > 4 for row in dynamic)
+    assert all(row["groups_drawn"] % 4 == 0 for row in dynamic)  # whole rounds of prompts_per_step
+    for rewards in trained[3:]:  # the dynamic run's steps
+        assert rewards.shape == (4, 4) and bool((rewards.amax(dim=1) > rewards.amin(dim=1)).all())
+    # the data position advanced by every drawn row, deterministically
+    position = (0, 0)
+    for row in dynamic:
+        for _ in range(row["groups_drawn"] // 4):
+            _, *position = next_batch(data, 4, 3, *position)
+    assert (dynamic_trainer._epoch, dynamic_trainer._index) == tuple(position)
+
+
+def test_dynamic_sampling_stops_at_the_cap_and_fills_with_zero_std_groups():
+    data = [{"prompt": f"{a}+1=", "answer": str(a + 1), "a": a} for a in range(5)]  # every group constant
+    trainer = _dynamic_trainer(dynamic_sampling=True, max_sampling_rounds=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        row = trainer.train(data, 1, progress=False)[0]
+    assert row["groups_drawn"] == 12 and row["frac_zero_std"] == 1.0
+
+
+def test_dynamic_sampling_resumes_exactly(tmp_path):
+    data = make_arithmetic_dataset(64, seed=5, digits=1)
+    options = dict(dynamic_sampling=True, max_sampling_rounds=6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        straight = _dynamic_trainer(**options).train(data, 3, progress=False)
+        first = _dynamic_trainer(**options, output_dir=str(tmp_path), checkpoint_every=1)
+        first.train(data, 2, progress=False)
+        resumed = _dynamic_trainer(**options, output_dir=str(tmp_path), checkpoint_every=1)
+        history = resumed.train(data, 3, resume=True, progress=False)
+    drop = trainer_module.TIMING_KEYS
+    assert [{k: v for k, v in r.items() if k not in drop} for r in history] == [
+        {k: v for k, v in r.items() if k not in drop} for r in straight
+    ]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(mask_truncated_completions=True), "needs truncated"),
+        (dict(mask_truncated_completions=True, truncated=torch.tensor([1, 0])), "bool tensor of shape (2,)"),
+        (dict(top_entropy_quantile=0.2), "need entropies"),
+        (dict(entropy_coef=0.1), "need entropies"),
+        (dict(top_entropy_quantile=1.2, entropies=torch.zeros(2, 3)), "top_entropy_quantile must lie in [0, 1]"),
+        (dict(entropy_coef=0.1, entropies=torch.zeros(2, 4)), "shape mismatch"),
+        (dict(delta=1.1), "delta must be None or > 1 + clip_eps_high = 1.2"),
+        (dict(delta=2.0, loss_type="sapo"), "loss_type='sapo' has none"),
+        (dict(importance_sampling_level="group"), "importance_sampling_level must be one of"),
+        (dict(loss_type="sapo", sapo_temperature_pos=0.0), "sapo_temperature_pos must be > 0"),
+        (dict(off_policy_mask_threshold=-0.1), "off_policy_mask_threshold must be None or >= 0"),
+    ],
+)
+def test_grpo_loss_refuses_bad_variant_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), **kwargs)
+
+
+def test_trainer_masks_truncated_completions_and_counts_only_the_rest(monkeypatch):
+    """With mask_truncated_completions, the trainer hands grpo_loss the rollout's truncation flags,
+    and dapo's normaliser counts only the tokens of untruncated completions (as TRL's num_items_in_batch)."""
+    calls = []
+    real = trainer_module.grpo_loss
+
+    def spy(logp, old, adv, mask, **kwargs):
+        calls.append((mask.clone(), kwargs["truncated"].clone(), float(kwargs["num_items_in_batch"])))
+        return real(logp, old, adv, mask, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    model, tok = build_tiny_policy(seed=4)
+    cfg = GRPOConfig(prompts_per_step=2, group_size=4, seed=9, max_new_tokens=5, loss_type="dapo",
+                     mask_truncated_completions=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        row = GRPOTrainer(model, tok, partial_credit_reward, cfg).train_step(
+            make_arithmetic_dataset(8, seed=2, digits=1)[:2])
+    assert 0 < row["frac_truncated"] < 1  # precondition: some, not all, completions were cut off
+    (mask, truncated, tokens), = calls
+    assert truncated.float().mean().item() == row["frac_truncated"]
+    assert tokens == mask[~truncated].sum().item() < mask.sum().item()
