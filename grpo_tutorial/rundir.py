@@ -82,7 +82,7 @@ def what_was_kept(output_dir: str | os.PathLike | None) -> str:
 
 
 def _reason(err: OSError) -> str:
-    return _REASONS.get(err.errno, err.strerror or type(err).__name__)
+    return _REASONS.get(err.errno) or err.strerror or str(err) or type(err).__name__
 
 
 @contextmanager
