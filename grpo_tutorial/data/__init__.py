@@ -18,6 +18,9 @@ file                            what it is (who writes it)
 ``tiny_learning.json``          chapter 8's benchmark record, seeds 0 and 1
                                 (``benchmarks/tiny_learning.py``)
 ``tiny_learning_seeds23.json``  the same benchmark for seeds 2 and 3
+``lab_results.json``            chapter 12's lab: every method and both controls,
+                                3 seeds, pass@k before/after GRPO
+                                (``python -m benchmarks.lab``)
 =============================== ==================================================
 """
 
@@ -37,6 +40,7 @@ DATA_FILES = (
     "smollm2_history_seed2.jsonl",
     "tiny_learning.json",
     "tiny_learning_seeds23.json",
+    "lab_results.json",
 )
 
 
