@@ -349,11 +349,23 @@ def _check_paths(args: argparse.Namespace) -> None:
         _check_writable("--out", args.out, is_dir=False)
 
 
-def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write_json(path: Path, data: Any, run_dir: Path | None = None) -> None:
+    from .rundir import disk_errors
+
+    with disk_errors(path.parent, run_dir):
+        path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    with disk_errors(tmp, run_dir):
+        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def _claim_out(out: Path) -> Any:
+    """Lock ``--out`` for this command (creating it): fails at once, in one line, when it
+    cannot be written or another run holds it, before any model is loaded."""
+    from .rundir import run_lock
+
+    return run_lock(out)
 
 
 # ---------------------------------------------------------------------------
@@ -375,16 +387,19 @@ def _evaluate(model: Any, tokenizer: Any, rows: list, reward_fns: Any, config: A
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    if args.steps < 1:
+        raise ValueError(f"--steps must be a positive int, got {args.steps}")
+    with _claim_out(Path(args.out)):
+        return _train(args, Path(args.out))
+
+
+def _train(args: argparse.Namespace, out: Path) -> int:
     import torch
 
     from .checkpoint import find_checkpoint
     from .config import GRPOConfig
     from .trainer import GRPOTrainer
 
-    if args.steps < 1:
-        raise ValueError(f"--steps must be a positive int, got {args.steps}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     checkpoint = find_checkpoint(out) if args.resume else None
     resuming = checkpoint is not None
     if resuming:
@@ -410,7 +425,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config = GRPOConfig(**preset, reward_weights=weights, seed=args.seed, output_dir=str(out))
     torch.manual_seed(args.seed)
     model, tokenizer = _load_model(args, args.seed)
-    _write_json(out / "run.json", {"argv": sys.argv[1:], "args": vars(args) | {"func": None}, "config": config.to_dict()})
+    _write_json(out / "run.json", run_dir=out, data={"argv": sys.argv[1:], "args": vars(args) | {"func": None}, "config": config.to_dict()})
 
     evals: dict[str, Any] = {}
     if (out / "eval.json").exists() and resuming:
@@ -440,7 +455,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.eval_before and not resuming:
         evals["before"] = trainer.evaluate(eval_rows)
         _print_eval("before GRPO", evals["before"])
-        _write_json(out / "eval.json", evals)
+        _write_json(out / "eval.json", evals, out)
 
     t0 = time.perf_counter()
     try:
@@ -458,7 +473,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             gain = evals["after"]["accuracy"] - evals["before"]["accuracy"]
             print(f"change in held-out greedy accuracy: {gain:+.3f}")
     if evals:
-        _write_json(out / "eval.json", evals)
+        _write_json(out / "eval.json", evals, out)
     print(f"wrote {out / 'history.jsonl'}", flush=True)
     return 0
 
@@ -519,10 +534,13 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     matplotlib.use("Agg")
     from .plotting import plot_history
 
+    from .rundir import disk_errors
+
     fig = plot_history(args.history, keys=args.keys, smooth=args.smooth)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    with disk_errors(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=120)
     print(f"wrote {out}")
     return 0
 
@@ -540,6 +558,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_paths(args)
         return args.func(args)
     except (ValueError, TypeError, ModuleNotFoundError, OSError) as err:  # OSError: ConnectionError, FileNotFoundError, ...
+        # allowed broad handler: the top level prints the error (RunDirectoryError too) as one line, exit 2
         if args.traceback:
             raise
         print(f"error: {err}", file=sys.stderr)

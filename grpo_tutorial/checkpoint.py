@@ -16,6 +16,10 @@ is renamed to ``checkpoint.old``, the new one renamed into place, and the old on
 deleted. At every instant a complete checkpoint exists under ``checkpoint`` or
 ``checkpoint.old`` (:func:`find_checkpoint`), so a kill mid-save loses at most
 the new one.
+
+Every write here goes through :func:`~grpo_tutorial.rundir.disk_errors`: a full
+disk or a read-only file system raises ``RunDirectoryError`` with one line
+that names the file and the last good checkpoint, which is left as it was.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 
 from .config import GRPOConfig
 from .metrics import GRPOWarning
+from .rundir import disk_errors
 
 __all__ = [
     "CHECKPOINT",
@@ -110,14 +115,16 @@ def read_history(path: str | os.PathLike, *, drop_cut_last_line: bool = False) -
 def write_history(path: Path, rows: Sequence[dict]) -> None:
     """Make ``path`` hold exactly ``rows`` (written to a temporary file, then renamed)."""
     tmp = path.with_name(path.name + ".tmp")
-    write_durably(tmp, "".join(history_line(row) for row in rows).encode("utf-8"))
-    os.replace(tmp, path)
+    with disk_errors(tmp, path.parent):
+        write_durably(tmp, "".join(history_line(row) for row in rows).encode("utf-8"))
+        os.replace(tmp, path)
 
 
 def append_history(handle: Any, row: dict) -> None:
     """Append one row to an open history file and flush it to the OS."""
-    handle.write(history_line(row))
-    handle.flush()
+    with disk_errors(handle.name, Path(handle.name).parent):
+        handle.write(history_line(row))
+        handle.flush()
 
 
 # ---------------------------------------------------------------------------
@@ -200,26 +207,36 @@ def load_model_state(model: torch.nn.Module, checkpoint: str | os.PathLike) -> d
 
 def write_checkpoint(root: Path, state: dict, meta: dict) -> Path:
     """Write ``root/checkpoint/`` atomically (see the module docstring); return its path."""
-    root.mkdir(parents=True, exist_ok=True)
     final, tmp, old = root / CHECKPOINT, root / CHECKPOINT_TMP, root / CHECKPOINT_OLD
-    # recover from an earlier save killed between its renames, then clear leftovers
-    if not final.exists() and old.exists():
-        os.replace(old, final)
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(old, ignore_errors=True)
+    with disk_errors(tmp, root):
+        root.mkdir(parents=True, exist_ok=True)
+        # recover from an earlier save killed between its renames, then clear leftovers
+        if not final.exists() and old.exists():
+            os.replace(old, final)
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+        try:
+            tmp.mkdir()
+            with open(tmp / STATE_FILE, "wb") as fh:  # a Python file, so a full disk is an OSError
+                try:
+                    torch.save(state, fh)
+                except RuntimeError as err:  # torch's zip writer hides a failed write's OSError behind its own
+                    if isinstance(err.__context__, OSError):
+                        raise err.__context__ from None
+                    raise
+                fh.flush()
+                os.fsync(fh.fileno())
+            write_durably(tmp / META_FILE, json.dumps({"format": FORMAT_VERSION, **meta}, indent=1).encode("utf-8"))
+            fsync_dir(tmp)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # give back the space; the last checkpoint is untouched
+            raise
 
-    tmp.mkdir()
-    torch.save(state, tmp / STATE_FILE)
-    with open(tmp / STATE_FILE, "rb+") as fh:
-        os.fsync(fh.fileno())
-    write_durably(tmp / META_FILE, json.dumps({"format": FORMAT_VERSION, **meta}, indent=1).encode("utf-8"))
-    fsync_dir(tmp)
-
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    fsync_dir(root)
-    shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        fsync_dir(root)
+        shutil.rmtree(old, ignore_errors=True)
     return final
 
 

@@ -64,6 +64,7 @@ from .models import disable_dropout
 from .optim import make_optimizer, trainable_parameters
 from .rewards import compute_rewards, extra_columns, judge_correct, reward_function_list, reward_function_means
 from .rollout import Rollout, concat_groups, generate_rollouts
+from .rundir import disk_errors, run_lock
 from .seeding import MINIBATCHES, RESAMPLING, SAMPLING, capture_rng_state, derive_seed, next_batch, restore_rng_state, stream_generator, stream_seed
 from .tasks import as_rows, check_rows, validate_for_model
 
@@ -480,7 +481,8 @@ class GRPOTrainer:
         """
         root = Path(output_dir if output_dir is not None else self._require_output_dir("save_checkpoint"))
         if root != getattr(self, "_appending_to", None):
-            root.mkdir(parents=True, exist_ok=True)
+            with disk_errors(root, root):
+                root.mkdir(parents=True, exist_ok=True)
             write_history(root / HISTORY_FILE, self.history)
         state = {
             "model": self.model.state_dict(),
@@ -561,7 +563,7 @@ class GRPOTrainer:
                     f"(fingerprint {fingerprint} vs {saved_fingerprint}); resume with the same dataset"
                 )
         if not self.load_checkpoint(out):
-            warnings.warn(f"resume=True but no checkpoint in {str(out)!r}; starting from step 0", GRPOWarning, stacklevel=3)
+            warnings.warn(f"resume=True but no checkpoint in {str(out)!r}; starting from step 0", GRPOWarning, stacklevel=4)
 
     def train(
         self,
@@ -593,6 +595,10 @@ class GRPOTrainer:
         consistent, so calling ``train`` again continues. A second Ctrl-C
         aborts the step at once; resume from the last checkpoint then.
         """
+        with run_lock(self.config.output_dir):  # one run per output directory (rundir.py)
+            return self._train(dataset, steps, resume=resume, progress=progress)
+
+    def _train(self, dataset: Sequence[dict], steps: int, *, resume: bool, progress: bool) -> list[dict]:
         dataset = as_rows(dataset)
         validate_for_model(dataset, self.model, self.tokenizer, self.config.max_new_tokens)
         if not is_int(steps) or steps < 1:
@@ -607,7 +613,7 @@ class GRPOTrainer:
                 f"{str(out)!r} already holds a checkpoint; starting a new run from step 0 that will "
                 "replace it at its first save (pass resume=True to continue the old run instead)",
                 GRPOWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
         if self._dataset_fingerprint not in (None, fingerprint):
             raise ValueError(
@@ -618,13 +624,14 @@ class GRPOTrainer:
 
         history_file = None
         if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
             write_history(out / HISTORY_FILE, self.history)
-            history_file = open(out / HISTORY_FILE, "a", encoding="utf-8")
+            with disk_errors(out / HISTORY_FILE, out):
+                history_file = open(out / HISTORY_FILE, "a", encoding="utf-8")
             self._appending_to = out
 
         def save() -> Path:
-            os.fsync(history_file.fileno())
+            with disk_errors(out / HISTORY_FILE, out):
+                os.fsync(history_file.fileno())
             return self.save_checkpoint(out)
 
         bar = None

@@ -1,7 +1,7 @@
 """Chapter 9's GPU run (``gsm8k_run``) end to end on CPU, with stand-ins for what needs a GPU.
 
 Everything comes from the GPU preset ``qwen2.5-0.5b-colab-t4`` unchanged (B=4
-prompts, G=8, minibatches of 8, 256 new tokens, lr 1e-6, its system prompt),
+prompts, G=8, micro-batches of 8, 256 new tokens, lr 1e-6, its system prompt),
 and gradient checkpointing is on, as in the notebook. Only three things differ
 from a Colab T4 session:
 
@@ -123,9 +123,12 @@ def test_bad_gsm8k_files_are_named(tmp_path):
         read_gsm8k_jsonl(tmp_path / "missing.jsonl")
 
 
-def test_gsm8k_run_two_steps_on_cpu_with_the_gpu_preset(tokenizer):
+def test_gsm8k_run_two_steps_on_cpu_with_the_gpu_preset(tokenizer, monkeypatch):
     preset = get_preset(GSM8K_PRESET)
-    assert (preset.prompts_per_step, preset.group_size, preset.minibatch_size, preset.max_new_tokens) == (4, 8, 8, 256)
+    assert (preset.prompts_per_step, preset.group_size, preset.micro_batch_size, preset.max_new_tokens) == (4, 8, 8, 256)
+    updates = []  # optimizer updates: the preset must give ONE per generation batch
+    real_step = torch.optim.AdamW.step
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: (updates.append(1), real_step(self, *a, **k))[1])
     rows = read_gsm8k_jsonl(FIXTURE)
     assert [row["answer"] for row in rows] == FIXTURE_ANSWERS  # the '####' numbers
     # the stand-in answers one digit: train on the 8 one-digit problems (2 steps x 4
@@ -158,9 +161,10 @@ def test_gsm8k_run_two_steps_on_cpu_with_the_gpu_preset(tokenizer):
     assert (model.is_activation_checkpointing if checkpointing is not None else model.is_gradient_checkpointing)
     # 2 steps x mu x (32 / 8) memory chunks, each run twice (forward, recompute); this
     # counts chunks, not optimizer updates, so it holds with gradient accumulation too
-    chunks = 2 * config.num_iterations * (config.batch_completions // config.minibatch_size)
+    chunks = 2 * config.num_iterations * (config.batch_completions // config.micro_size)
     assert chunks == 8
     assert len(grad_forwards) == 2 * chunks
+    assert len(updates) == 2  # 2 steps: each accumulates its 4 micro-batches into one on-policy update
 
     history = result["history"]
     assert [row["step"] for row in history] == [1, 2]

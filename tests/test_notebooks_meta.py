@@ -7,6 +7,11 @@ Every notebook in notebooks/ must:
   _config.yml, then a cell that calls describe_environment();
 - number its "## " sections "N.k ..." and end with "## Summary" and "## Exercises";
 - put every solution in a dropdown (":class: dropdown");
+- put solution code in executed code cells of a gated solution
+  ({solution-start} ... {solution-end}), never in a code fence of a plain
+  {solution} block, so that nbmake and the book build run it after the chapter's
+  cells; a solution cell too slow for a CPU is tagged "skip-execution", says so in
+  its first line, and is listed with its reason in SKIPPED_SOLUTIONS;
 - carry a per-notebook timeout (<= 600 s) for both nbmake and myst-nb.
 Every notebook and book page is listed in _toc.yml, and everything listed exists.
 
@@ -28,6 +33,16 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 MAX_TIMEOUT = 600
 NAME_RE = re.compile(r"^(\d{2})_[a-z0-9_]+\.ipynb$")
+# (notebook, exercise label): why its solution code is not executed
+SKIPPED_SOLUTIONS = {
+    ("08_tiny_transformer.ipynb", "ch8-ex-target"): "trains two recipe models for all their GRPO steps",
+    ("08_tiny_transformer.ipynb", "ch8-ex-mu"): "a full GRPO run of the recipe with mu = 2",
+    ("09_real_llm.ipynb", "ch9-ex-budget"): "samples 32-token answers from SmolLM2-135M and scores the held-out set",
+}
+SKIP_TAG = "skip-execution"
+SKIP_FIRST_LINE = "# Not run by the tests or the book build:"
+PLAIN_SOLUTION_RE = re.compile(r"^(?P<fence>`{3,}|:{3,})\{solution\}[ \t]*(?P<label>\S*)[^\n]*\n(?P<body>.*?)^(?P=fence)[ \t]*$", re.M | re.S)
+CODE_FENCE_RE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*(\{code-cell\}|\{code-block\}|\{code\}|[A-Za-z]\w*)", re.M)
 SOLUTION_RE = re.compile(r"^(?:`{3,}|:{3,})\{solution(?:-start)?\}[^\n]*\n((?:[ \t]*:[^\n]*\n)*)", re.M)
 
 
@@ -130,6 +145,27 @@ def solutions_without_dropdown(markdown: str) -> list[str]:
     return bad
 
 
+def plain_solutions_with_code(markdown: str) -> list[str]:
+    """Labels of plain {solution} blocks whose body holds a code fence (code that never runs)."""
+    return [m.group("label") for m in PLAIN_SOLUTION_RE.finditer(markdown) if CODE_FENCE_RE.search(m.group("body"))]
+
+
+def solution_code_cells(nb: nbformat.NotebookNode) -> list[tuple[str, nbformat.NotebookNode]]:
+    """(label, cell) for every code cell between a {solution-start} and its {solution-end}."""
+    found, label = [], None
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                start = re.match(r"^(?:`{3,}|:{3,})\{solution-start\}\s*(\S+)", line)
+                if start:
+                    label = start.group(1)
+                elif re.match(r"^(?:`{3,}|:{3,})\{solution-end\}", line):
+                    label = None
+        elif label is not None:
+            found.append((label, cell))
+    return found
+
+
 def code_cells(nb: nbformat.NotebookNode) -> list[str]:
     return [c.source for c in nb.cells if c.cell_type == "code"]
 
@@ -156,6 +192,27 @@ def test_solution_check_finds_missing_dropdown():
         "```{solution} ex-d\nno options\n```\n"
     )
     assert solutions_without_dropdown(text) == ["````{solution-start} ex-b", "```{solution} ex-d"]
+
+
+def test_plain_solution_with_code_is_found():
+    text = (
+        "````{solution} ex-a\n:class: dropdown\nProse.\n```python\nx = 1\n```\n````\n"
+        "```{solution} ex-b\n:class: dropdown\nOnly prose, with `inline code`.\n```\n"
+        "```{solution-start} ex-c\n:class: dropdown\n```\n"
+    )
+    assert plain_solutions_with_code(text) == ["ex-a"]
+
+
+def test_solution_code_cells_are_found_between_start_and_end():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("chapter = 1"),
+        nbformat.v4.new_markdown_cell("```{solution-start} ex-a\n:class: dropdown\n```\nProse."),
+        nbformat.v4.new_code_cell("assert True"),
+        nbformat.v4.new_markdown_cell("```{solution-end}\n```"),
+        nbformat.v4.new_code_cell("after = 2"),
+    ]
+    assert [(label, cell.source) for label, cell in solution_code_cells(nb)] == [("ex-a", "assert True")]
 
 
 def test_headings_skip_code_fences():
@@ -304,6 +361,32 @@ def test_exercises_have_dropdown_solutions(notebook):
     assert "{exercise}" in markdown or "{exercise-start}" in markdown, f"{path.name}: no exercise"
     assert re.search(r"\{solution(-start)?\}", markdown), f"{path.name}: no solution"
     assert not solutions_without_dropdown(markdown), f"{path.name}: {solutions_without_dropdown(markdown)}"
+
+
+def test_solution_code_is_executed(notebook):
+    """No code in plain {solution} blocks; gated solution cells run unless listed as skipped."""
+    path, nb = notebook
+    markdown = "\n".join(c.source + "\n" for c in nb.cells if c.cell_type == "markdown")
+    plain = plain_solutions_with_code(markdown)
+    assert not plain, (
+        f"{path.name}: solutions {plain} hold code in a plain {{solution}} block, which nothing executes; "
+        "use {solution-start} ... {solution-end} with the code in code cells that assert the claim"
+    )
+    skipped = set()
+    for label, cell in solution_code_cells(nb):
+        if SKIP_TAG in cell.metadata.get("tags", []):
+            skipped.add(label)
+            assert cell.source.startswith(SKIP_FIRST_LINE), (
+                f"{path.name}: skipped solution cell of {label} must start with {SKIP_FIRST_LINE!r} and the reason"
+            )
+    listed = {label for (name, label) in SKIPPED_SOLUTIONS if name == path.name}
+    assert skipped == listed, f"{path.name}: skipped solution cells {sorted(skipped)}, SKIPPED_SOLUTIONS lists {sorted(listed)}"
+
+
+def test_every_skipped_solution_is_listed_with_a_reason():
+    for (name, label), reason in SKIPPED_SOLUTIONS.items():
+        assert (ROOT / "notebooks" / name).exists(), name
+        assert label and reason.strip(), (name, label)
 
 
 def test_at_least_one_figure(notebook):

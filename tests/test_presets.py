@@ -11,6 +11,7 @@ from grpo_tutorial.chapters.presets import (
     get_preset,
     logits_memory_bytes,
     smollm2_cpu_data,
+    rl_step_cost,
     training_memory_bytes,
 )
 
@@ -116,3 +117,38 @@ def test_smollm2_cpu_data_holds_out_200_of_the_300_problems():
         assert int(row["answer"]) == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
     # the same arguments give the same split
     assert smollm2_cpu_data()[1] == test
+
+
+def test_rl_step_cost_exact_counts():
+    grpo = rl_step_cost("grpo", 1000)
+    assert grpo == {
+        "algorithm": "grpo", "trained": ["policy"], "frozen": ["reference"], "models_held": 2,
+        "forward_passes": 3, "backward_passes": 1, "forward_equivalents": 5,
+        "state_bytes": 16_000 + 4_000,
+    }
+    ppo = rl_step_cost("ppo", 1000)
+    assert ppo == {
+        "algorithm": "ppo", "trained": ["policy", "critic"], "frozen": ["reference"], "models_held": 3,
+        "forward_passes": 5, "backward_passes": 2, "forward_equivalents": 9,
+        "state_bytes": 2 * 16_000 + 4_000,
+    }
+    # mu epochs multiply the trained passes only; beta=0 drops the reference
+    assert rl_step_cost("grpo", 1000, mu=4, beta=0.0)["forward_passes"] == 1 + 4
+    assert rl_step_cost("ppo", 1000, mu=4)["forward_passes"] == 3 + 8
+    assert rl_step_cost("ppo", 1000, mu=4)["backward_passes"] == 8
+    # a learned reward model: one more frozen model and forward pass for both
+    rm = rl_step_cost("ppo", 1000, reward_model=True, weights="bf16", master_weights=True)
+    assert rm["frozen"] == ["reference", "reward_model"]
+    assert rm["state_bytes"] == 2 * 16_000 + 2 * 2_000
+    assert rm["forward_passes"] == 6
+
+
+def test_rl_step_cost_bad_input():
+    with pytest.raises(ValueError, match="algorithm='dpo' is not supported"):
+        rl_step_cost("dpo", 10)
+    with pytest.raises(ValueError, match="mu must be a positive int"):
+        rl_step_cost("grpo", 10, mu=0)
+    with pytest.raises(ValueError, match="beta must be a number >= 0, got -0.1"):
+        rl_step_cost("grpo", 10, beta=-0.1)
+    with pytest.raises(ValueError, match="num_params must be a positive int"):
+        rl_step_cost("grpo", 0)

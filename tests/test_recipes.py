@@ -122,10 +122,11 @@ def test_with_settings_reaches_into_the_configs():
 
 
 def test_stored_flat_records_read_back_as_the_same_recipe():
-    # benchmarks/tiny_learning.json stores the recipe as flat fields (written before the
-    # recipe held its two configs); it must describe exactly today's default recipe
-    root = Path(__file__).resolve().parent.parent
-    stored = json.loads((root / "benchmarks" / "tiny_learning.json").read_text())
+    # the committed tiny_learning.json (package data) stores the recipe as flat fields
+    # (written before the recipe held its two configs); it must describe today's default recipe
+    from grpo_tutorial.data import read_data
+
+    stored = read_data("tiny_learning.json")
     for run in stored["runs"]:
         assert TinyAdditionRecipe.from_dict(run["recipe"]) == TinyAdditionRecipe()
     quick = TinyAdditionRecipe.quick(num_iterations=2)

@@ -92,3 +92,38 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
     rows = [json.loads(r) for r in expected]
     assert sum(r["reward_std"] > 0 for r in rows) >= STEPS // 2  # the runs had a learning signal
     assert all(r["kl"] >= 0 for r in rows) and rows[-1]["kl"] > 0  # and the policy moved
+
+
+@pytest.mark.slow
+def test_five_sigkills_at_random_moments_then_resume_match_an_uninterrupted_run(tmp_path):
+    """Issue 15: kill -9 five times (after a random number of rows, plus a random delay
+    that lands anywhere in a step or a checkpoint save), resuming after each kill."""
+    import random
+
+    rng = random.Random(15)
+    reference_dir, killed_dir = tmp_path / "reference", tmp_path / "killed"
+    reference = _start(reference_dir)
+    history = killed_dir / "history.jsonl"
+    thresholds = sorted(rng.sample(range(2, STEPS), 5))
+    kills = 0
+    for i, rows in enumerate(thresholds):
+        victim = _start(killed_dir, *(["--resume"] if i else []))
+        deadline = time.monotonic() + 120
+        while _complete_rows(history) < rows and victim.poll() is None:
+            assert time.monotonic() < deadline, f"no {rows} history rows within 120 s"
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.3))
+        if victim.poll() is None:
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.wait(timeout=30)
+            assert victim.returncode == -signal.SIGKILL
+            kills += 1
+        else:  # it finished before the kill landed: nothing left to interrupt
+            assert victim.returncode == 0, victim.stderr.read()
+            break
+    _finish(_start(killed_dir, "--resume"))
+    _finish(reference)
+    assert kills >= 4  # the moments really interrupted the run
+    got, expected = _comparable(history), _comparable(reference_dir / "history.jsonl")
+    assert [json.loads(r)["step"] for r in got] == list(range(1, STEPS + 1))
+    assert got == expected

@@ -214,3 +214,27 @@ def test_benchmark_flop_counts_on_the_tiny_model():
     assert counts["flops_6nd"] == 6 * 791_168 * 10
     attention = 12 * 3 * 2 * 5**2 * 128  # 12 L N T^2 d
     assert counts["flops_counted"] == 6 * (791_168 - 21 * 128) * 10 + 6 * 21 * 128 * 6 + attention
+
+
+def batch_mean_reward(completions, **kwargs) -> float:
+    """The mistake of chapter 11's signature exercise: one float for the whole batch."""
+    return 0.5
+
+
+def short_list_reward(completions, **kwargs) -> list[float]:
+    """One reward too few."""
+    return [0.5] * (len(completions) - 1)
+
+
+def test_trl_bare_float_reward_raises_type_error_not_value_error(tmp_path):
+    """Chapter 11, exercise ch11-ex-signatures, item 4, pinned on TRL's own code path.
+
+    TRL 1.16 iterates over the reward function's result (to turn None into NaN)
+    before it checks the length, so a bare float fails with Python's TypeError
+    "'float' object is not iterable", which does not name the reward function.
+    Only a list of the wrong length reaches the ValueError that names it.
+    """
+    with pytest.raises(TypeError, match="'float' object is not iterable"):
+        run_trl(tmp_path / "float", [batch_mean_reward], None)
+    with pytest.raises(ValueError, match="short_list_reward.*returned 15 rewards, but 16 were expected"):
+        run_trl(tmp_path / "short", [short_list_reward], None)

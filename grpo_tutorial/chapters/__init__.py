@@ -4,22 +4,21 @@ The core (``grpo_tutorial`` top level) is the method itself; nothing in it impor
 from here. Each module below serves the chapter named next to it, and its notebook
 imports it as ``from grpo_tutorial.chapters.<module> import ...``:
 
-=========  =================  ==================================================
-Chapter    Module             What it holds
-=========  =================  ==================================================
-1          ``bandit``         the multi-armed bandit: REINFORCE, baselines, GRPO
-                              on a toy policy
-5          ``kl_estimators``  exact KLs, estimator bias/spread, expected penalty
-                              gradients, the KL-regularised optimum
-6          ``reward_design``  reward-hacking audits, format and monitor rewards
-7          ``inspection``     per-token tables and heatmaps of one training step
-8          ``recipes``        the tiny-addition recipe (warm start + GRPO) and
-                              held-out evaluation with standard errors
-9          ``presets``        named ``GRPOConfig`` presets for real models
-10         ``pitfalls``       the bug gallery: a written-out training step with
-                              bug switches, tested against the real one
-11         ``trl_multiprocess`` TRL's GRPOTrainer in two CPU processes (torchrun)
-=========  =================  ==================================================
+=======  ====================  ==================================================================
+Chapter  Module                What it holds
+=======  ====================  ==================================================================
+0-11     ``diagram``           the picture of one GRPO step, whole or with one stage highlighted
+1        ``bandit``            the multi-armed bandit: REINFORCE, baselines, GRPO on a toy policy
+5        ``kl_estimators``     exact KLs, estimator bias and spread, the KL-regularised optimum
+6        ``reward_design``     reward-hacking audits, format and monitor rewards
+7        ``inspection``        per-token tables and heatmaps of one training step
+8        ``recipes``           the tiny-addition recipe (warm start + GRPO), held-out evaluation
+9        ``presets``           named GRPOConfig presets for real models, memory estimates
+9        ``gsm8k``             the GPU run (Qwen2.5 on GSM8K) as one function, T4 step estimate
+10       ``pitfalls``          the bug gallery: a written-out step with bug switches
+11       ``trl_multiprocess``  TRL's GRPOTrainer in two CPU processes (torchrun)
+12       ``lab``               the variant lab: runs, statistics, pass@k
+=======  ====================  ==================================================================
 
 This package ``__init__`` imports nothing, so importing one chapter's tools does
 not load the others.

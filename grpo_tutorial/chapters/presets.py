@@ -35,6 +35,7 @@ __all__ = [
     "get_preset",
     "smollm2_cpu_data",
     "training_memory_bytes",
+    "rl_step_cost",
     "logits_memory_bytes",
 ]
 
@@ -174,3 +175,72 @@ def logits_memory_bytes(rows: int, seq_len: int, vocab_size: int, *, dtype: str 
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     return math.prod((rows, seq_len, vocab_size, _dtype_bytes(dtype, "dtype")))
+
+
+def rl_step_cost(
+    algorithm: str,
+    num_params: int,
+    *,
+    beta: float = 0.04,
+    mu: int = 1,
+    reward_model: bool = False,
+    weights: str = "float32",
+    master_weights: bool = False,
+    optimizer_states: str = "float32",
+) -> dict[str, Any]:
+    """Count what one RL step holds and computes: PPO (with a critic and GAE) or GRPO.
+
+    Counts are per step, over the batch of sampled completions, after generation
+    (sampling costs the same for both when they sample the same completions).
+
+    Models held: GRPO trains the policy and keeps a frozen reference when
+    ``beta > 0``. PPO also trains a critic (value model) the size of the policy
+    (its scalar value head is ignored). ``reward_model=True`` adds a frozen learned
+    reward model of the same size to both (False: a reward function, as in this book).
+
+    Passes over the batch (as this package's trainer does them): one no-grad
+    forward for the old policy's log-probs, one for the reference if ``beta > 0``,
+    one for the reward model if any; PPO adds one no-grad critic forward for the
+    values that GAE needs. Each of the ``mu`` update epochs then runs a forward and
+    a backward pass through every trained model.
+
+    Returns:
+        ``trained`` and ``frozen`` (model names), ``forward_passes``,
+        ``backward_passes``, ``forward_equivalents`` (forward + 2 x backward, the
+        usual estimate that a backward pass costs two forwards), and
+        ``state_bytes`` (``training_memory_bytes`` per trained model plus the
+        weights of each frozen one; activations excluded).
+
+    >>> grpo, ppo = rl_step_cost("grpo", 10), rl_step_cost("ppo", 10)
+    >>> grpo["forward_passes"], grpo["backward_passes"], ppo["forward_passes"], ppo["backward_passes"]
+    (3, 1, 5, 2)
+    >>> grpo["state_bytes"], ppo["state_bytes"]  # 16+4 and 2*16+4 bytes per parameter
+    (200, 360)
+    """
+    if algorithm not in ("ppo", "grpo"):
+        raise ValueError(f"algorithm={algorithm!r} is not supported; use 'ppo' or 'grpo'")
+    if isinstance(mu, bool) or not isinstance(mu, int) or mu < 1:
+        raise ValueError(f"mu must be a positive int (update epochs per batch), got {mu!r}")
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or beta < 0:
+        raise ValueError(f"beta must be a number >= 0, got {beta!r}")
+    if not isinstance(reward_model, bool):
+        raise TypeError(f"reward_model must be a bool, got {reward_model!r}")
+    trained = ["policy"] + (["critic"] if algorithm == "ppo" else [])
+    frozen = (["reference"] if beta > 0 else []) + (["reward_model"] if reward_model else [])
+    no_grad_forwards = 1 + len(frozen) + (1 if algorithm == "ppo" else 0)  # old log-probs, frozen models, values
+    forward = no_grad_forwards + mu * len(trained)
+    backward = mu * len(trained)
+    per_trained = training_memory_bytes(
+        num_params, weights=weights, master_weights=master_weights, optimizer_states=optimizer_states
+    )["total"]
+    per_frozen = _dtype_bytes(weights, "weights") * num_params
+    return {
+        "algorithm": algorithm,
+        "trained": trained,
+        "frozen": frozen,
+        "models_held": len(trained) + len(frozen),
+        "forward_passes": forward,
+        "backward_passes": backward,
+        "forward_equivalents": forward + 2 * backward,
+        "state_bytes": len(trained) * per_trained + len(frozen) * per_frozen,
+    }
