@@ -14,7 +14,7 @@ The notebook's GPU branch, a user's script and the test
   the FLOPs of generation and training and a GPU's peak FLOP rate and memory
   bandwidth (:data:`T4_FP32_FLOPS`, :data:`T4_BANDWIDTH`).
 
-The chat template, the system prompt, the 256-token budget and the minibatches
+The chat template, the system prompt, the 256-token budget and the micro-batches
 all come from the preset, so nothing here is specific to one model.
 """
 
