@@ -345,3 +345,18 @@ def test_captured_logs_collects_and_restores():
     with pytest.raises(ValueError, match="name"):
         with captured_logs(""):
             pass
+
+
+@pytest.mark.parametrize("bad, kind", [("1+1=", TypeError), ([], ValueError), ([{"answer": "2"}], ValueError), (["1+1="], TypeError)])
+def test_a_malformed_batch_raises_the_same_error_in_the_gallery_and_the_trainer(bad, kind):
+    from grpo_tutorial.chapters.pitfalls import gallery_step, make_optimizer
+
+    model, tok = build_tiny_policy(seed=0)
+    cfg = GRPOConfig(prompts_per_step=1, group_size=2)
+    errors = []
+    for run in (lambda: GRPOTrainer(model, tok, length_reward, cfg).train_step(bad),
+                lambda: gallery_step(model, tok, length_reward, bad, cfg, make_optimizer(model, cfg), step=0)):
+        with pytest.raises(Exception) as err:
+            run()
+        errors.append((type(err.value), str(err.value)))
+    assert errors[0] == errors[1] and errors[0][0] is kind

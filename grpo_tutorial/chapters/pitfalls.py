@@ -80,6 +80,7 @@ from grpo_tutorial.optim import trainable_parameters
 from grpo_tutorial.rewards import answers_match, compute_rewards, extract_answer, reward_function_means
 from grpo_tutorial.rollout import Rollout, generate_rollouts
 from grpo_tutorial.seeding import derive_seed, epoch_permutation
+from grpo_tutorial.tasks import check_rows
 
 __all__ = [
     "BUGS",
@@ -264,8 +265,7 @@ def gallery_step(
         raise ValueError(f"step must be an int >= 0, got {step!r}")
     if (bug == "ref_as_old" or config.beta > 0) and ref_model is None:
         raise ValueError(f"bug={bug!r} with beta={config.beta} needs ref_model (a frozen copy of the start policy)")
-    if not isinstance(batch, Sequence) or not batch or not all(isinstance(r, dict) and "prompt" in r for r in batch):
-        raise ValueError(f"batch must be a non-empty list of dicts with a 'prompt' key, got {batch!r:.80}")
+    check_rows(batch, "batch")  # the trainer's own check: the same bad batch raises the same error
     cfg, G = config, config.group_size
 
     # stage 1: rollout, seeded as the trainer seeds it
