@@ -156,10 +156,17 @@ DIES_WHILE_SAVING = textwrap.dedent(
         if len(saves) == 2:  # the second checkpoint: write half of state.pt, then die
             buffer = io.BytesIO()
             real_save(obj, buffer)
-            with open(path, "wb") as fh:
-                fh.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+            half = buffer.getvalue()[: len(buffer.getvalue()) // 2]
+            if hasattr(path, "write"):  # the package saves into an open file
+                fh = path
+                fh.write(half)
                 fh.flush()
                 os.fsync(fh.fileno())
+            else:
+                with open(path, "wb") as fh:
+                    fh.write(half)
+                    fh.flush()
+                    os.fsync(fh.fileno())
             os.kill(os.getpid(), signal.SIGKILL)
         real_save(obj, path)
 
