@@ -88,6 +88,7 @@ def completion_logprobs(
     temperature: float = 1.0,
     return_entropy: bool = False,
     entropy_grad: bool = False,
+    share_prompts: bool = False,
 ):
     """Per-token log-probs of the last ``completion_length`` tokens of each row.
 
@@ -104,6 +105,14 @@ def completion_logprobs(
 
     Logits are divided by ``temperature``, the distribution the tokens were sampled
     from, so that old and new log-probs describe the same sampler.
+
+    ``share_prompts=True`` runs each distinct prompt through the model once and
+    lets every row with that prompt read its KV cache (see
+    :func:`shared_prompt_logits`): a GRPO batch holds each prompt G times, so
+    this skips (G-1)/G of the prompt work, forward and backward. The numbers are
+    the same up to float rounding. Where the cache cannot be shared (gradient
+    checkpointing, active dropout, a model that is not a transformers causal LM,
+    or no prompt repeats) the plain pass runs.
 
     Returns:
         ``[N, Tc]`` log-probs, or ``(logp, entropy)`` with the per-token entropy
@@ -122,26 +131,111 @@ def completion_logprobs(
         )
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
-    position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # [N, T]
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        logits_to_keep=completion_length + 1,
-        use_cache=False,
-    )
-    logits = out.logits[:, :-1, :]  # [N, Tc, V]
-    if temperature != 1.0:
-        logits = logits / temperature
     tokens = input_ids[:, -completion_length:]  # [N, Tc]
-    logp = token_logprobs(logits, tokens)  # [N, Tc]
+    pieces = shared_prompt_logits(model, input_ids, attention_mask, completion_length) if share_prompts else None
+    if pieces is None:
+        position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # [N, T]
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            logits_to_keep=completion_length + 1,
+            use_cache=False,
+        )
+        pieces = [out.logits[:, :-1, :]]  # [N, Tc, V]
+    # each piece covers some completion positions: [N, t, V], the t's add up to Tc
+    scored, start = [], 0
+    for logits in pieces:
+        end = start + logits.shape[1]
+        scored.append(_score(logits, tokens[:, start:end], temperature, return_entropy, entropy_grad))
+        start = end
+    logp = torch.cat([s[0] for s in scored], dim=1)  # [N, Tc]
     if not return_entropy:
         return logp
+    return logp, torch.cat([s[1] for s in scored], dim=1)  # [N, Tc] x2
+
+
+def _score(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, return_entropy: bool, entropy_grad: bool):
+    """Log-probs (and entropies) of ``tokens`` [N, t] under ``logits`` [N, t, V] at ``temperature``."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = token_logprobs(logits, tokens)  # [N, t]
+    if not return_entropy:
+        return logp, None
     if entropy_grad:
-        return logp, token_entropy(logits)  # [N, Tc] x2
+        return logp, token_entropy(logits)  # [N, t] x2
     with torch.no_grad():
-        entropy = token_entropy(logits)  # [N, Tc]
-    return logp, entropy
+        return logp, token_entropy(logits)  # [N, t] x2
+
+
+def can_share_prompts(model) -> bool:
+    """Whether :func:`shared_prompt_logits` gives the plain pass's numbers for ``model`` now.
+
+    It needs a transformers causal LM (whose forward takes and returns a KV
+    cache), no gradient checkpointing while training (transformers turns the
+    cache off then), and no active dropout while training (one shared prompt
+    pass would give a group's G rows one dropout mask, not G).
+    """
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel) or getattr(model.config, "is_encoder_decoder", False):
+        return False
+    if not model.training:
+        return True
+    if getattr(model, "is_gradient_checkpointing", False):
+        return False
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout) and module.p > 0:
+            return False
+        rate = getattr(module, "attention_dropout", None)
+        if isinstance(rate, float) and rate > 0:
+            return False
+    return True
+
+
+def shared_prompt_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int):
+    """The completion logits of :func:`completion_logprobs`, each distinct prompt encoded once.
+
+    In a GRPO batch the G completions of a prompt share it token for token, so
+    the plain pass encodes every prompt G times. Here the U distinct prompts
+    [U, Tp] go through the model once; their KV cache is copied to the N rows
+    (an indexing op, so gradients from all N rows flow back into the one prompt
+    pass), and the completions [N, Tc-1] run on top of it. The last
+    completion token is never fed in: nothing after it is scored.
+
+    Returns ``[first, rest]``: the logits at the prompts' last position
+    ``[N, 1, V]`` (they score completion token 0) and at completion positions
+    ``0..Tc-2`` ``[N, Tc-1, V]`` (they score tokens 1..Tc-1); or None when
+    sharing does not apply (see :func:`can_share_prompts`) or no prompt repeats.
+    """
+    Tp = input_ids.shape[1] - completion_length
+    prompt_ids, prompt_mask = input_ids[:, :Tp], attention_mask[:, :Tp]  # [N, Tp] x2
+    key = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)  # [N, 2*Tp]
+    distinct, row_prompt = torch.unique(key, dim=0, return_inverse=True)  # [U, 2*Tp], [N]
+    if distinct.shape[0] == input_ids.shape[0] or not can_share_prompts(model):
+        return None
+    u_ids, u_mask = distinct[:, :Tp], distinct[:, Tp:].to(attention_mask.dtype)  # [U, Tp] x2
+    out = model(
+        input_ids=u_ids,
+        attention_mask=u_mask,
+        position_ids=(u_mask.long().cumsum(dim=-1) - 1).clamp(min=0),  # [U, Tp]
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    first = out.logits[row_prompt]  # [N, 1, V]
+    if completion_length == 1:
+        return [first]
+    cache = out.past_key_values
+    cache.batch_select_indices(row_prompt)  # [U, ...] -> [N, ...]
+    position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # [N, Tp+Tc]
+    rest = model(
+        input_ids=input_ids[:, Tp:-1],  # [N, Tc-1]
+        attention_mask=attention_mask[:, :-1],  # [N, Tp+Tc-1]: the cached prompt, then these tokens
+        position_ids=position_ids[:, Tp:-1],  # [N, Tc-1]
+        past_key_values=cache,
+        use_cache=True,
+    ).logits  # [N, Tc-1, V]
+    return [first, rest]
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -169,6 +169,7 @@ class GRPOTrainer:
             temperature=self.config.temperature,
             return_entropy=entropy,
             entropy_grad=entropy_grad,
+            share_prompts=self.config.share_prompt_cache,
         )
 
     @torch.no_grad()
