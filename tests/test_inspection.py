@@ -149,11 +149,14 @@ def hand_step(model, tok, batch, cfg, *, trainer_order: bool):
 
 
 @pytest.mark.filterwarnings("ignore:step 1.*max_new_tokens")
-@pytest.mark.parametrize("trainer_order", [True, False])
-def test_hand_assembled_step_matches_train_step(trainer_order):
+@pytest.mark.parametrize("trainer_order, share", [(True, False), (False, False), (True, True)])
+def test_hand_assembled_step_matches_train_step(trainer_order, share):
+    """Chapter 7 scores every row in full by hand (share_prompt_cache=False makes the trainer
+    do the same, so the same order is bit for bit); the default shared-prompt pass agrees
+    up to rounding."""
     batch = make_arithmetic_dataset(2, 3, digits=1)
     cfg = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=3, learning_rate=1e-3, beta=0.04,
-                     reward_weights=[1.0, 0.3], seed=0)
+                     reward_weights=[1.0, 0.3], seed=0, share_prompt_cache=share)
     hand_model, tok = tiny()
     trainer_model, _ = tiny()
     initial, _ = tiny()
@@ -167,7 +170,10 @@ def test_hand_assembled_step_matches_train_step(trainer_order):
     moved = any(not torch.equal(p, q) for p, q in zip(hand_model.parameters(), initial.parameters()))
     assert moved
     for p, q in zip(hand_model.parameters(), trainer_model.parameters()):
-        if trainer_order:  # the same row order: bit for bit
+        if trainer_order and not share:  # the same row order and the same pass: bit for bit
             assert torch.equal(p, q)
-        else:  # rows summed in another order: the last float bits may differ
+        elif not share:  # rows summed in another order: the last float bits may differ
             torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+        else:  # prompts encoded once: other rounding in every gradient, and AdamW's first step is
+            # lr * g / |g|, so a weight whose gradient is near 0 can move by a visible part of lr
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=0.05 * cfg.learning_rate)

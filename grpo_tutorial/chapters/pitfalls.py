@@ -175,8 +175,8 @@ def make_optimizer(model: torch.nn.Module, config: GRPOConfig) -> torch.optim.Op
 
 
 @torch.no_grad()
-def _score(model: torch.nn.Module, rollout: Rollout, temperature: float, *, entropy: bool) -> Any:
-    """Log-probs (and entropy) of every completion, eval mode, no gradient."""
+def _score(model: torch.nn.Module, rollout: Rollout, temperature: float, *, entropy: bool, share: bool) -> Any:
+    """Log-probs (and entropy) of every completion, eval mode, no gradient (prompts encoded once if ``share``)."""
     was_training = model.training
     model.eval()
     try:
@@ -187,6 +187,7 @@ def _score(model: torch.nn.Module, rollout: Rollout, temperature: float, *, entr
             rollout.completion_ids.shape[1],
             temperature=temperature,
             return_entropy=entropy,
+            share_prompts=share,
         )
     finally:
         model.train(was_training)
@@ -289,8 +290,9 @@ def gallery_step(
 
     # stage 4-5: old (and reference) log-probs, no gradient
     real_mask = rollout.completion_mask  # [N, Tc]: 1 up to and including the first EOS
-    old_logp, entropy = _score(model, rollout, cfg.temperature, entropy=True)  # [N, Tc] x2
-    ref_logp = None if ref_model is None else _score(ref_model, rollout, cfg.temperature, entropy=False)
+    share = cfg.share_prompt_cache  # each prompt encoded once per pass, as the trainer does
+    old_logp, entropy = _score(model, rollout, cfg.temperature, entropy=True, share=share)  # [N, Tc] x2
+    ref_logp = None if ref_model is None else _score(ref_model, rollout, cfg.temperature, entropy=False, share=share)
     if bug == "ref_as_old":
         old_logp = ref_logp  # WRONG: the reference did not sample this batch
     loss_mask = torch.ones_like(real_mask) if bug == "no_eos_mask" else real_mask  # WRONG if all ones
@@ -312,9 +314,9 @@ def gallery_step(
             args = (model, rollout.input_ids[rows], rollout.attention_mask[rows], Tc)
             if bug == "no_grad":
                 with torch.no_grad():  # WRONG: the new log-probs need their gradient
-                    logp = completion_logprobs(*args, temperature=cfg.temperature)  # [N, Tc]
+                    logp = completion_logprobs(*args, temperature=cfg.temperature, share_prompts=share)  # [N, Tc]
             else:
-                logp = completion_logprobs(*args, temperature=cfg.temperature)  # [N, Tc]
+                logp = completion_logprobs(*args, temperature=cfg.temperature, share_prompts=share)  # [N, Tc]
                 logp.retain_grad()  # only to count which positions get gradient
             old = logp.detach() if bug == "old_logp_recomputed" else old_logp[rows]  # WRONG if recomputed
             ref = None if ref_logp is None else ref_logp[rows]
