@@ -24,6 +24,13 @@ FLOPs per second of the hardware. Here:
     overstates the work, and with it the MFU.
 
 An op-level profile of one pass (``torch.profiler``) says where the time goes.
+
+The batch holds B prompts, each G times, as a GRPO batch does. MFU is measured on
+the plain pass (every row scored in full: the model's own forward and backward,
+the figure the target is about). The trainer's default pass encodes each prompt
+once (``share_prompts=True``); it is timed too, and its MFU uses the FLOPs it
+really multiplies (:func:`shared_flop_counts`): it does less work, so its
+seconds, not its MFU, are the point.
 """
 
 from __future__ import annotations
@@ -56,12 +63,18 @@ def matmul_peak(n: int = 2048, repeats: int = 10, warmup: int = 2) -> dict[str, 
     return {"n": n, "gflops": summarize(gflops)}
 
 
-def scoring_batch(tokenizer: Any, vocab_size: int, rows: int, completion_len: int, style: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def scoring_batch(
+    tokenizer: Any, vocab_size: int, rows: int, completion_len: int, style: str, seed: int = 0, group_size: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Real prompts (chat template where the model has one), left-padded, then random completions.
 
+    ``rows / group_size`` distinct prompts, each repeated ``group_size`` times, group by group.
     Returns input_ids [rows, Tp+Tc] and attention_mask [rows, Tp+Tc].
     """
-    prompts = [r["prompt"] for r in make_arithmetic_dataset(rows, seed=seed, digits=1 if style == "question" else 2, style=style)]
+    if rows % group_size:
+        raise ValueError(f"group_size {group_size} must divide rows {rows}")
+    distinct = make_arithmetic_dataset(rows // group_size, seed=seed, digits=1 if style == "question" else 2, style=style)
+    prompts = [r["prompt"] for r in distinct for _ in range(group_size)]
     texts = render_prompts(tokenizer, prompts)
     has_template = bool(getattr(tokenizer, "chat_template", None))
     enc = tokenizer(texts, add_special_tokens=not has_template, padding=True, return_tensors="pt")
@@ -97,10 +110,32 @@ def flop_counts(model: torch.nn.Module, rows: int, seq_len: int, completion_len:
     }
 
 
-def forward_backward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int) -> None:
+def shared_flop_counts(model: torch.nn.Module, rows: int, prompts: int, prompt_len: int, completion_len: int) -> float:
+    """Counted FLOPs of the shared-prompt forward + backward pass (see ``shared_prompt_logits``).
+
+    The ``prompts`` distinct prompts go through once (their output layer on one
+    position each); then every row's first Tc - 1 completion tokens, attending to
+    Tp + Tc - 1 keys.
+    """
+    full = flop_counts(model, 1, 1, 0)
+    body, head = full["non_embedding_parameters"], full["output_layer_parameters"]
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    width = cfg.num_attention_heads * head_dim
+    tc = completion_len - 1
+    tokens = prompts * prompt_len + rows * tc
+    scored = prompts + rows * tc
+    attention = 12 * cfg.num_hidden_layers * width * (prompts * prompt_len**2 + rows * tc * (prompt_len + tc))
+    return 6.0 * body * tokens + 6.0 * head * scored + attention
+
+
+def forward_backward(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
+    share_prompts: bool = False,
+) -> None:
     """One minibatch of the trainer's update, without the optimizer: log-probs, GRPO loss, backward."""
     model.zero_grad(set_to_none=True)
-    logp = completion_logprobs(model, input_ids, attention_mask, completion_len)  # [N, Tc]
+    logp = completion_logprobs(model, input_ids, attention_mask, completion_len, share_prompts=share_prompts)  # [N, Tc]
     rows = input_ids.shape[0]
     advantages = torch.linspace(-1.0, 1.0, rows)  # [N]
     mask = torch.ones_like(logp)  # [N, Tc]
@@ -130,6 +165,7 @@ def run(
     model_name: str,
     rows: int,
     completion_len: int,
+    group_size: int = 8,
     repeats: int = 3,
     peak_n: int = 2048,
     peak_repeats: int = 10,
@@ -145,20 +181,28 @@ def run(
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     style = "plain" if model_name == "tiny" else "question"
-    input_ids, attention_mask = scoring_batch(tokenizer, model.config.vocab_size, rows, completion_len, style)
+    input_ids, attention_mask = scoring_batch(
+        tokenizer, model.config.vocab_size, rows, completion_len, style, group_size=group_size
+    )
     was_training = model.training
     model.train()
-    seconds, peaks = [], []
+    seconds, peaks, shared_seconds = [], [], []
     try:
-        forward_backward(model, input_ids, attention_mask, completion_len)  # warm-up
+        for share in (False, True):  # warm-up
+            forward_backward(model, input_ids, attention_mask, completion_len, share)
         for _ in range(repeats):
             peaks.append(matmul_peak(peak_n, repeats=peak_repeats, warmup=1)["gflops"]["median"])
             seconds.append(timed(lambda: forward_backward(model, input_ids, attention_mask, completion_len))[0])
+            shared_seconds.append(
+                timed(lambda: forward_backward(model, input_ids, attention_mask, completion_len, True))[0]
+            )
         ops = top_ops(model, input_ids, attention_mask, completion_len) if profile_ops else []
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)
     counts = flop_counts(model, rows, input_ids.shape[1], completion_len)
+    prompt_len = input_ids.shape[1] - completion_len
+    shared_flops = shared_flop_counts(model, rows, rows // group_size, prompt_len, completion_len)
     result: dict[str, Any] = {
         "model": model_name,
         "rows": rows,
@@ -173,5 +217,14 @@ def run(
         achieved = [counts[f"flops_{kind}"] / s / 1e9 for s in seconds]
         result[f"gflops_{kind}"] = summarize(achieved)
         result[f"mfu_{kind}"] = summarize([g / p for g, p in zip(achieved, peaks)])
+    shared_gflops = [shared_flops / s / 1e9 for s in shared_seconds]
+    result["shared_prompts"] = {
+        "group_size": group_size,
+        "flops_counted": shared_flops,
+        "seconds": summarize(shared_seconds),
+        "speedup": summarize([a / b for a, b in zip(seconds, shared_seconds)]),
+        "gflops_counted": summarize(shared_gflops),
+        "mfu_counted": summarize([g / p for g, p in zip(shared_gflops, peaks)]),
+    }
     result["target"] = 0.5
     return result
