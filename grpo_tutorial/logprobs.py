@@ -182,9 +182,9 @@ def can_share_prompts(model) -> bool:
         return False
     if not model.training:
         return True
-    if getattr(model, "is_gradient_checkpointing", False):
-        return False
     for module in model.modules():
+        if getattr(module, "gradient_checkpointing", False) is True:  # what transformers' flag reads
+            return False
         if isinstance(module, torch.nn.Dropout) and module.p > 0:
             return False
         rate = getattr(module, "attention_dropout", None)
@@ -226,6 +226,8 @@ def shared_prompt_logits(model, input_ids: torch.Tensor, attention_mask: torch.T
     if completion_length == 1:
         return [first]
     cache = out.past_key_values
+    if cache is None:  # the model declined to return a cache: score in full
+        return None
     cache.batch_select_indices(row_prompt)  # [U, ...] -> [N, ...]
     position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # [N, Tp+Tc]
     rest = model(
