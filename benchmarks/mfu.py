@@ -77,7 +77,7 @@ def scoring_batch(
     prompts = [r["prompt"] for r in distinct for _ in range(group_size)]
     texts = render_prompts(tokenizer, prompts)
     has_template = bool(getattr(tokenizer, "chat_template", None))
-    enc = tokenizer(texts, add_special_tokens=not has_template, padding=True, return_tensors="pt")
+    enc = tokenizer(texts, add_special_tokens=not has_template, padding=True, padding_side="left", return_tensors="pt")
     gen = torch.Generator().manual_seed(seed)
     completion = torch.randint(0, vocab_size, (rows, completion_len), generator=gen)  # [rows, Tc]
     input_ids = torch.cat([enc["input_ids"], completion], dim=1)  # [rows, Tp+Tc]
@@ -85,28 +85,40 @@ def scoring_batch(
     return input_ids, attention_mask
 
 
-def flop_counts(model: torch.nn.Module, rows: int, seq_len: int, completion_len: int) -> dict[str, float]:
-    """FLOPs of one forward + backward pass: the 6ND rule and the counted matmuls."""
+def _model_sizes(model: torch.nn.Module) -> dict[str, Any]:
+    """Parameter counts (all, non-embedding, output layer), tying, and attention's shape."""
     params = sum(p.numel() for p in model.parameters())
     embed = model.get_input_embeddings().weight
     head = model.get_output_embeddings().weight
     tied = head is embed
-    body = params - embed.numel() - (0 if tied else head.numel())
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    attn_width = cfg.num_attention_heads * head_dim
+    return {
+        "parameters": params,
+        "body": params - embed.numel() - (0 if tied else head.numel()),
+        "head": head.numel(),
+        "tied": tied,
+        "layers": cfg.num_hidden_layers,
+        "attn_width": cfg.num_attention_heads * head_dim,
+    }
+
+
+def flop_counts(model: torch.nn.Module, rows: int, seq_len: int, completion_len: int) -> dict[str, float]:
+    """FLOPs of one forward + backward pass: the 6ND rule and the counted matmuls."""
+    size = _model_sizes(model)
+    params, body, head = size["parameters"], size["body"], size["head"]
     tokens = rows * seq_len
     scored = rows * (completion_len + 1)  # logits_to_keep = Tc + 1
-    attention = 12 * cfg.num_hidden_layers * rows * seq_len**2 * attn_width
+    attention = 12 * size["layers"] * rows * seq_len**2 * size["attn_width"]
     return {
         "parameters": params,
         "non_embedding_parameters": body,
-        "output_layer_parameters": head.numel(),
-        "tied_embeddings": tied,
+        "output_layer_parameters": head,
+        "tied_embeddings": size["tied"],
         "tokens": tokens,
         "scored_positions": scored,
         "flops_6nd": 6.0 * params * tokens,
-        "flops_counted": 6.0 * body * tokens + 6.0 * head.numel() * scored + attention,
+        "flops_counted": 6.0 * body * tokens + 6.0 * head * scored + attention,
     }
 
 
@@ -117,16 +129,12 @@ def shared_flop_counts(model: torch.nn.Module, rows: int, prompts: int, prompt_l
     position each); then every row's first Tc - 1 completion tokens, attending to
     Tp + Tc - 1 keys.
     """
-    full = flop_counts(model, 1, 1, 0)
-    body, head = full["non_embedding_parameters"], full["output_layer_parameters"]
-    cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    width = cfg.num_attention_heads * head_dim
+    size = _model_sizes(model)
     tc = completion_len - 1
     tokens = prompts * prompt_len + rows * tc
     scored = prompts + rows * tc
-    attention = 12 * cfg.num_hidden_layers * width * (prompts * prompt_len**2 + rows * tc * (prompt_len + tc))
-    return 6.0 * body * tokens + 6.0 * head * scored + attention
+    keys = prompts * prompt_len**2 + rows * tc * (prompt_len + tc)  # query x key products
+    return 6.0 * size["body"] * tokens + 6.0 * size["head"] * scored + 12 * size["layers"] * size["attn_width"] * keys
 
 
 def forward_backward(

@@ -34,3 +34,16 @@ def test_no_stop_tokens_writes_minus_infinity_only_there():
     out = NoStopTokens([2, 7])(torch.zeros(3, 1, dtype=torch.long), scores)
     assert out is scores
     assert torch.isinf(out[:, [2, 7]]).all() and (out[:, [0, 1, 3, 4, 5, 6, 8, 9]] == 0).all()
+
+
+def test_shared_pass_flops_count_each_prompt_once():
+    from benchmarks.mfu import flop_counts, shared_flop_counts
+
+    model, _ = build_tiny_policy(seed=0)
+    full = flop_counts(model, rows=8, seq_len=7 + 4, completion_len=4)
+    body, head = full["non_embedding_parameters"], full["output_layer_parameters"]
+    width, layers = model.config.hidden_size, model.config.num_hidden_layers  # tiny: heads * head_dim = hidden
+    # 2 distinct prompts of 7 tokens once, then 8 rows x 3 completion tokens attending to 7 + 3 keys
+    expected = 6.0 * body * (2 * 7 + 8 * 3) + 6.0 * head * (2 + 8 * 3) + 12 * layers * width * (2 * 49 + 8 * 3 * 10)
+    assert shared_flop_counts(model, rows=8, prompts=2, prompt_len=7, completion_len=4) == expected
+    assert shared_flop_counts(model, rows=8, prompts=2, prompt_len=7, completion_len=4) < full["flops_counted"]
