@@ -39,7 +39,7 @@ from grpo_tutorial.chapters.recipes import TinyAdditionRecipe  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data" / "lab_results.json"
 
-#: The full lab's recipe: chapter 8's, with 80 instead of 200 GRPO steps so that 8 methods x 3
+#: The full lab's recipe: chapter 8's, with 80 instead of 400 GRPO steps so that 8 methods x 3
 #: seeds fit in an hour on a shared 2-core machine, and a smaller held-out set
 #: (500 problems; the curve and final accuracy use all of them).
 FULL = dict(grpo_steps=80, eval_every=20, n_test=500)

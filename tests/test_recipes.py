@@ -117,7 +117,7 @@ def test_with_settings_reaches_into_the_configs():
         1e-3, 50, 4, 7,
     )
     assert changed.grpo.prompts_per_step == recipe.grpo.prompts_per_step == 32
-    assert (recipe.grpo.learning_rate, recipe.sft.steps, recipe.grpo_steps) == (1e-4, 1000, 200)  # untouched
+    assert (recipe.grpo.learning_rate, recipe.sft.steps, recipe.grpo_steps) == (1e-4, 1000, 400)  # untouched
     assert recipe.with_settings() == recipe
 
 
