@@ -35,13 +35,15 @@ def evaluate_policy(
     use_chat_template: bool | None = None,
     accuracy_fn: Callable | None = None,
     num_samples: int = 3,
+    onednn: bool | None = None,
 ) -> dict:
     """Greedy accuracy, mean reward and mean completion length on ``rows``.
 
     One greedy completion per prompt, ``batch_size`` prompts per ``generate``
     call. ``reward_fns`` (default: ``correctness_reward``) give the reward;
     ``accuracy_fn`` decides what counts as correct (see
-    :func:`grpo_tutorial.rewards.judge_correct`).
+    :func:`grpo_tutorial.rewards.judge_correct`). ``onednn`` is
+    :func:`~grpo_tutorial.rollout.generate_rollouts`' setting of that name.
 
     Returns:
         ``accuracy`` (NaN if rows have no answer), ``reward_mean``,
@@ -69,6 +71,7 @@ def evaluate_policy(
             do_sample=False,
             system_prompt=system_prompt,
             use_chat_template=use_chat_template,
+            onednn=onednn,
         )
         answers = [row.get("answer") for row in chunk]
         columns = extra_columns(chunk, 1)

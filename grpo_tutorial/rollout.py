@@ -25,6 +25,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from .logprobs import completion_mask
+from .onednn import onednn_linears, use_onednn
 
 __all__ = ["Rollout", "concat_groups", "generate_rollouts", "render_prompts"]
 
@@ -302,6 +303,7 @@ def generate_rollouts(
     system_prompt: str | None = None,
     use_chat_template: bool | None = None,
     generator_seed: int | None = None,
+    onednn: bool | None = None,
 ) -> Rollout:
     """Sample ``group_size`` completions for each prompt in ONE ``generate`` call.
 
@@ -319,6 +321,10 @@ def generate_rollouts(
         use_chat_template: None = use it when the tokenizer has one.
         generator_seed: if given, sampling is seeded with it and the global torch
             RNG state is left as it was.
+        onednn: multiply the linear layers with oneDNN during generation
+            (:mod:`grpo_tutorial.onednn`; about twice as fast for batched decoding
+            on the book's CPU). None = yes for a float32 model on the CPU when
+            PyTorch has the operators; False = the model's own layers.
 
     Returns:
         A :class:`Rollout` with N = B*G rows, ordered group by group.
@@ -370,10 +376,11 @@ def generate_rollouts(
         model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
         top_p=top_p, do_sample=do_sample,
     )
+    fast = onednn_linears(model, rows=len(prompt_ids)) if use_onednn(model, onednn) else nullcontext()
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), (_seeded(generator_seed, device) if do_sample else nullcontext()):
+        with torch.no_grad(), fast, (_seeded(generator_seed, device) if do_sample else nullcontext()):
             if group_size > 1 and ids.shape[1] > 1 and _can_share_prompts(model):
                 # each prompt is encoded once; its KV cache is copied for the G completions
                 kwargs["past_key_values"] = _shared_prompt_cache(model, ids.to(device), mask.to(device), group_size)

@@ -332,6 +332,7 @@ class GRPOTrainer:
             system_prompt=cfg.system_prompt,
             use_chat_template=cfg.use_chat_template,
             generator_seed=generator_seed,
+            onednn=cfg.onednn_generation,
         )
 
     def _warn_unscorable(self, rewards: torch.Tensor) -> None:
@@ -696,4 +697,5 @@ class GRPOTrainer:
             use_chat_template=cfg.use_chat_template,
             accuracy_fn=self.accuracy_fn,
             num_samples=num_samples,
+            onednn=cfg.onednn_generation,
         )
