@@ -30,6 +30,7 @@ from typing import Any, Iterator
 
 import torch
 
+from grpo_tutorial.onednn import use_onednn
 from grpo_tutorial.rollout import generate_rollouts, stop_token_ids
 from grpo_tutorial.tasks import make_arithmetic_dataset
 
@@ -132,6 +133,7 @@ def run(
         "new_tokens": new_tokens,
         "completions_batched": prompts_per_step * group_size,
         "completions_naive": naive_completions,
+        "onednn": use_onednn(model, None),  # both sides: generate_rollouts' default
         "batched_tokens_per_s": batched,
         "naive_tokens_per_s": naive,
         "batched_seconds": summarize(batched_seconds),
