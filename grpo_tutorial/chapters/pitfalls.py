@@ -274,7 +274,7 @@ def gallery_step(
         model, tokenizer, [row["prompt"] for row in batch], group_size=G,
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
         do_sample=True, system_prompt=cfg.system_prompt, use_chat_template=cfg.use_chat_template,
-        generator_seed=derive_seed(cfg.seed, 0, step),
+        generator_seed=derive_seed(cfg.seed, 0, step), onednn=cfg.onednn_generation,
     )
     N, Tc = len(rollout), rollout.completion_ids.shape[1]
 
