@@ -55,14 +55,23 @@ def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
 def use_onednn(model: Any, setting: bool | None) -> bool:
     """Resolve generation's ``onednn`` setting for ``model``.
 
-    ``None`` (the default) means: yes when every linear layer of the model is a
-    plain float32 ``nn.Linear`` on the CPU and this PyTorch has the operators.
-    ``True`` asks for it and raises if it cannot be used; ``False`` never uses it.
+    ``None`` (the default) means: yes when the model's plain ``nn.Linear`` layers
+    (exactly that class; other layer types are left alone) are all float32 on the
+    CPU, this PyTorch has the operators, oneDNN is enabled
+    (``torch.backends.mkldnn.enabled``) and CPU autocast is off (the operator is
+    not covered by autocast). ``True`` asks for it and raises if it cannot be
+    used; ``False`` never uses it.
     """
+    if setting is not None and not isinstance(setting, bool):
+        raise TypeError(f"onednn must be None, True or False, got {setting!r}")
     if setting is False:
         return False
     why = None
-    if not isinstance(model, torch.nn.Module):
+    if not torch.backends.mkldnn.enabled:
+        why = "oneDNN is disabled (torch.backends.mkldnn.enabled is False)"
+    elif torch.is_autocast_enabled("cpu"):
+        why = "CPU autocast is on, and the oneDNN operator is not covered by autocast"
+    elif not isinstance(model, torch.nn.Module):
         why = "the model is not a torch.nn.Module"
     else:
         layers = _linears(model)
@@ -91,7 +100,9 @@ def onednn_linears(model: torch.nn.Module, rows: int) -> Iterator[int]:
     decoding step); oneDNN picks its blocking for it, and any other row count
     still gives the right product. Gradients are off inside (the operator has no
     backward), and each layer's own ``forward`` is back when the block exits,
-    also after an exception. Yields the number of layers switched.
+    also after an exception. A layer that already has a ``forward`` of its own
+    (a hook library's wrapper, a user's patch, or this block entered twice) is
+    left as it is. Yields the number of layers switched.
     """
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")
@@ -99,6 +110,8 @@ def onednn_linears(model: torch.nn.Module, rows: int) -> Iterator[int]:
     try:
         with torch.no_grad():
             for layer in _linears(model):
+                if "forward" in vars(layer):  # someone else's forward: do not bypass or remove it
+                    continue
                 packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach().contiguous(), rows)
                 bias = None if layer.bias is None else layer.bias.detach()
                 layer.forward = functools.partial(_packed_forward, packed=packed, bias=bias)
@@ -106,4 +119,4 @@ def onednn_linears(model: torch.nn.Module, rows: int) -> Iterator[int]:
             yield len(switched)
     finally:
         for layer in switched:
-            del layer.forward  # the class's forward again
+            vars(layer).pop("forward", None)  # the class's forward again

@@ -156,7 +156,9 @@ def test_no_output_dir_takes_no_lock(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_a_second_train_command_fails_at_once_and_the_first_finishes(tmp_path):
     out = tmp_path / "run"
-    first = subprocess.Popen([*CLI, "--steps", "30", "--checkpoint-every", "10", "--out", str(out)],
+    # long enough that the first run is still training when the second has started
+    # (30 steps once finished first under a loaded full suite, after generation got faster)
+    first = subprocess.Popen([*CLI, "--steps", "150", "--checkpoint-every", "50", "--out", str(out)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     deadline = time.monotonic() + 120
     while not (out / LOCK_FILE).exists() or not (out / "run.json").exists():
@@ -175,8 +177,8 @@ def test_a_second_train_command_fails_at_once_and_the_first_finishes(tmp_path):
     _, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     rows = read_history(out)
-    assert [row["step"] for row in rows] == list(range(1, 31))
-    assert read_meta(find_checkpoint(out))["step"] == 30
+    assert [row["step"] for row in rows] == list(range(1, 151))
+    assert read_meta(find_checkpoint(out))["step"] == 150
 
 
 # ---------------------------------------------------------------------------

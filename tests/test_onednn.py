@@ -88,7 +88,7 @@ def test_generate_rollouts_uses_it_by_default_on_cpu_float32(tiny, monkeypatch):
     model, tok = tiny
     rows = []
     real = rollout_module.onednn_linears
-    monkeypatch.setattr(rollout_module, "onednn_linears", lambda m, rows_=None, **kw: rows.append(kw["rows"]) or real(m, **kw))
+    monkeypatch.setattr(rollout_module, "onednn_linears", lambda m, **kw: rows.append(kw["rows"]) or real(m, **kw))
     generate_rollouts(model, tok, PROMPTS, group_size=4, max_new_tokens=3, generator_seed=0)
     assert rows == [12]  # B*G rows: the decoding step's batch
     generate_rollouts(model, tok, PROMPTS, group_size=4, max_new_tokens=3, generator_seed=0, onednn=False)
@@ -173,3 +173,52 @@ def test_the_trainer_passes_its_setting_to_sampling_and_evaluation(monkeypatch):
         assert seen == [setting, setting]
     with pytest.raises(ValueError, match="onednn_generation"):
         GRPOConfig(onednn_generation="yes")
+
+
+def test_a_layer_with_its_own_forward_is_left_alone_and_keeps_it(tiny):
+    # a hook library's wrapper or a user's patch must neither be bypassed nor removed
+    model, _ = tiny
+    layer = model.model.layers[0].mlp.down_proj
+    calls = []
+    own = lambda x, _layer=layer: calls.append(1) or torch.nn.functional.linear(x, _layer.weight, _layer.bias)
+    layer.forward = own
+    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    x = torch.randn(2, 128)
+    with onednn_linears(model, rows=2) as switched:
+        assert switched == n_linear - 1
+        layer(x)
+    assert calls == [1] and vars(layer)["forward"] is own
+    del layer.forward
+
+
+def test_entering_twice_switches_once_and_restores_everything(tiny):
+    model, _ = tiny
+    with onednn_linears(model, rows=2) as outer:
+        with onednn_linears(model, rows=2) as inner:
+            assert outer > 0 and inner == 0
+        assert len(_switched(model)) == outer  # the inner block removed nothing
+    assert _switched(model) == []
+
+
+def test_not_under_autocast_or_with_onednn_disabled_or_off_the_cpu():
+    model, _ = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert use_onednn(model, None) is False
+        with pytest.raises(ValueError, match="autocast"):
+            use_onednn(model, True)
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert use_onednn(model, None) is False
+    assert use_onednn(model, None) is True
+    meta = model.to("meta")
+    assert use_onednn(meta, None) is False
+    with pytest.raises(ValueError, match="float32 models on the CPU"):
+        use_onednn(meta, True)
+
+
+@pytest.mark.parametrize("setting", [0, 1, "no", "auto"])
+def test_a_setting_that_is_not_none_or_a_bool_is_refused(setting):
+    model, tok = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+    with pytest.raises(TypeError, match="onednn must be None, True or False"):
+        use_onednn(model, setting)
+    with pytest.raises(TypeError, match="onednn must be None, True or False"):
+        generate_rollouts(model, tok, PROMPTS, group_size=2, max_new_tokens=2, generator_seed=0, onednn=setting)

@@ -380,7 +380,7 @@ class RejectionSamplingFT:
         rollout = generate_rollouts(
             model, self.tokenizer, [r["prompt"] for r in rows], group_size=recipe.grpo.group_size,
             max_new_tokens=recipe.grpo.max_new_tokens, temperature=recipe.grpo.temperature,
-            generator_seed=self.seed * 1_000_003 + step,
+            generator_seed=self.seed * 1_000_003 + step, onednn=cfg.onednn_generation,
         )
         kept = []
         for i, text in enumerate(rollout.completions):
