@@ -11,7 +11,133 @@ import torch
 
 from ._checks import require_tensor
 
-_HALF = (torch.float16, torch.bfloat16)
+#: Largest block of logits (in elements) that the scorer works on at once: 2**22
+#: float32 values are 16 MiB. A micro-batch of Qwen2.5's logits ([8, 257, 151936],
+#: 1.16 GiB in float32) is scored in 76 such blocks; a tiny model's in one.
+CHUNK_ELEMENTS = 2**22
+
+
+def _blocks(n: int, t: int, v: int, budget: int) -> list[tuple[slice, slice]]:
+    """(rows, positions) slices of an [n, t, v] tensor, each at most ``budget`` elements
+    (whole rows together while they fit, else pieces of one row)."""
+    if t * v <= budget:
+        step = max(1, budget // max(1, t * v))
+        return [(slice(i, min(i + step, n)), slice(0, t)) for i in range(0, n, step)]
+    step = max(1, budget // v)
+    return [(slice(i, i + 1), slice(j, min(j + step, t))) for i in range(n) for j in range(0, t, step)]
+
+
+class _ScoreTokens(torch.autograd.Function):
+    """log pi(token) and the entropy from one shared logsumexp, block by block.
+
+    Forward, for each block ``z`` of ``logits / temperature`` (float32):
+    ``lse = logsumexp(z)``, ``logp = z[token] - lse`` and, if asked,
+    ``H = lse - sum(softmax(z) * z)``. It saves only the logits (which exist
+    anyway), the token ids and ``lse`` (and ``sum_j p_j z_j``): no full-size float32 copy,
+    softmax or log-softmax outlives a block. Backward recomputes
+    ``p = softmax(z)`` per block, in place in the gradient tensor, which has the
+    logits' size and is the only full-size tensor it allocates:
+
+    - d logp / dz_j = [j = token] - p_j,
+    - d H / dz_j = -p_j (log p_j + H) = -p_j (z_j - sum_k p_k z_k),
+
+    both divided by the temperature. Only ``logits[:, :t]`` are scored (``t`` =
+    the tokens' length); later positions get a zero gradient, so the caller need
+    not slice the model's output (a slice's backward would allocate another
+    full-size tensor).
+    """
+
+    @staticmethod
+    def forward(ctx, logits, tokens, temperature, want_entropy, budget):  # logits [N, L, V], tokens [N, t]
+        N, t = tokens.shape
+        V = logits.shape[-1]
+        index = tokens.long().unsqueeze(-1)  # [N, t, 1]
+        acc = torch.promote_types(logits.dtype, torch.float32)  # float32 (float64 stays float64)
+        logp = torch.empty((N, t), dtype=acc, device=logits.device)  # [N, t]
+        lse = torch.empty_like(logp)  # [N, t]
+        entropy = torch.empty_like(logp) if want_entropy else None  # [N, t]
+        mean_z = torch.empty_like(logp) if want_entropy else None  # [N, t]: sum_j p_j z_j, for the backward
+        for rows, pos in _blocks(N, t, V, budget):
+            z = logits[rows, pos].to(acc)  # [n, s, V], a copy only for half-precision logits
+            if temperature != 1.0:
+                z = z / temperature
+            block_lse = torch.logsumexp(z, dim=-1)  # [n, s]
+            logp[rows, pos] = torch.gather(z, -1, index[rows, pos]).squeeze(-1) - block_lse
+            lse[rows, pos] = block_lse
+            if want_entropy:
+                p = torch.sub(z, block_lse.unsqueeze(-1)).exp_()  # [n, s, V] softmax
+                mean_z[rows, pos] = p.mul_(z).sum(dim=-1)
+                entropy[rows, pos] = block_lse - mean_z[rows, pos]
+        ctx.temperature, ctx.budget = temperature, budget
+        ctx.save_for_backward(logits, index, lse, *([mean_z] if want_entropy else []))
+        if not want_entropy:
+            return logp
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, *grad_entropy):  # grad_logp [N, t], grad_entropy ([N, t],)
+        logits, index, lse, *rest = ctx.saved_tensors
+        mean_z = rest[0] if rest else None
+        g_h = grad_entropy[0] if grad_entropy else None
+        T = ctx.temperature
+        N, t = lse.shape
+        V = logits.shape[-1]
+        grad = torch.zeros_like(logits)  # [N, L, V]: the one full-size tensor (autograd needs it anyway)
+        g_lp = torch.zeros_like(lse) if grad_logp is None else grad_logp  # [N, t]
+        in_place = logits.dtype == lse.dtype  # half logits: compute in float32, round once at the end
+        for rows, pos in _blocks(N, t, V, ctx.budget):
+            z = logits[rows, pos]  # [n, s, V]
+            if not in_place:
+                z = z.to(lse.dtype)
+            if T != 1.0:
+                z = z / T
+            block_lse = lse[rows, pos].unsqueeze(-1)  # [n, s, 1]
+            target = grad[rows, pos] if in_place else torch.empty_like(z)  # [n, s, V]
+            p = torch.sub(z, block_lse, out=target).exp_()  # softmax(z), [n, s, V]
+            g = g_lp[rows, pos]  # [n, s]
+            if g_h is not None and mean_z is not None:
+                # -p_j (g_lp + g_h (z_j - sum_k p_k z_k)) for every j (log p_j + H = z_j - sum_k p_k z_k),
+                # then + g_lp at the token
+                weight = torch.sub(z, mean_z[rows, pos].unsqueeze(-1))  # [n, s, V]
+                weight.mul_(g_h[rows, pos].unsqueeze(-1)).add_(g.unsqueeze(-1))
+                p.mul_(weight.neg_())
+            else:
+                p.mul_((-g).unsqueeze(-1))  # d logp: -p_j ...
+            p.scatter_add_(-1, index[rows, pos], g.unsqueeze(-1))  # ... + [j = token]
+            if T != 1.0:
+                p.div_(T)
+            if not in_place:
+                grad[rows, pos] = p
+        return grad, None, None, None, None
+
+
+def score_tokens(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    entropy: bool = False,
+    entropy_grad: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of ``tokens`` (and the entropy) under ``logits / temperature``, in float32, by blocks.
+
+    The memory-lean form of ``log_softmax(logits / T).gather(tokens)`` and of
+    :func:`token_entropy`: one logsumexp per position serves both, and no
+    full-size float32 temporary is ever built (see :class:`_ScoreTokens`).
+    ``logits`` may cover more positions than ``tokens`` (``[N, L, V]`` with
+    ``L >= t``): the first ``t`` are scored. Returns ``[N, t]`` float32 log-probs,
+    or ``(logp, entropy)``; the entropy carries a gradient only with
+    ``entropy_grad``.
+    """
+    if tokens.shape[0] != logits.shape[0] or tokens.shape[1] > logits.shape[1]:
+        raise ValueError(
+            f"tokens has shape {tuple(tokens.shape)} but logits has shape {tuple(logits.shape)}; "
+            "expected tokens [N, t] and logits [N, L, V] with L >= t"
+        )
+    if not entropy:
+        return _ScoreTokens.apply(logits, tokens, float(temperature), False, CHUNK_ELEMENTS)
+    logp, ent = _ScoreTokens.apply(logits, tokens, float(temperature), True, CHUNK_ELEMENTS)
+    return logp, (ent if entropy_grad else ent.detach())
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -19,14 +145,17 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
     ``log_softmax(logits).gather(tokens)`` gives the same numbers but keeps a full
     ``[N, T, V]`` log-softmax alive for the backward pass. Here we gather the one
-    logit we need and subtract the log-normaliser: logit[token] - logsumexp(logits).
+    logit we need and subtract the log-normaliser: logit[token] - logsumexp(logits),
+    block by block (:func:`score_tokens`), so autograd keeps only the logits
+    themselves, the token ids and one normaliser per position.
 
     Args:
         logits: ``[N, T, V]`` unnormalised scores.
         tokens: ``[N, T]`` token ids in ``[0, V)``.
 
     Returns:
-        ``[N, T]`` log-probs (float32 when the logits are half precision).
+        ``[N, T]`` log-probs, in float32 (half-precision logits are scored in
+        float32 one block at a time).
     """
     require_tensor("logits", logits, dim=3, floating=True)
     require_tensor("tokens", tokens, dim=2, floating=False)
@@ -38,19 +167,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     vocab = logits.shape[-1]
     if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab):
         raise ValueError(f"token ids must lie in [0, {vocab}), got min {int(tokens.min())}, max {int(tokens.max())}")
-    index = tokens.long().unsqueeze(-1)  # [N, T, 1]
-    if logits.dtype in _HALF:
-        # A half-precision logsumexp loses digits, so the normaliser is computed
-        # in float32, one row at a time: autograd keeps one float32 copy per row
-        # (for logsumexp's backward), never a float32 copy of the whole batch made
-        # at once. The picked logit is exact in half precision and upcast after.
-        rows = []
-        for row, idx in zip(logits, index):  # row: [T, V], idx: [T, 1]
-            picked = torch.gather(row, -1, idx).squeeze(-1).float()  # [T]
-            rows.append(picked - torch.logsumexp(row.float(), dim=-1))  # [T]
-        return torch.stack(rows)  # [N, T]
-    picked = torch.gather(logits, -1, index).squeeze(-1)  # [N, T]
-    return picked - torch.logsumexp(logits, dim=-1)  # [N, T]
+    return score_tokens(logits, tokens)
 
 
 def completion_mask(completion_ids: torch.Tensor, eos_token_id) -> torch.Tensor:
@@ -142,11 +259,11 @@ def completion_logprobs(
             logits_to_keep=completion_length + 1,
             use_cache=False,
         )
-        pieces = [out.logits[:, :-1, :]]  # [N, Tc, V]
-    # each piece covers some completion positions: [N, t, V], the t's add up to Tc
+        pieces = [out.logits]  # [N, Tc+1, V]: the last position scores nothing (score_tokens skips it)
+    # each piece covers some completion positions: [N, t, V] (t+1 for the full pass), the t's add up to Tc
     scored, start = [], 0
     for logits in pieces:
-        end = start + logits.shape[1]
+        end = min(start + logits.shape[1], tokens.shape[1])
         scored.append(_score(logits, tokens[:, start:end], temperature, return_entropy, entropy_grad))
         start = end
     logp = torch.cat([s[0] for s in scored], dim=1)  # [N, Tc]
@@ -156,16 +273,10 @@ def completion_logprobs(
 
 
 def _score(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, return_entropy: bool, entropy_grad: bool):
-    """Log-probs (and entropies) of ``tokens`` [N, t] under ``logits`` [N, t, V] at ``temperature``."""
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = token_logprobs(logits, tokens)  # [N, t]
+    """Log-probs (and entropies) of ``tokens`` [N, t] under ``logits`` [N, >=t, V] at ``temperature``."""
     if not return_entropy:
-        return logp, None
-    if entropy_grad:
-        return logp, token_entropy(logits)  # [N, t] x2
-    with torch.no_grad():
-        return logp, token_entropy(logits)  # [N, t] x2
+        return score_tokens(logits, tokens, temperature=temperature), None
+    return score_tokens(logits, tokens, temperature=temperature, entropy=True, entropy_grad=entropy_grad)  # [N, t] x2
 
 
 def can_share_prompts(model) -> bool:
@@ -241,7 +352,12 @@ def shared_prompt_logits(model, input_ids: torch.Tensor, attention_mask: torch.T
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the next-token distribution at every position: ``[N, T, V] -> [N, T]``."""
+    """Entropy of the next-token distribution at every position: ``[N, T, V] -> [N, T]``.
+
+    The definition, -sum_j p_j log p_j with p = softmax(logits), written for
+    reading; the trainer gets the same numbers from :func:`score_tokens`, which
+    shares the logsumexp with the log-probs and works block by block.
+    """
     logits = logits.float()
     log_z = torch.logsumexp(logits, dim=-1, keepdim=True)  # [N, T, 1]
     probs = torch.exp(logits - log_z)  # [N, T, V]

@@ -105,8 +105,9 @@ def pick_device_and_dtype(
     """Choose where a policy runs and in what precision.
 
     - ``device=None``: ``"cuda"`` when a GPU is available, else ``"cpu"``.
-    - ``dtype=None``: bfloat16 on a GPU that supports it, float16 on an older GPU
-      without bfloat16 (such as Colab's free T4), float32 on the CPU.
+    - ``dtype=None``: bfloat16 on a GPU that computes in it natively (Ampere and
+      newer), float16 on an older GPU (such as Colab's free T4, which would only
+      emulate bfloat16; :func:`native_bf16_supported`), float32 on the CPU.
 
     Explicit values win. ``dtype`` may be a name: ``"float32"``/``"fp32"``,
     ``"bfloat16"``/``"bf16"``, ``"float16"``/``"fp16"``/``"half"``.
@@ -121,8 +122,48 @@ def pick_device_and_dtype(
     if dtype is not None:
         return dev, _as_dtype(dtype)
     if dev.type == "cuda":
-        return dev, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return dev, torch.bfloat16 if native_bf16_supported() else torch.float16
     return dev, torch.float32
+
+
+def native_bf16_supported() -> bool:
+    """Whether the GPU computes in bfloat16 in hardware (Ampere and newer), not by emulation.
+
+    ``torch.cuda.is_bf16_supported()`` also counts emulation, and says True on
+    Colab's T4 (Turing), where bfloat16 matrix products are emulated and slow.
+    Where the installed torch has the ``including_emulation`` argument (2.3 and
+    newer) it is set to False; older versions did not count emulation.
+    """
+    check = torch.cuda.is_bf16_supported
+    try:
+        return bool(check(including_emulation=False))
+    except TypeError:  # an older torch without the argument
+        return bool(check())
+
+
+def use_expandable_segments() -> str:
+    """Ask PyTorch's CUDA allocator for expandable segments (less fragmentation); returns what was done.
+
+    A step allocates and frees many tensors the size of a micro-batch's logits
+    (over a GiB for Qwen2.5's vocabulary); with fixed-size segments the freed
+    blocks can be too fragmented for the next one, and a T4 runs out of memory
+    with gigabytes "reserved but unallocated". ``PYTORCH_CUDA_ALLOC_CONF=
+    expandable_segments:True`` lets segments grow instead. The variable is read
+    when CUDA starts, so before that it is set (unless the user set it); once
+    CUDA runs, the allocator's runtime setting is used where torch has it.
+    """
+    key, value = "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"
+    current = os.environ.get(key, "")
+    if "expandable_segments" in current:
+        return f"{key}={current} (already set)"
+    if not torch.cuda.is_initialized():
+        os.environ[key] = f"{current},{value}" if current else value
+        return f"{key}={os.environ[key]}"
+    setter = getattr(getattr(torch.cuda, "memory", None), "_set_allocator_settings", None)
+    if setter is None:
+        return f"CUDA already started; set {key}={value} before the first CUDA call"
+    setter(value)
+    return f"{value} (set at run time: CUDA had already started)"
 
 
 # ---------------------------------------------------------------------------
@@ -588,6 +629,8 @@ def load_policy(
     if not isinstance(name, str):
         raise TypeError(f"name must be a string such as {TINY_NAME!r}, {SMOLLM2_NAME!r} or a hub id; got {type(name).__name__}: {name!r}")
     dev, dt = pick_device_and_dtype(device, dtype)
+    if dev.type == "cuda":
+        use_expandable_segments()  # before the weights are the first CUDA allocation
     key = name.strip().lower()
     if key == TINY_NAME:
         model, tokenizer = build_tiny_policy()

@@ -14,6 +14,7 @@ columns TRL's ``GRPOTrainer`` passes to reward functions as keyword arguments.
 from __future__ import annotations
 
 import ast
+import importlib
 import numbers
 import operator
 import os
@@ -468,9 +469,11 @@ def load_gsm8k(split: str = "train", *, timeout: float = 3.0) -> list[dict]:
     Raises:
         DatasetUnavailableError: (a ``ConnectionError``) at once when
             ``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE`` or ``HF_DATASETS_OFFLINE``
-            is set, or when the hub does not answer within about ``timeout``
-            seconds (the probe is ``models.hub_reachable``). The message points to
-            ``make_arithmetic_dataset``, which needs no network.
+            is set, when the hub does not answer within about ``timeout``
+            seconds (the probe is ``models.hub_reachable``), or when the download
+            fails on the hub's side: an HTTP error status (429, 503, ...), a
+            refused connection or a timeout. The message names the error and
+            points to ``make_arithmetic_dataset``, which needs no network.
         ImportError: the ``datasets`` package is missing.
     """
     if not isinstance(split, str) or not split.strip():
@@ -496,9 +499,33 @@ def load_gsm8k(split: str = "train", *, timeout: float = 3.0) -> list[dict]:
         raise ImportError("load_gsm8k needs the datasets package: pip install datasets") from err
     try:
         data = load_dataset("openai/gsm8k", "main", split=split)
-    except (ConnectionError, TimeoutError) as err:
-        raise DatasetUnavailableError(f"load_gsm8k could not download openai/gsm8k: {err}. {_FALLBACK_ADVICE}") from err
+    except _hub_errors() as err:
+        raise DatasetUnavailableError(
+            f"load_gsm8k could not download openai/gsm8k ({type(err).__name__}: {err}). {_FALLBACK_ADVICE}"
+        ) from err
     return gsm8k_rows(data)
+
+
+def _hub_errors() -> tuple[type[BaseException], ...]:
+    """What a download from the hub raises when the hub, not the request, is the problem.
+
+    A refused connection, a timeout or a DNS failure (``OSError``: ``ConnectionError`` and
+    ``TimeoutError`` are subclasses), and an HTTP error status such as 429 (rate limit) or
+    503 (unavailable): ``huggingface_hub``'s ``HfHubHTTPError`` and the HTTP client's
+    own errors (``requests`` in older versions, ``httpx`` in newer ones), whichever exist.
+    """
+    errors: list[type[BaseException]] = [OSError]
+    for module, name in (
+        ("huggingface_hub.errors", "HfHubHTTPError"),
+        ("huggingface_hub.utils", "HfHubHTTPError"),
+        ("requests", "RequestException"),
+        ("httpx", "HTTPError"),
+    ):
+        try:
+            errors.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(dict.fromkeys(errors))
 
 
 # ---------------------------------------------------------------------------

@@ -219,37 +219,132 @@ def test_forward_flops_per_token_counts_matmul_weights():
 
 
 def test_estimate_step_seconds_memory_bound_decoding():
-    # f = 200 FLOPs/token, R = 2*2 = 4 rows, P = 3, C = 5, W = 100*4 = 400 bytes
+    # tied: f = 200 FLOPs/token, of which the head (output layer) 2*10*2 = 40 and the body 160;
+    # B = 2 prompts, R = 4 rows, P = 3, C = 5, W = 100*4 = 400 bytes: 4 s per weight read
     est = estimate_step_seconds(
         num_params=100, vocab_size=10, hidden_size=2, tied_embeddings=True,
         prompts=2, group_size=2, prompt_tokens=3, completion_tokens=5,
         peak_flops=1000.0, bandwidth=100.0)
-    # prefill 200*4*3 = 2400 FLOPs (2.4 s) < reading the weights (4 s): 4 s;
-    # 4 decoding forwards of 200*4 = 800 FLOPs (0.8 s) < 4 s each: 16 s
-    assert est["generate_flops"] == 2400 + 4 * 800
-    assert est["generate_seconds"] == 4.0 + 16.0
-    # training: 4 rows x 8 tokens x 200 x (1 old + 3 fwd/bwd + 1 recompute) = 32,000 FLOPs
-    assert est["train_flops"] == 32_000
-    assert est["train_seconds"] == 32.0
-    assert est["seconds"] == 52.0
+    # prefill: body 160 * 2 prompts * 2 tokens + head 40 * 2 = 720 FLOPs (0.72 s) < 4 s;
+    # 5 decoding forwards of 200 * 4 rows = 800 FLOPs (0.8 s) < 4 s each: 20 s
+    assert est["generate_flops"] == 720 + 5 * 800
+    assert est["generate_seconds"] == 4.0 + 5 * 4.0
+    assert (est["generate_body_tokens"], est["generate_head_tokens"]) == (4 + 20, 2 + 20)
+    # training, on-policy (no old-policy pass), checkpointing (so full rows in the gradient pass):
+    # body 4 rows x 8 tokens = 32, head 4 rows x 6 kept positions = 24;
+    # forward + backward = 3 x (160*32 + 40*24) = 18,240, recompute 160*32 = 5,120
+    assert est["passes"] == {"old": 0, "reference": 0, "update": 1}
+    assert (est["train_body_tokens"], est["train_head_tokens"], est["train_recomputed_tokens"]) == (32, 24, 32)
+    assert est["train_flops"] == 18_240 + 5_120
+    assert est["train_seconds"] == 23.36
+    assert est["seconds"] == 24.0 + 23.36
 
 
-def test_estimate_step_seconds_compute_bound_with_a_reference():
+def test_estimate_step_seconds_off_policy_with_a_reference_and_shared_prompts():
     est = estimate_step_seconds(
-        num_params=100, vocab_size=10, hidden_size=2, tied_embeddings=False,  # f = 160
+        num_params=100, vocab_size=10, hidden_size=2, tied_embeddings=False,  # f = 160: head 40, body 120
         prompts=1, group_size=10, prompt_tokens=4, completion_tokens=2,
         num_iterations=2, gradient_checkpointing=False, reference_model=True,
         weight_bytes=2, peak_flops=1600.0, bandwidth=400.0)
-    # W = 200 bytes: 0.5 s a read. prefill 160*10*4 = 6400 FLOPs = 4 s; one
-    # decoding forward of 1600 FLOPs = 1 s (compute-bound, > 0.5 s)
-    assert est["generate_seconds"] == 5.0
-    # 10 rows x 6 tokens x 160 x (1 old + 1 ref + 2 x 3) = 76,800 FLOPs = 48 s
-    assert est["train_flops"] == 76_800
-    assert est["train_seconds"] == 48.0
-    assert est["seconds"] == 53.0
+    # W = 200 bytes: 0.5 s a read. prefill: body 120*1*3 + head 40*1 = 400 FLOPs = 0.25 s < 0.5 s;
+    # two decoding forwards of 160*10 = 1600 FLOPs = 1 s each (compute-bound, > 0.5 s)
+    assert est["generate_seconds"] == 0.5 + 2.0
+    # every pass shares the prompt: body 1*4 + 10*(2-1) = 14 tokens, head 1 + 10*1 = 11 positions;
+    # an off-policy step (mu = 2): old + reference no-grad forwards, then 2 x (forward + backward)
+    assert est["passes"] == {"old": 1, "reference": 1, "update": 2}
+    per_pass = 120 * 14 + 40 * 11  # 2,120
+    assert est["train_flops"] == 2 * per_pass + 2 * 3 * per_pass
+    assert est["train_recomputed_tokens"] == 0
     with pytest.raises(ValueError, match="completion_tokens must be a positive int, got 0"):
         estimate_step_seconds(num_params=100, vocab_size=10, hidden_size=2, tied_embeddings=True,
                               prompts=1, group_size=2, prompt_tokens=1, completion_tokens=0)
+
+
+@pytest.mark.parametrize(
+    "settings, checkpointing",
+    [
+        (dict(), False),  # on-policy: no old-policy pass, shared prompts
+        (dict(), True),  # checkpointing: full rows in the gradient pass, the layers run again
+        # off-policy, with a reference (full rows: with shuffled minibatches the shared pass encodes the
+        # prompts present in each micro-batch, which the estimate does not model)
+        (dict(num_iterations=2, minibatch_size=8, beta=0.1, share_prompt_cache=False), False),
+        (dict(share_prompt_cache=False), False),  # every row in full
+    ],
+)
+def test_the_roofline_counts_the_tokens_the_trainer_runs(settings, checkpointing):
+    """One real step of the tiny model, with the body (layer 0's MLP) and the head (lm_head) counting
+    the positions they process: the estimate's counts are the trainer's."""
+    import warnings
+
+    from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
+    from grpo_tutorial.rewards import partial_credit_reward
+
+    model, tok = build_tiny_policy(seed=0)
+    config = GRPOConfig(prompts_per_step=2, group_size=8, max_new_tokens=4, seed=1, **settings)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    counts = {"generate": [0, 0], "train": [0, 0]}
+    phase = ["train"]
+    mlp, head = model.model.layers[0].mlp, model.lm_head
+    mlp_forward, head_forward, generate = mlp.forward, head.forward, model.generate
+
+    def count(i, forward):
+        def counted(x, *args, **kwargs):
+            counts[phase[0]][i] += x.shape[0] * x.shape[1]
+            return forward(x, *args, **kwargs)
+        return counted
+
+    def generating(*args, **kwargs):
+        phase[0] = "generate"
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            phase[0] = "train"
+
+    trainer = GRPOTrainer(model, tok, partial_credit_reward, config)  # its reference copy stays uncounted
+    mlp.forward, head.forward, model.generate = count(0, mlp_forward), count(1, head_forward), generating
+    rollouts = []
+    real_rollout = trainer._rollout
+    trainer._rollout = lambda *a: rollouts.append(real_rollout(*a)) or rollouts[-1]
+    # the shared prompt cache of generation runs outside generate(): count it as generation
+    import grpo_tutorial.rollout as rollout_module
+
+    real_cache = rollout_module._shared_prompt_cache
+
+    def cache(*args, **kwargs):
+        phase[0] = "generate"
+        try:
+            return real_cache(*args, **kwargs)
+        finally:
+            phase[0] = "train"
+
+    rollout_module._shared_prompt_cache, saved = cache, real_cache
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.train(make_arithmetic_dataset(32, seed=0, digits=1), 1, progress=False)
+    finally:
+        rollout_module._shared_prompt_cache = saved
+    (rollout,) = rollouts
+    P, C = rollout.input_ids.shape[1] - rollout.completion_ids.shape[1], rollout.completion_ids.shape[1]
+    cfg = model.config
+    est = estimate_step_seconds(
+        num_params=sum(p.numel() for p in model.parameters()), vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size, tied_embeddings=cfg.tie_word_embeddings,
+        prompts=config.prompts_per_step, group_size=config.group_size, prompt_tokens=P, completion_tokens=C,
+        num_iterations=config.num_iterations, minibatches=config.batch_completions // config.update_size,
+        gradient_checkpointing=checkpointing, reference_model=config.beta > 0,
+        share_prompt_cache=config.share_prompt_cache,
+    )
+    assert counts["generate"] == [est["generate_body_tokens"], est["generate_head_tokens"]]
+    # the reference model is a copy: its passes run through its own modules, which are not counted here
+    ref = est["passes"]["reference"]
+    body_per_pass = (est["train_body_tokens"]) // (est["passes"]["old"] + ref + est["passes"]["update"])
+    head_per_pass = (est["train_head_tokens"]) // (est["passes"]["old"] + ref + est["passes"]["update"])
+    assert counts["train"] == [
+        est["train_body_tokens"] - ref * body_per_pass + est["train_recomputed_tokens"],
+        est["train_head_tokens"] - ref * head_per_pass,
+    ]
 
 
 # ---------------------------------------------------------------------------

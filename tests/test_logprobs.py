@@ -171,3 +171,115 @@ def test_half_precision_path_keeps_no_full_float32_copy_for_backward():
     assert float32_bytes <= 4 * 8 * 1000 * 4 * 1.01  # at most one float32 copy in total
     out.sum().backward()
     assert logits.grad is not None and torch.isfinite(logits.grad.float()).all()
+
+
+# ---------------------------------------------------------------------------
+# The block-wise scorer (issue 21, item 6): same numbers, less memory
+# ---------------------------------------------------------------------------
+
+from grpo_tutorial import logprobs as logprobs_module  # noqa: E402
+from grpo_tutorial.logprobs import score_tokens  # noqa: E402
+
+
+def _scored_before(logits, tokens, temperature):
+    """The package's scoring before issue 21: the whole tensor at once (its backward by autograd)."""
+    z = logits / temperature if temperature != 1.0 else logits
+    logp = torch.gather(z, -1, tokens.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+    if z.dtype == torch.float32:
+        return logp, token_entropy(z)
+    log_z = torch.logsumexp(z, dim=-1, keepdim=True)  # token_entropy's formula, in float64
+    return logp, log_z.squeeze(-1) - (torch.exp(z - log_z) * z).sum(dim=-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("budget", [2**22, 2 * 37, 37])  # one block; blocks of rows; pieces of one row
+def test_block_scorer_gives_the_same_bits_as_the_whole_tensor(temperature, budget, monkeypatch):
+    """Values and the log-prob gradient are bit-identical to the plain formula, however the logits are cut."""
+    monkeypatch.setattr(logprobs_module, "CHUNK_ELEMENTS", budget)
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(3, 5, 37, generator=g) * 4
+    tokens = torch.randint(0, 37, (3, 5), generator=g)
+    weights = torch.randn(3, 5, generator=g)
+    a, b = base.clone().requires_grad_(), base.clone().requires_grad_()
+    logp, ent = score_tokens(a, tokens, temperature=temperature, entropy=True)
+    ref_logp, ref_ent = _scored_before(b, tokens, temperature)
+    assert torch.equal(logp, ref_logp) and torch.equal(ent, ref_ent)
+    assert not ent.requires_grad  # the entropy is a statistic unless entropy_grad=True
+    (logp * weights).sum().backward()
+    (ref_logp * weights).sum().backward()
+    assert torch.equal(a.grad, b.grad)
+
+
+@pytest.mark.parametrize("budget", [2**22, 11])
+def test_entropy_gradient_is_the_exact_formula(budget, monkeypatch):
+    """d logp/dz and d H/dz written out by hand: exact in float64 (gradcheck, and equal to autograd through
+    the plain formula), and within float32 rounding of it in float32."""
+    monkeypatch.setattr(logprobs_module, "CHUNK_ELEMENTS", budget)
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(2, 4, 11, generator=g, dtype=torch.float64) * 3
+    tokens = torch.randint(0, 11, (2, 4), generator=g)
+    w_lp, w_h = torch.randn(2, 4, generator=g, dtype=torch.float64), torch.randn(2, 4, generator=g, dtype=torch.float64)
+
+    def grad(fn, x):
+        x = x.clone().requires_grad_()
+        logp, ent = fn(x)
+        ((logp * w_lp.to(x.dtype)).sum() + (ent * w_h.to(x.dtype)).sum()).backward()
+        return x.grad
+
+    def ours(x):
+        return score_tokens(x, tokens, temperature=0.9, entropy=True, entropy_grad=True)
+
+    def plain(x):
+        return _scored_before(x, tokens, 0.9)
+
+    torch.autograd.gradcheck(ours, (base.clone().requires_grad_(),))
+    truth = grad(plain, base)  # float64
+    torch.testing.assert_close(grad(ours, base), truth, rtol=1e-12, atol=1e-12)
+    # float32: rounding of z (|z| up to ~12) times weights of order 1 gives errors of a few 1e-6
+    torch.testing.assert_close(grad(ours, base.float()).double(), truth, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_gradient_is_the_float32_gradient_rounded_once(dtype):
+    logits = (torch.randn(2, 3, 50) * 3).to(dtype)
+    tokens = torch.randint(0, 50, (2, 3))
+    a = logits.clone().requires_grad_()
+    b = logits.float().requires_grad_()
+    assert score_tokens(a, tokens).dtype == torch.float32
+    score_tokens(a, tokens).sum().backward()
+    score_tokens(b, tokens).sum().backward()
+    assert a.grad.dtype == dtype
+    assert torch.equal(a.grad, b.grad.to(dtype))
+
+
+def test_positions_past_the_tokens_get_no_gradient():
+    """completion_logprobs hands over the model's [N, Tc+1, V] logits unsliced; the last position scores nothing."""
+    logits = torch.randn(2, 4, 9, requires_grad=True)
+    tokens = torch.randint(0, 9, (2, 3))
+    logp = score_tokens(logits, tokens)
+    logp.sum().backward()
+    assert torch.equal(logits.grad[:, 3], torch.zeros(2, 9))
+    assert torch.equal(logp, token_logprobs(logits[:, :3], tokens))
+    with pytest.raises(ValueError, match="expected tokens \\[N, t\\] and logits \\[N, L, V\\] with L >= t"):
+        score_tokens(logits, torch.zeros(2, 5, dtype=torch.long))
+
+
+def test_scoring_and_backward_peak_memory_is_lower():
+    """benchmarks/logprob_memory.py at small shapes: the block scorer's peak is at most about two logits tensors
+    (the logits and their gradient), the whole-tensor scorer's above three and a half."""
+    pytest.importorskip("benchmarks.logprob_memory")
+    from pathlib import Path
+
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak resident size")
+    from benchmarks.logprob_memory import QUICK, compare
+
+    result = compare(dict(QUICK), layers=1, threads=1)
+    unit = result["before"]["logits_bytes"]
+    before = result["before"]["peak_bytes_above_start"] / unit
+    after = result["after"]["peak_bytes_above_start"] / unit
+    assert before > 3.5, before
+    assert after < 2.5, after
+    assert result["after"]["loss"] == pytest.approx(result["before"]["loss"], abs=1e-6)
+    assert result["after"]["logp_sum"] == pytest.approx(result["before"]["logp_sum"], rel=1e-6)
+    assert result["after"]["entropy_mean"] == pytest.approx(result["before"]["entropy_mean"], rel=1e-6)

@@ -86,9 +86,11 @@ def gsm8k_data(n_eval: int = 200, *, seed: int = 0, timeout: float = 3.0) -> tup
 
     Returns ``(train_rows, eval_rows, source)``. ``source`` says which data it is:
     ``"gsm8k"``, or, when :func:`~grpo_tutorial.tasks.load_gsm8k` raises
-    :class:`~grpo_tutorial.tasks.DatasetUnavailableError`, a sentence naming the
-    fallback (two-digit ``+``, ``-``, ``*`` questions, 5,000 to train on and
-    ``n_eval`` held out, split by ``seed``).
+    :class:`~grpo_tutorial.tasks.DatasetUnavailableError` (offline, the hub
+    unreachable, or an HTTP error status, a refused connection or a timeout
+    during the download), a sentence naming the fallback (two-digit ``+``, ``-``,
+    ``*`` questions, 5,000 to train on and ``n_eval`` held out, split by
+    ``seed``) and the reason, which is also printed.
     """
     if isinstance(n_eval, bool) or not isinstance(n_eval, int) or n_eval < 1:
         raise ValueError(f"n_eval must be a positive int, got {n_eval!r}")
@@ -98,7 +100,9 @@ def gsm8k_data(n_eval: int = 200, *, seed: int = 0, timeout: float = 3.0) -> tup
         train_rows, eval_rows = train_test_split_arithmetic(
             5000, n_eval, seed, op=["+", "-", "*"], digits=2, style="question"
         )
-        return train_rows, eval_rows, f"generated two-digit arithmetic (GSM8K unavailable: {err})"
+        source = f"generated two-digit arithmetic (GSM8K unavailable: {err})"
+        print(f"gsm8k_data: falling back to {source}", flush=True)
+        return train_rows, eval_rows, source
     return train_rows, eval_rows[:n_eval], "gsm8k"
 
 
@@ -247,35 +251,55 @@ def estimate_step_seconds(
     prompt_tokens: int,
     completion_tokens: int,
     num_iterations: int = 1,
+    minibatches: int = 1,
     gradient_checkpointing: bool = True,
     reference_model: bool = False,
+    share_prompt_cache: bool = True,
     weight_bytes: int = 4,
     peak_flops: float = T4_FP32_FLOPS,
     bandwidth: float = T4_BANDWIDTH,
 ) -> dict[str, float]:
-    """A roofline estimate of one GRPO step's seconds on a GPU (a lower bound).
+    """A roofline estimate of one GRPO step's seconds on a GPU (a lower bound), pass by pass as the trainer runs them.
 
-    With ``f`` = :func:`forward_flops_per_token`, ``R = prompts * group_size``
-    rows, ``P`` prompt and ``C`` completion tokens per row (every row padded to
-    the longest completion, so ``C`` is the budget in the worst case), and
-    ``W = num_params * weight_bytes`` bytes of weights:
+    The forward FLOPs per token split into the *body* (every matrix product but
+    the output layer: ``2 * (num_params - V*H)``, or ``- 2*V*H`` untied) and the
+    *head* (the output layer, ``2*V*H``), because the trainer runs them over
+    different positions. With ``B`` prompts, ``R = B * G`` rows, ``P`` prompt
+    and ``C`` completion tokens per row (every row padded to the longest
+    completion, so ``C`` is the budget in the worst case) and ``W =
+    num_params * weight_bytes`` bytes of weights:
 
-    - **generation**: one forward over the prompts (``f*R*P`` FLOPs), then
-      ``C - 1`` decoding forwards of one token per row (``f*R`` FLOPs each).
-      Each forward reads all weights once, so it takes
+    - **generation** (:func:`~grpo_tutorial.rollout.generate_rollouts`): each
+      distinct prompt is encoded once (the body over ``B * (P - 1)`` tokens, the
+      head at one position), then ``C`` decoding forwards of one token for each
+      of the ``R`` rows. Each forward reads all weights once, so it takes
       ``max(FLOPs / peak_flops, W / bandwidth)``: decoding a few dozen rows is
       limited by memory, not arithmetic.
-    - **training**, compute-bound: the old-policy pass (1 forward), the
-      reference pass if any (1 forward), and per iteration a forward and a
-      backward (3 forwards' worth) plus, with gradient checkpointing, the
-      recomputed forward (1). Each costs ``f`` per token over ``R*(P+C)`` tokens.
+    - **training** (compute-bound): each of the ``num_iterations * minibatches``
+      updates runs a forward over its rows (the body over prompt and completion,
+      the head only at the ``C + 1`` completion positions the scorer keeps), a
+      backward of twice its FLOPs and, with gradient checkpointing, the body's
+      forward once more. An off-policy step (more than one update) first scores
+      the old policy in a no-grad forward; a reference model (``beta > 0``) adds
+      one more. An on-policy step (one update) has no old-policy pass: its old
+      log-probs are the gradient pass's own. With ``share_prompt_cache`` a
+      pass encodes each prompt once instead of ``G`` times (a lower bound: a
+      pass split into shuffled micro-batches encodes the prompts present in
+      each), except the gradient passes under checkpointing, which fall back to
+      full rows (the no-grad passes run in eval mode and still share).
 
     It assumes every unit runs at its peak, and leaves out the per-token overhead
-    of a generate loop, the KV-cache reads and attention's own products; real
-    steps are slower.
+    of a generate loop, the KV-cache reads, attention's own products and the
+    optimizer; real steps are slower, and where the time goes in a real step
+    (Python's loop around each generated token, kernel launches) is not in it.
 
     Returns ``generate_flops``, ``train_flops``, ``generate_seconds``,
-    ``train_seconds`` and ``seconds`` (their sum).
+    ``train_seconds``, ``seconds`` (their sum), and the token counts behind
+    them: ``generate_body_tokens``, ``generate_head_tokens``,
+    ``train_body_tokens``, ``train_head_tokens`` (forward positions, summed over
+    the step's passes, a backward counted once as its forward),
+    ``train_recomputed_tokens`` and ``passes`` (the forward passes over the
+    batch: ``"old"``, ``"reference"``, ``"update"``).
     """
     f = forward_flops_per_token(num_params, vocab_size, hidden_size, tied_embeddings=tied_embeddings)
     for name, value in (
@@ -284,25 +308,51 @@ def estimate_step_seconds(
         ("prompt_tokens", prompt_tokens),
         ("completion_tokens", completion_tokens),
         ("num_iterations", num_iterations),
+        ("minibatches", minibatches),
         ("weight_bytes", weight_bytes),
     ):
         _positive_int(name, value)
-    for name, value in (("gradient_checkpointing", gradient_checkpointing), ("reference_model", reference_model)):
+    for name, value in (
+        ("gradient_checkpointing", gradient_checkpointing),
+        ("reference_model", reference_model),
+        ("share_prompt_cache", share_prompt_cache),
+    ):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {value!r}")
     peak = _positive_number("peak_flops", peak_flops)
     bw = _positive_number("bandwidth", bandwidth)
 
-    rows = prompts * group_size
+    head = 2 * vocab_size * hidden_size  # the output layer, per position
+    body = f - head  # everything else, per token
+    B, R, P, C = prompts, prompts * group_size, prompt_tokens, completion_tokens
     weight_read = num_params * weight_bytes / bw  # seconds to stream the weights once
-    prefill_flops = f * rows * prompt_tokens
-    decode_flops = f * rows  # one new token per row
-    decode_steps = completion_tokens - 1
-    generate_seconds = max(prefill_flops / peak, weight_read) + decode_steps * max(decode_flops / peak, weight_read)
-    generate_flops = prefill_flops + decode_steps * decode_flops
 
-    passes = 1 + int(reference_model) + num_iterations * (3 + int(gradient_checkpointing))
-    train_flops = f * rows * (prompt_tokens + completion_tokens) * passes
+    # generation: the prompts once (all but their last token), then C one-token forwards of R rows
+    prefill_body, prefill_head = B * (P - 1), B
+    prefill_flops = body * prefill_body + head * prefill_head
+    decode_flops = (body + head) * R
+    generate_seconds = max(prefill_flops / peak, weight_read) + C * max(decode_flops / peak, weight_read)
+    generate_flops = prefill_flops + C * decode_flops
+
+    def scoring_pass(shared: bool) -> tuple[int, int]:
+        """(body tokens, head positions) of one pass over all R rows, as completion_logprobs runs it."""
+        if shared and C > 1:  # prompts once (head at their last position), then C - 1 completion tokens per row
+            return B * P + R * (C - 1), B + R * (C - 1)
+        return R * (P + C), R * (C + 1)  # full rows; the head keeps C + 1 positions
+
+    updates = num_iterations * minibatches
+    passes = {"old": int(updates > 1), "reference": int(reference_model), "update": num_iterations}
+    eval_body, eval_head = scoring_pass(share_prompt_cache)  # no-grad passes run in eval mode
+    grad_body, grad_head = scoring_pass(share_prompt_cache and not gradient_checkpointing)
+    no_grad_passes = passes["old"] + passes["reference"]
+    recomputed = num_iterations * grad_body if gradient_checkpointing else 0
+    train_body = no_grad_passes * eval_body + num_iterations * grad_body
+    train_head = no_grad_passes * eval_head + num_iterations * grad_head
+    train_flops = (
+        no_grad_passes * (body * eval_body + head * eval_head)
+        + num_iterations * 3 * (body * grad_body + head * grad_head)  # forward + backward (2x)
+        + body * recomputed  # checkpointing: the layers' forward again during the backward
+    )
     train_seconds = train_flops / peak
     return {
         "generate_flops": float(generate_flops),
@@ -310,4 +360,10 @@ def estimate_step_seconds(
         "generate_seconds": generate_seconds,
         "train_seconds": train_seconds,
         "seconds": generate_seconds + train_seconds,
+        "generate_body_tokens": prefill_body + C * R,
+        "generate_head_tokens": prefill_head + C * R,
+        "train_body_tokens": train_body,
+        "train_head_tokens": train_head,
+        "train_recomputed_tokens": recomputed,
+        "passes": passes,
     }

@@ -1,0 +1,174 @@
+"""Chapter 9's GPU path without a GPU: the precision a T4 gets, the allocator setting, hub failures.
+
+CUDA is stubbed where a test needs it (``torch.cuda.is_available`` and friends);
+the hub's failures are raised the way ``huggingface_hub`` raises them, from a
+fake HTTP response.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from grpo_tutorial import models
+from grpo_tutorial.chapters import gsm8k
+from grpo_tutorial.tasks import DatasetUnavailableError, load_gsm8k
+
+# ---------------------------------------------------------------------------
+# float16 on a T4 (issue 21, item 10)
+# ---------------------------------------------------------------------------
+
+
+def _fake_cuda(monkeypatch, *, native_bf16: bool, has_argument: bool = True):
+    """A GPU whose bfloat16 is native (Ampere) or emulated (Turing: a T4), as torch reports it."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    if has_argument:
+        def is_bf16_supported(including_emulation: bool = True) -> bool:
+            return native_bf16 or including_emulation  # a T4: True only when emulation counts
+    else:
+        def is_bf16_supported() -> bool:  # torch < 2.3: emulation was not counted
+            return native_bf16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+
+
+def test_a_t4_gets_float16_not_emulated_bfloat16(monkeypatch):
+    _fake_cuda(monkeypatch, native_bf16=False)
+    assert torch.cuda.is_bf16_supported() is True  # what the old check read on a T4
+    assert models.pick_device_and_dtype() == (torch.device("cuda"), torch.float16)
+
+
+def test_an_ampere_gpu_gets_bfloat16(monkeypatch):
+    _fake_cuda(monkeypatch, native_bf16=True)
+    assert models.pick_device_and_dtype() == (torch.device("cuda"), torch.bfloat16)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_an_older_torch_without_the_argument_still_works(monkeypatch, native):
+    _fake_cuda(monkeypatch, native_bf16=native, has_argument=False)
+    assert models.pick_device_and_dtype("cuda")[1] == (torch.bfloat16 if native else torch.float16)
+    assert models.pick_device_and_dtype("cuda", "float32")[1] == torch.float32  # an explicit dtype wins
+
+
+# ---------------------------------------------------------------------------
+# PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True on the GPU path (item 6)
+# ---------------------------------------------------------------------------
+
+
+def test_expandable_segments_are_set_before_cuda_starts(monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert models.use_expandable_segments() == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    assert models.use_expandable_segments().endswith("(already set)")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    models.use_expandable_segments()
+    import os
+
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128,expandable_segments:True"
+
+
+def test_expandable_segments_at_run_time_once_cuda_runs(monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    calls = []
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", calls.append, raising=False)
+    assert "set at run time" in models.use_expandable_segments()
+    assert calls == ["expandable_segments:True"]
+
+
+def test_load_policy_on_a_gpu_sets_the_allocator_first(monkeypatch):
+    """The weights are the first CUDA allocation, so the setting comes before them."""
+    order = []
+    monkeypatch.setattr(models, "pick_device_and_dtype", lambda d, t: (torch.device("cuda"), torch.float32))
+    monkeypatch.setattr(models, "use_expandable_segments", lambda: order.append("allocator"))
+
+    def fake_tiny():
+        order.append("build")
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(models, "build_tiny_policy", fake_tiny)
+    with pytest.raises(RuntimeError, match="stop here"):
+        models.load_policy("tiny")
+    assert order == ["allocator", "build"]
+
+
+# ---------------------------------------------------------------------------
+# Hub failures fall back to generated problems (item 9)
+# ---------------------------------------------------------------------------
+
+
+def _http_error(status: int) -> Exception:
+    """The exception huggingface_hub raises for an HTTP status, built from a fake response."""
+    from huggingface_hub.utils import hf_raise_for_status
+
+    url = "https://huggingface.co/api/datasets/openai/gsm8k"
+    for client in ("httpx2", "httpx"):
+        try:
+            http = importlib.import_module(client)
+            response = http.Response(status, request=http.Request("GET", url))
+            break
+        except (ImportError, AttributeError, TypeError):
+            continue
+    else:  # huggingface_hub < 1.0 speaks requests
+        import requests
+
+        response = requests.Response()
+        response.status_code, response.url = status, url
+        response.request = requests.Request("GET", url).prepare()
+    try:
+        hf_raise_for_status(response)
+    except Exception as err:  # allowed broad handler: we want whatever the hub client raises
+        return err
+    raise AssertionError(f"hf_raise_for_status did not raise for {status}")
+
+
+@pytest.fixture()
+def online(monkeypatch):
+    for flag in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(flag, raising=False)
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: True)  # the probe answers ...
+
+    def fail_with(error: BaseException):  # ... but the download does not
+        datasets = pytest.importorskip("datasets")
+
+        def load_dataset(*args, **kwargs):
+            raise error
+
+        monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+
+    return fail_with
+
+
+def test_a_503_from_the_hub_falls_back_with_the_reason_printed(online, capsys):
+    error = _http_error(503)
+    assert "503" in str(error)
+    online(error)
+    with pytest.raises(DatasetUnavailableError, match=r"could not download openai/gsm8k \(HfHubHTTPError: .*503"):
+        load_gsm8k("train")
+    train_rows, eval_rows, source = gsm8k.gsm8k_data(n_eval=5)
+    assert source.startswith("generated two-digit arithmetic (GSM8K unavailable: load_gsm8k could not download")
+    assert "503" in source and len(eval_rows) == 5 and len(train_rows) == 5000
+    printed = capsys.readouterr().out
+    assert printed.startswith("gsm8k_data: falling back to generated two-digit arithmetic") and "503" in printed
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(lambda: _http_error(429), id="429-rate-limit"),
+        pytest.param(lambda: OSError("[Errno 111] Connection refused"), id="refused"),
+        pytest.param(lambda: TimeoutError("read timed out"), id="timeout"),
+    ],
+)
+def test_other_hub_failures_fall_back_too(online, capsys, error):
+    online(error())
+    _, _, source = gsm8k.gsm8k_data(n_eval=3)
+    assert source.startswith("generated two-digit arithmetic (GSM8K unavailable:")
+    assert "falling back" in capsys.readouterr().out
+
+
+def test_a_bug_is_not_mistaken_for_the_hub_being_down(online):
+    online(KeyError("question"))  # a real error in the code must still surface
+    with pytest.raises(KeyError):
+        gsm8k.gsm8k_data(n_eval=3)
