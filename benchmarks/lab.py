@@ -82,7 +82,8 @@ def _one_seed(settings: LabSettings, seed: int, progress: bool) -> dict:
     return run_seed(settings, seed, progress=progress, on_method=report)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; tests/test_records.py parses each record's command with it."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.lab", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2)")
     parser.add_argument("--methods", nargs="+", default=list(LAB_METHODS), choices=list(LAB_METHODS))
@@ -93,7 +94,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="the seconds-long test recipe (proves nothing)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="default: %(default)s")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
     settings = settings_for(args)
     command = "python -m benchmarks.lab " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     started = dt.datetime.now(dt.timezone.utc)

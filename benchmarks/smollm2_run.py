@@ -85,7 +85,8 @@ def short_eval(rows: Sequence[dict], evaluation: dict, k: int = 8) -> dict:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; tests/test_records.py parses each record's command with it."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output directory (history.jsonl, summary.json)")
     p.add_argument("--steps", type=int, default=200, help="most GRPO steps")
@@ -98,7 +99,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--preset", default="smollm2-cpu")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a GRPOConfig field")
     p.add_argument("--publish", action="store_true", help="also write the files chapter 9 reads into grpo_tutorial/data/")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.steps < 1 or args.max_train_minutes <= 0:
         raise ValueError(f"--steps must be >= 1 and --max-train-minutes > 0, got {args.steps} and {args.max_train_minutes}")
 

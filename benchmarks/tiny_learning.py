@@ -92,7 +92,8 @@ def format_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; tests/test_records.py parses each record's command with it."""
     parser = argparse.ArgumentParser(
         prog="python benchmarks/tiny_learning.py",
         description="Warm start + GRPO on the tiny model for each seed; held-out greedy accuracy "
@@ -105,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output (default: %(default)s)")
     parser.add_argument("--history", action="store_true", help="also store every GRPO history row in the JSON")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if any(s < 0 for s in args.seeds):
         parser.error(f"--seeds must be >= 0, got {args.seeds}")

@@ -379,3 +379,93 @@ def test_gsm8k_data_uses_gsm8k_when_it_loads(monkeypatch):
     assert train_rows == rows[:12] and eval_rows == rows[12:15]
     with pytest.raises(ValueError, match="n_eval must be a positive int, got 0"):
         gsm8k.gsm8k_data(n_eval=0)
+
+
+# ---------------------------------------------------------------------------
+# Resuming on Colab (issue 21, item 4): interrupted after step 1, resumed to step 2
+# ---------------------------------------------------------------------------
+
+
+def test_gsm8k_run_resumes_an_interrupted_run_to_the_same_history(tokenizer, tmp_path, monkeypatch):
+    """The 2-step CPU dry run, interrupted (Ctrl-C) after step 1 and resumed, equals an uninterrupted one."""
+    import json
+    import os
+    import signal
+
+    from grpo_tutorial import GRPOTrainer
+    from grpo_tutorial.chapters.gsm8k import EVAL_FILES
+    from grpo_tutorial.metrics import TIMING_KEYS
+
+    rows = read_gsm8k_jsonl(FIXTURE)
+    train_rows = [row for row in rows if len(row["answer"]) == 1]
+    eval_rows = [row for row in rows if len(row["answer"]) > 1][:4]
+    settings = dict(max_new_tokens=4, checkpoint_every=1)
+
+    def untimed(history):
+        return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in history]
+
+    whole = gsm8k_run(tiny_qwen2_answering_digits(tokenizer), tokenizer, GSM8K_PRESET, train_rows, eval_rows,
+                      steps=2, output_dir=tmp_path / "whole", **settings)
+    assert whole["resumed_from"] == 0 and whole["before_from"] is None
+    assert (tmp_path / "whole" / EVAL_FILES["before"]).is_file()
+
+    # Ctrl-C during step 1: the trainer finishes the step, saves a checkpoint and raises KeyboardInterrupt
+    real_step = GRPOTrainer.train_step
+
+    def interrupted_step(self, *args, **kwargs):
+        if self.step == 0:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "train_step", interrupted_step)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt, match="training interrupted after step 1"):
+        gsm8k_run(tiny_qwen2_answering_digits(tokenizer), tokenizer, GSM8K_PRESET, train_rows, eval_rows,
+                  steps=2, output_dir=run, **settings)
+    monkeypatch.setattr(GRPOTrainer, "train_step", real_step)
+    assert len((run / "history.jsonl").read_text().splitlines()) == 1
+
+    # a fresh process would load the untrained model again: resume from the checkpoint
+    evaluations = []
+    real_evaluate = GRPOTrainer.evaluate
+    monkeypatch.setattr(GRPOTrainer, "evaluate", lambda self, *a, **k: evaluations.append(1) or real_evaluate(self, *a, **k))
+    resumed = gsm8k_run(tiny_qwen2_answering_digits(tokenizer), tokenizer, GSM8K_PRESET, train_rows, eval_rows,
+                        steps=2, output_dir=run, resume=True, **settings)
+    assert resumed["resumed_from"] == 1
+    assert resumed["before_from"] == str(run / EVAL_FILES["before"])
+    assert len(evaluations) == 1  # only 'after': 'before' was read back, not repeated
+    assert untimed(resumed["history"]) == untimed(whole["history"])
+    assert resumed["before"]["correct"] == whole["before"]["correct"]
+    assert resumed["after"]["completions"] == whole["after"]["completions"]
+    assert [resumed["gain"], resumed["gain_se"]] == pytest.approx([whole["gain"], whole["gain_se"]], nan_ok=True)
+    stored = json.loads((run / EVAL_FILES["after"]).read_text())
+    assert stored["result"]["correct"] == resumed["after"]["correct"]
+
+
+def test_resume_refuses_what_it_cannot_honour(tokenizer, tmp_path):
+    rows = read_gsm8k_jsonl(FIXTURE)
+    train_rows = [row for row in rows if len(row["answer"]) == 1]
+    eval_rows = [row for row in rows if len(row["answer"]) > 1][:2]
+    model = tiny_qwen2_answering_digits(tokenizer)
+    with pytest.raises(ValueError, match="resume=True needs output_dir"):
+        gsm8k_run(model, tokenizer, GSM8K_PRESET, train_rows, eval_rows, steps=1, resume=True)
+    # a checkpoint without the stored 'before': the trained model cannot stand in for the untrained one
+    gsm8k_run(model, tokenizer, GSM8K_PRESET, train_rows, [], steps=1, output_dir=tmp_path, max_new_tokens=2,
+              checkpoint_every=1)
+    with pytest.raises(FileNotFoundError, match="holds a checkpoint but no matching eval_before.json"):
+        gsm8k_run(model, tokenizer, GSM8K_PRESET, train_rows, eval_rows, steps=2, output_dir=tmp_path,
+                  resume=True, max_new_tokens=2, checkpoint_every=1)
+
+
+def test_the_gpu_path_shows_a_progress_bar_with_the_reward(tokenizer, monkeypatch, capsys):
+    """progress=None: a tqdm bar with the step's reward where the model is on a GPU; the CPU run stays quiet."""
+    from grpo_tutorial.chapters import gsm8k
+
+    rows = [row for row in read_gsm8k_jsonl(FIXTURE) if len(row["answer"]) == 1]
+    model = tiny_qwen2_answering_digits(tokenizer)
+    gsm8k_run(model, tokenizer, GSM8K_PRESET, rows, (), steps=1, max_new_tokens=2)
+    assert "reward=" not in capsys.readouterr().err  # on the CPU: no bar
+    monkeypatch.setattr(gsm8k, "_on_gpu", lambda m: True)
+    gsm8k_run(model, tokenizer, GSM8K_PRESET, rows, (), steps=2, max_new_tokens=2)
+    err = capsys.readouterr().err
+    assert "GRPO" in err and "reward=" in err and "2/2" in err

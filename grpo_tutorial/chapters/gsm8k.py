@@ -9,7 +9,9 @@ The notebook's GPU branch, a user's script and the test
   ``{"question", "answer": "... #### N"}`` object a line), for offline use;
 - :func:`gsm8k_run` takes a loaded model and tokenizer and a preset (by default
   ``"qwen2.5-0.5b-colab-t4"``), turns on gradient checkpointing, evaluates
-  greedily on the held-out rows, trains, and evaluates again;
+  greedily on the held-out rows, trains, and evaluates again; with
+  ``output_dir`` it checkpoints and stores both evaluations there, and
+  ``resume=True`` continues an interrupted run to the same total of steps;
 - :func:`estimate_step_seconds` is a roofline estimate of one step's time from
   the FLOPs of generation and training and a GPU's peak FLOP rate and memory
   bandwidth (:data:`T4_FP32_FLOPS`, :data:`T4_BANDWIDTH`).
@@ -20,6 +22,7 @@ all come from the preset, so nothing here is specific to one model.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -30,6 +33,8 @@ from .presets import get_preset
 from .recipes import paired_gain
 from ..rewards import correctness_reward
 from ..tasks import DatasetUnavailableError, gsm8k_rows, load_gsm8k, train_test_split_arithmetic
+from ..checkpoint import dataset_fingerprint, find_checkpoint, read_meta, write_durably
+from ..rundir import disk_errors
 from ..trainer import GRPOConfig, GRPOTrainer
 
 __all__ = [
@@ -111,6 +116,12 @@ def gsm8k_data(n_eval: int = 200, *, seed: int = 0, timeout: float = 3.0) -> tup
 # ---------------------------------------------------------------------------
 
 
+#: The held-out evaluations gsm8k_run stores in its output directory, to read back on resume.
+EVAL_FILES = {"before": "eval_before.json", "after": "eval_after.json"}
+#: The config fields that decide what an evaluation sees (a stored one is reused only if they match).
+_EVAL_FIELDS = ("system_prompt", "use_chat_template", "max_new_tokens", "reward_weights")
+
+
 def gsm8k_run(
     model: Any,
     tokenizer: Any,
@@ -121,37 +132,55 @@ def gsm8k_run(
     *,
     reward_fns: Callable | Sequence[Callable] = correctness_reward,
     gradient_checkpointing: bool = True,
-    progress: bool = False,
+    progress: bool | None = None,
+    output_dir: str | os.PathLike | None = None,
+    resume: bool = False,
     **overrides: Any,
 ) -> dict:
-    """Chapter 9's GPU run: evaluate, train ``steps`` GRPO steps, evaluate again.
+    """Chapter 9's GPU run: evaluate, train to ``steps`` GRPO steps, evaluate again; resumable.
 
     Args:
         model, tokenizer: a loaded chat model in float32 (``load_policy(name,
             dtype="float32")``; 16-bit weights do not take updates of size lr,
             chapter 9.3) and its tokenizer. The trainer uses the tokenizer's chat
-            template when it has one, with the preset's system prompt.
+            template when it has one, with the preset's system prompt; the
+            evaluations use exactly what training uses (``trainer.evaluate``).
         preset: a preset name (:func:`~grpo_tutorial.chapters.presets.get_preset`) or a
             ready :class:`~grpo_tutorial.trainer.GRPOConfig`.
         train_rows, eval_rows: ``prompt``/``answer`` rows, e.g. from
             :func:`gsm8k_data` or :func:`read_gsm8k_jsonl`. ``eval_rows`` may be
             empty: then nothing is evaluated.
-        steps: GRPO steps.
+        steps: the total number of GRPO steps to reach (a resumed run continues
+            from its checkpoint to the same total).
         reward_fns: the reward (default: ``correctness_reward``, 1 when the
             number ``extract_answer`` finds equals the row's answer).
         gradient_checkpointing: recompute each layer's activations in the
             backward pass instead of storing them (less memory, one more forward).
             Needs a transformers model (``gradient_checkpointing_enable``); it
             stays on after the run.
-        progress: show the trainer's progress bar.
+        progress: the trainer's tqdm bar (the step's reward in its postfix).
+            None (default): on when the model is on a GPU, where a step takes
+            seconds to minutes; the CPU dry run prints its own lines.
+        output_dir: where the trainer writes ``history.jsonl`` and its
+            checkpoint (every ``checkpoint_every`` steps and at the end), and
+            where the evaluations go (:data:`EVAL_FILES`). None: nothing is
+            written and nothing can be resumed.
+        resume: continue the run in ``output_dir``: the model, optimizer, data
+            position and random state come from its checkpoint, the history is
+            cut to the checkpoint's step and training goes on to ``steps``, so
+            the history equals an uninterrupted run's (timings aside). The
+            'before' evaluation is read back from ``output_dir``, not repeated
+            (the model in memory is no longer the untrained one).
         overrides: ``GRPOConfig`` fields to change in a named preset.
 
     Returns:
         ``config``, ``history`` (one row per step), ``before`` and ``after``
-        (:meth:`GRPOTrainer.evaluate <grpo_tutorial.trainer.GRPOTrainer.evaluate>`'s dicts:
-        the same prompt, template and budget as training; or None without
-        ``eval_rows``), ``gain`` and ``gain_se`` (paired; NaN without
-        ``eval_rows``), ``train_seconds`` and ``trainer``.
+        (:meth:`GRPOTrainer.evaluate <grpo_tutorial.trainer.GRPOTrainer.evaluate>`'s
+        dicts, or None without ``eval_rows``), ``gain`` and ``gain_se`` (paired;
+        NaN without ``eval_rows``), ``train_seconds`` (this call's),
+        ``resumed_from`` (the step the checkpoint held; 0 for a fresh run),
+        ``before_from`` (the file the 'before' evaluation was read from, or None
+        when it was computed now) and ``trainer``.
     """
     if isinstance(preset, GRPOConfig):
         if overrides:
@@ -161,6 +190,12 @@ def gsm8k_run(
         config = get_preset(preset, **overrides)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if not isinstance(resume, bool):
+        raise TypeError(f"resume must be True or False, got {resume!r}")
+    if output_dir is not None:
+        config = dataclasses.replace(config, output_dir=os.fspath(output_dir))
+    if resume and config.output_dir is None:
+        raise ValueError("resume=True needs output_dir (the folder of the run to continue)")
     train_rows, eval_rows = list(train_rows), list(eval_rows)
     if not train_rows:
         raise ValueError("train_rows is empty; pass prompt/answer rows, e.g. from gsm8k_data()")
@@ -175,12 +210,34 @@ def gsm8k_run(
                 f"got {type(model).__name__} (pass gradient_checkpointing=False)"
             )
         enable()  # active in train mode only: generation (eval mode) keeps its KV cache
+    if progress is None:
+        progress = _on_gpu(model)
+    out = Path(config.output_dir) if config.output_dir is not None else None
     trainer = GRPOTrainer(model, tokenizer, reward_fns, config)
-    before = trainer.evaluate(eval_rows) if eval_rows else None
+
+    before, before_from = None, None
+    if eval_rows:
+        stored = _read_eval(out, "before", eval_rows, config) if resume else None
+        if stored is not None:
+            before, before_from = stored, str(out / EVAL_FILES["before"])
+        elif resume and find_checkpoint(out) is not None:
+            raise FileNotFoundError(
+                f"resume=True: {str(out)!r} holds a checkpoint but no matching {EVAL_FILES['before']} (written "
+                "before training by gsm8k_run, for the same eval_rows and prompt settings); the model in "
+                "memory is no longer the untrained one, so the 'before' evaluation cannot be made now"
+            )
+        else:
+            before = trainer.evaluate(eval_rows)
+            _write_eval(out, "before", before, eval_rows, config)
+    checkpoint = find_checkpoint(out) if resume else None
+    resumed_from = int(read_meta(checkpoint)["step"]) if checkpoint is not None else 0
     start = time.perf_counter()
-    history = trainer.train(train_rows, steps, progress=progress)
+    history = trainer.train(train_rows, steps, resume=resume, progress=progress)
     train_seconds = time.perf_counter() - start
-    after = trainer.evaluate(eval_rows) if eval_rows else None
+    after = None
+    if eval_rows:
+        after = trainer.evaluate(eval_rows)
+        _write_eval(out, "after", after, eval_rows, config)
     gain, gain_se = paired_gain(before["correct"], after["correct"]) if eval_rows else (float("nan"), float("nan"))
     return {
         "config": config,
@@ -190,8 +247,46 @@ def gsm8k_run(
         "gain": gain,
         "gain_se": gain_se,
         "train_seconds": train_seconds,
+        "resumed_from": resumed_from,
+        "before_from": before_from,
         "trainer": trainer,
     }
+
+
+def _on_gpu(model: Any) -> bool:
+    return any(p.is_cuda for p in model.parameters())
+
+
+def _eval_key(eval_rows: Sequence[dict], config: GRPOConfig) -> dict:
+    """What a stored evaluation must match to be reused: the problems and the prompt settings."""
+    return {"eval_rows": dataset_fingerprint(eval_rows), **{k: getattr(config, k) for k in _EVAL_FIELDS}}
+
+
+def _write_eval(out: Path | None, which: str, result: dict, eval_rows: Sequence[dict], config: GRPOConfig) -> None:
+    if out is None:
+        return
+    record = {"key": _eval_key(eval_rows, config), "result": {k: v for k, v in result.items() if k != "samples"}}
+    path = out / EVAL_FILES[which]
+    tmp = path.with_name(path.name + ".tmp")
+    with disk_errors(tmp, out):
+        out.mkdir(parents=True, exist_ok=True)
+        write_durably(tmp, (json.dumps(record, indent=1) + "\n").encode("utf-8"))
+        os.replace(tmp, path)
+
+
+def _read_eval(out: Path | None, which: str, eval_rows: Sequence[dict], config: GRPOConfig) -> dict | None:
+    """The stored evaluation, if it was made on these problems with these prompt settings."""
+    path = None if out is None else out / EVAL_FILES[which]
+    if path is None or not path.is_file():
+        return None
+    record = json.loads(path.read_text(encoding="utf-8"))
+    if record.get("key") != json.loads(json.dumps(_eval_key(eval_rows, config))):
+        return None
+    result = record["result"]
+    result["samples"] = [
+        {"prompt": r["prompt"], "completion": r["completion"], "answer": r["answer"]} for r in result["records"][:3]
+    ]
+    return result
 
 
 # ---------------------------------------------------------------------------

