@@ -1,7 +1,8 @@
 """Chapter 9's GPU run (``gsm8k_run``) end to end on CPU, with stand-ins for what needs a GPU.
 
-Everything comes from the GPU preset ``qwen2.5-0.5b-colab-t4`` unchanged (B=4
-prompts, G=8, micro-batches of 8, 256 new tokens, lr 1e-6, its system prompt),
+Everything comes from the GPU preset ``qwen2.5-0.5b-colab-t4`` unchanged (B=8
+prompts, G=8, micro-batches of 8, 256 new tokens, lr 5e-6, its system prompt and
+its two rewards),
 and gradient checkpointing is on, as in the notebook. Only three things differ
 from a Colab T4 session:
 
@@ -125,13 +126,13 @@ def test_bad_gsm8k_files_are_named(tmp_path):
 
 def test_gsm8k_run_two_steps_on_cpu_with_the_gpu_preset(tokenizer, monkeypatch):
     preset = get_preset(GSM8K_PRESET)
-    assert (preset.prompts_per_step, preset.group_size, preset.micro_batch_size, preset.max_new_tokens) == (4, 8, 8, 256)
+    assert (preset.prompts_per_step, preset.group_size, preset.micro_batch_size, preset.max_new_tokens) == (8, 8, 8, 256)
     updates = []  # optimizer updates: the preset must give ONE per generation batch
     real_step = torch.optim.AdamW.step
     monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: (updates.append(1), real_step(self, *a, **k))[1])
     rows = read_gsm8k_jsonl(FIXTURE)
     assert [row["answer"] for row in rows] == FIXTURE_ANSWERS  # the '####' numbers
-    # the stand-in answers one digit: train on the 8 one-digit problems (2 steps x 4
+    # the stand-in answers one digit: train on the 8 one-digit problems (each step's 8
     # prompts), so that a group of 8 mixes right and wrong; evaluate on the other 12
     train_rows = [row for row in rows if len(row["answer"]) == 1]
     eval_rows = [row for row in rows if len(row["answer"]) > 1]
@@ -162,9 +163,9 @@ def test_gsm8k_run_two_steps_on_cpu_with_the_gpu_preset(tokenizer, monkeypatch):
     # 2 steps x mu x (32 / 8) memory chunks, each run twice (forward, recompute); this
     # counts chunks, not optimizer updates, so it holds with gradient accumulation too
     chunks = 2 * config.num_iterations * (config.batch_completions // config.micro_size)
-    assert chunks == 8
+    assert chunks == 16
     assert len(grad_forwards) == 2 * chunks
-    assert len(updates) == 2  # 2 steps: each accumulates its 4 micro-batches into one on-policy update
+    assert len(updates) == 2  # 2 steps: each accumulates its 8 micro-batches into one on-policy update
 
     history = result["history"]
     assert [row["step"] for row in history] == [1, 2]
@@ -469,3 +470,16 @@ def test_the_gpu_path_shows_a_progress_bar_with_the_reward(tokenizer, monkeypatc
     gsm8k_run(model, tokenizer, GSM8K_PRESET, rows, (), steps=2, max_new_tokens=2)
     err = capsys.readouterr().err
     assert "GRPO" in err and "reward=" in err and "2/2" in err
+
+
+def test_boxed_reward_is_the_format_part_of_the_gpu_reward():
+    from grpo_tutorial.chapters.gsm8k import GSM8K_REWARDS, boxed_reward
+    from grpo_tutorial.rewards import compute_rewards
+
+    texts = ["so \\boxed{42}.", "the answer is 42", "\\boxed{}", "\\boxed{forty-two}", "\\boxed{41}"]
+    assert boxed_reward(texts) == [1.0, 0.0, 0.0, 0.0, 1.0]
+    assert boxed_reward([[{"role": "assistant", "content": "\\boxed{1,200}"}]]) == [1.0]
+    weights = get_preset(GSM8K_PRESET).reward_weights
+    total, _ = compute_rewards(list(GSM8K_REWARDS), weights, [""] * 5, texts, ["42"] * 5)
+    # right and boxed 1.1; right, unboxed 1.0 (the last number counts); no answer 0; boxed but wrong 0.1
+    assert [round(float(t), 6) for t in total] == [1.1, 1.0, 0.0, 0.0, 0.1]

@@ -36,10 +36,11 @@ def test_cpu_preset_values():
 
 def test_t4_preset_scores_in_micro_batches_and_updates_once_per_batch():
     cfg = get_preset("qwen2.5-0.5b-colab-t4")
-    assert cfg.batch_completions == 32
+    assert cfg.batch_completions == 64
     assert cfg.micro_batch_size == 8 and cfg.micro_size == 8  # memory: 8 completions per pass
     assert cfg.minibatch_size is None and cfg.updates_per_step == 1  # one on-policy update per generation batch
     assert "\\boxed{}" in cfg.system_prompt
+    assert cfg.reward_weights == [1.0, 0.1]  # correctness, and the small boxed-format component
 
 
 def test_get_preset_returns_independent_copies():
@@ -57,7 +58,7 @@ def test_get_preset_overrides_are_applied_and_validated():
     with pytest.raises(ValueError, match="group_size"):
         get_preset("smollm2-cpu", group_size=1)
     with pytest.raises(ValueError, match="minibatch_size"):
-        get_preset("qwen2.5-0.5b-colab-t4", minibatch_size=5)  # 32 % 5 != 0
+        get_preset("qwen2.5-0.5b-colab-t4", minibatch_size=5)  # 64 % 5 != 0
     with pytest.raises(ValueError, match="micro_batch_size"):
         get_preset("qwen2.5-0.5b-colab-t4", micro_batch_size=5)
 

@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 from .presets import get_preset
 from .recipes import paired_gain
+from ..answers import _last_boxed, _last_number, completion_to_text
 from ..rewards import correctness_reward
 from ..tasks import DatasetUnavailableError, gsm8k_rows, load_gsm8k, train_test_split_arithmetic
 from ..checkpoint import dataset_fingerprint, find_checkpoint, read_meta, write_durably
@@ -39,8 +40,10 @@ from ..trainer import GRPOConfig, GRPOTrainer
 
 __all__ = [
     "GSM8K_PRESET",
+    "GSM8K_REWARDS",
     "T4_BANDWIDTH",
     "T4_FP32_FLOPS",
+    "boxed_reward",
     "estimate_step_seconds",
     "forward_flops_per_token",
     "gsm8k_data",
@@ -50,6 +53,24 @@ __all__ = [
 
 #: The preset of chapter 9's GPU run.
 GSM8K_PRESET = "qwen2.5-0.5b-colab-t4"
+
+
+def boxed_reward(completions: Sequence, **kwargs: Any) -> list[float]:
+    """1.0 when a completion puts a number in a ``\\boxed{...}``, whatever the number; else 0.0.
+
+    The format part of chapter 9's GPU reward: with weight 0.1 beside
+    ``correctness_reward`` (weight 1), a boxed wrong answer earns 0.1 and an
+    answer the extractor has to guess (the last number of the text) earns no
+    format credit. ReFT's reward for GSM8K (Luong et al., 2024), which verl's
+    GSM8K example uses, is the same idea: 1 for a right answer, 0.1 for a wrong
+    one in the required format, 0 for none.
+    """
+    return [1.0 if (b := _last_boxed(completion_to_text(c))) is not None and _last_number(b) is not None else 0.0
+            for c in completions]
+
+
+#: The GPU run's reward functions; the preset's ``reward_weights`` are (1.0, 0.1).
+GSM8K_REWARDS = (correctness_reward, boxed_reward)
 
 #: NVIDIA T4, published peak: 8.1 TFLOP/s in float32 (no tensor cores in fp32).
 T4_FP32_FLOPS = 8.1e12
@@ -130,7 +151,7 @@ def gsm8k_run(
     eval_rows: Sequence[dict] = (),
     steps: int = 100,
     *,
-    reward_fns: Callable | Sequence[Callable] = correctness_reward,
+    reward_fns: Callable | Sequence[Callable] | None = None,
     gradient_checkpointing: bool = True,
     progress: bool | None = None,
     output_dir: str | os.PathLike | None = None,
@@ -152,8 +173,10 @@ def gsm8k_run(
             empty: then nothing is evaluated.
         steps: the total number of GRPO steps to reach (a resumed run continues
             from its checkpoint to the same total).
-        reward_fns: the reward (default: ``correctness_reward``, 1 when the
-            number ``extract_answer`` finds equals the row's answer).
+        reward_fns: the reward. None (default): :data:`GSM8K_REWARDS`
+            (``correctness_reward``, 1 when the number ``extract_answer`` finds
+            equals the row's answer, and :func:`boxed_reward`) when the config
+            has two ``reward_weights``, else ``correctness_reward`` alone.
         gradient_checkpointing: recompute each layer's activations in the
             backward pass instead of storing them (less memory, one more forward).
             Needs a transformers model (``gradient_checkpointing_enable``); it
@@ -213,6 +236,9 @@ def gsm8k_run(
     if progress is None:
         progress = _on_gpu(model)
     out = Path(config.output_dir) if config.output_dir is not None else None
+    if reward_fns is None:
+        two = config.reward_weights is not None and len(config.reward_weights) == len(GSM8K_REWARDS)
+        reward_fns = list(GSM8K_REWARDS) if two else correctness_reward
     trainer = GRPOTrainer(model, tokenizer, reward_fns, config)
 
     before, before_from = None, None
