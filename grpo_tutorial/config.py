@@ -256,7 +256,15 @@ class GRPOConfig:
         o = _OWNER
         check_choice(o, "importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
         eps_high = self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
-        if self.delta is not None and self.loss_type in ("cispo", "sapo"):
+        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
+            raise config_error(o, "importance_sampling_level", self.importance_sampling_level,
+                               "'sequence' with loss_type='luspo'",
+                               ": LUSPO scales GSPO's sequence-level loss by each sequence's length")
+        if self.loss_type == "vespo" and self.importance_sampling_level != "token":
+            raise config_error(o, "importance_sampling_level", self.importance_sampling_level,
+                               "'token' with loss_type='vespo'",
+                               ": VESPO builds its own sequence weight from the token log-ratios")
+        if self.delta is not None and self.loss_type in ("cispo", "sapo", "vespo"):
             raise config_error(o, "delta", self.delta, f"None with loss_type={self.loss_type!r}",
                                ": delta caps the clipped surrogate's ratio, which this loss type does not use")
         if is_number(eps_high):

@@ -19,14 +19,23 @@ For completion i, token t, with ratio rho = pi_theta / pi_old and advantage A_i:
 * ``"cispo"`` (MiniMax-M1): a clipped, detached weight times log pi, so clipped
   tokens keep a gradient; aggregated like ``"dapo"``.
 * ``"sapo"``: a sigmoid gate instead of the hard clip; aggregated like ``"grpo"``.
+* ``"luspo"`` (LUSPO): GSPO's clipped surrogate (it needs
+  ``importance_sampling_level="sequence"``), each sequence's loss scaled by its
+  length: the mean over sequences of the token *sums*.
+* ``"vespo"`` (VESPO): no clip; a detached Gamma-shaped weight of the sequence's
+  importance weight times A * log pi (REINFORCE's form); aggregated like ``"dapo"``.
 
 The other variant options (GSPO's sequence ratio, ``delta``, truncation
 masking, the high-entropy tokens, the entropy bonus, the off-policy mask) are
 keyword arguments with TRL's names; each is one function of
-:mod:`grpo_tutorial.objectives`. Their defaults leave the loss exactly as above.
+:mod:`grpo_tutorial.objectives`. So is ``use_bias_correction_kl``
+(DeepSeek-V3.2: the KL term times the ratio). Their defaults leave the loss
+exactly as above.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -38,11 +47,13 @@ from .objectives import (
     aggregate_tokens,
     entropy_bonus,
     high_entropy_mask,
+    importance_weighted_kl,
     importance_weights,
     masked_log_ratio,
     off_policy_mask,
     per_token_objective,
     truncation_mask,
+    vespo_weights,
 )
 
 __all__ = ["LOSS_TYPES", "aggregate_tokens", "grpo_loss", "sequence_logprob_loss"]
@@ -73,6 +84,11 @@ def grpo_loss(
     entropy_coef: float = 0.0,
     entropies: torch.Tensor | None = None,
     off_policy_mask_threshold: float | None = None,
+    use_bias_correction_kl: bool = False,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The GRPO loss (to minimise) and a dict of diagnostics.
 
@@ -85,9 +101,10 @@ def grpo_loss(
         beta: weight of the KL penalty.
         clip_eps: eps_low; the ratio may not go below ``1 - clip_eps``.
         clip_eps_high: eps_high (DAPO's clip-higher); defaults to ``clip_eps``.
-        loss_type: ``"grpo"``, ``"bnpo"``, ``"dapo"``, ``"dr_grpo"``, ``"cispo"``
-            or ``"sapo"``. ``"cispo"`` caps its weight at ``1 + clip_eps_high``
-            (TRL: at ``epsilon_high``; see :func:`~grpo_tutorial.objectives.cispo_objective`).
+        loss_type: ``"grpo"``, ``"bnpo"``, ``"dapo"``, ``"dr_grpo"``, ``"cispo"``,
+            ``"sapo"``, ``"luspo"`` or ``"vespo"``. ``"cispo"`` caps its weight at
+            ``1 + clip_eps_high`` (TRL: at ``epsilon_high``; see
+            :func:`~grpo_tutorial.objectives.cispo_objective`).
         max_completion_length: the constant for ``"dr_grpo"`` (default: T).
         kl_kind: which estimator (``"k1"``, ``"k2"``, ``"k3"``) the penalty uses.
         gradient_accumulation_steps, num_items_in_batch: the normalisers for an
@@ -111,13 +128,25 @@ def grpo_loss(
             ``entropy_coef != 0``.
         off_policy_mask_threshold: None, or drop the negative-advantage
             sequences whose mean log(pi_old / pi_theta) exceeds it (DeepSeek-V3.2).
+        use_bias_correction_kl: multiply the KL term by the (not detached)
+            importance weight (DeepSeek-V3.2; TRL's default is True, ours False,
+            see :class:`~grpo_tutorial.config.GRPOConfig`). The on-policy value
+            is unchanged; the gradient becomes the reverse KL's
+            (:func:`~grpo_tutorial.objectives.importance_weighted_kl`).
+        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: the shape
+            of VESPO's weight for A >= 0 and A < 0 (``loss_type="vespo"`` only;
+            :func:`~grpo_tutorial.objectives.vespo_weights`).
 
     Returns:
         ``(loss, stats)``: stats are plain floats, measured over masked tokens:
         ``clip_frac_low`` (ratio < 1-eps_low with A < 0: clipped, no gradient),
         ``clip_frac_high`` (ratio > 1+eps_high with A > 0), ``clip_frac`` (their
-        sum), ``kl`` (mean estimate; NaN when no ``ref_logp`` is given),
-        ``ratio_mean``, ``ratio_max``, ``adv_mean``, ``adv_std``.
+        sum), ``kl`` (mean of the KL term, times the ratio with
+        ``use_bias_correction_kl``; NaN when no ``ref_logp`` is given),
+        ``ratio_mean``, ``ratio_max``, ``adv_mean``, ``adv_std``; when
+        ``entropies`` are given, also ``entropy_sum`` and ``entropy_tokens``,
+        the sum of the entropies over the tokens the bonus acts on and their
+        count (adaptive entropy control measures the update's entropy with them).
     """
     one_of("loss_type", loss_type, LOSS_TYPES)
     one_of("kl_kind", kl_kind, KL_KINDS)
@@ -146,6 +175,10 @@ def grpo_loss(
         mask_truncated_completions, truncated, top_entropy_quantile, entropy_coef, entropies,
         off_policy_mask_threshold,
     )
+    _check_new_options(
+        loss_type, importance_sampling_level, delta, use_bias_correction_kl,
+        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg,
+    )
     mask = mask.to(logp.dtype)
     if mask.sum() == 0:
         raise ValueError("mask is all zeros: there are no completion tokens to train on")
@@ -153,10 +186,17 @@ def grpo_loss(
     loss_mask = truncation_mask(mask, truncated) if mask_truncated_completions else mask  # [N, T]
 
     adv = advantages.detach().to(logp.dtype)[:, None]  # [N, 1]
-    ratio = importance_weights(masked_log_ratio(logp, old_logp, mask), mask, importance_sampling_level)  # [N, T]
+    log_ratio = masked_log_ratio(logp, old_logp, mask)  # [N, T]
+    ratio = importance_weights(log_ratio, mask, importance_sampling_level)  # [N, T]
+    vespo_weight = None
+    if loss_type == "vespo":
+        vespo_weight = vespo_weights(
+            log_ratio, loss_mask, adv, vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg
+        )  # [N, 1], detached
     per_token = per_token_objective(
         loss_type, ratio, adv, logp, clip_eps=clip_eps, clip_eps_high=eps_high, delta=delta,
         sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
+        vespo_weight=vespo_weight,
     )  # [N, T]
     if off_policy_mask_threshold is not None:
         per_token = per_token * off_policy_mask(adv, logp, old_logp, loss_mask, off_policy_mask_threshold)  # [N, T]
@@ -169,14 +209,16 @@ def grpo_loss(
         # between policy and reference on pad tokens cannot turn into NaN grads.
         ref_safe = torch.where(mask.bool(), ref_logp.detach(), logp.detach())  # [N, T]
         kl = kl_estimate(logp, ref_safe, kind=kl_kind)  # [N, T]
+        if use_bias_correction_kl:
+            kl = importance_weighted_kl(kl, ratio)  # [N, T]
         if beta > 0:
             per_token = per_token + beta * kl  # [N, T]
     loss = aggregate_tokens(
         per_token, loss_mask, loss_type, max_completion_length,
         gradient_accumulation_steps=gradient_accumulation_steps, num_items_in_batch=num_items_in_batch,
     )
+    bonus_mask = loss_mask if keep is None else loss_mask * keep  # [N, T]: the tokens the bonus acts on
     if entropy_coef != 0.0:
-        bonus_mask = loss_mask if keep is None else loss_mask * keep  # [N, T]
         loss = loss - entropy_coef * entropy_bonus(entropies, bonus_mask, gradient_accumulation_steps)
 
     with torch.no_grad():
@@ -194,6 +236,9 @@ def grpo_loss(
             "adv_mean": float(advantages.mean()),
             "adv_std": float(advantages.std()) if advantages.numel() > 1 else 0.0,
         }
+        if entropies is not None:
+            stats["entropy_sum"] = float(torch.where(bonus_mask.bool(), entropies, 0.0).sum())
+            stats["entropy_tokens"] = float(bonus_mask.sum())
     return loss, stats
 
 
@@ -234,6 +279,31 @@ def _check_variant_options(
         same_shape(logp=logp, entropies=entropies)
     if off_policy_threshold is not None and not off_policy_threshold >= 0:
         raise ValueError(f"off_policy_mask_threshold must be None or >= 0, got {off_policy_threshold}")
+
+
+def _check_new_options(loss_type, level, delta, bias_correction, k_pos, lambda_pos, k_neg, lambda_neg) -> None:
+    """The options of TRL 1.16 added for issue 24: LUSPO, VESPO and the bias-corrected KL."""
+    if loss_type == "luspo" and level != "sequence":
+        raise ValueError(
+            f"loss_type='luspo' scales GSPO's sequence-level loss by the length; it needs "
+            f"importance_sampling_level='sequence', got {level!r}"
+        )
+    if loss_type == "vespo":
+        if level != "token":
+            raise ValueError(
+                f"loss_type='vespo' builds its own sequence weight from the token log-ratios; "
+                f"use importance_sampling_level='token', got {level!r}"
+            )
+        if delta is not None:
+            raise ValueError("delta caps the clipped surrogate's ratio; loss_type='vespo' has none (set delta=None)")
+    if not isinstance(bias_correction, bool):
+        raise ValueError(f"use_bias_correction_kl must be True or False, got {bias_correction!r}")
+    for name, value in (("vespo_k_pos", k_pos), ("vespo_k_neg", k_neg)):
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a number >= 0 (the power of w in VESPO's weight), got {value!r}")
+    for name, value in (("vespo_lambda_pos", lambda_pos), ("vespo_lambda_neg", lambda_neg)):
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a number > 0 (the decay rate in VESPO's weight), got {value!r}")
 
 
 def sequence_logprob_loss(seq_logp: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:

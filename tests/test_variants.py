@@ -257,6 +257,10 @@ def test_batch_baseline_skips_unscorable_completions():
         (dict(advantage_baseline="batch"), "scale_rewards must be 'batch' or 'none'"),
         (dict(max_sampling_rounds=0), "max_sampling_rounds must be an int >= 1"),
         (dict(clip_eps_high=4.0), "clip_eps_high must be None or a number in (0, 1)"),
+        (dict(loss_type="luspo"), "importance_sampling_level must be 'sequence' with loss_type='luspo'"),
+        (dict(loss_type="vespo", importance_sampling_level="sequence"),
+         "importance_sampling_level must be 'token' with loss_type='vespo'"),
+        (dict(loss_type="vespo", delta=2.0), "delta must be None with loss_type='vespo'"),
     ],
 )
 def test_config_rejects_bad_variant_options(kwargs, message):
@@ -407,6 +411,12 @@ def test_dynamic_sampling_resumes_exactly(tmp_path):
         (dict(importance_sampling_level="group"), "importance_sampling_level must be one of"),
         (dict(loss_type="sapo", sapo_temperature_pos=0.0), "sapo_temperature_pos must be > 0"),
         (dict(off_policy_mask_threshold=-0.1), "off_policy_mask_threshold must be None or >= 0"),
+        (dict(loss_type="luspo"), "needs importance_sampling_level='sequence', got 'token'"),
+        (dict(loss_type="vespo", importance_sampling_level="sequence"), "use importance_sampling_level='token'"),
+        (dict(loss_type="vespo", delta=2.0), "loss_type='vespo' has none"),
+        (dict(use_bias_correction_kl=1), "use_bias_correction_kl must be True or False, got 1"),
+        (dict(loss_type="vespo", vespo_k_neg=-1.0), "vespo_k_neg must be a number >= 0"),
+        (dict(loss_type="vespo", vespo_lambda_pos=0.0), "vespo_lambda_pos must be a number > 0"),
     ],
 )
 def test_grpo_loss_refuses_bad_variant_arguments(kwargs, message):
