@@ -36,3 +36,19 @@ def describe_environment(print_it: bool = True) -> dict[str, str]:
         for key, value in info.items():
             print(f"{key:<{width}} : {value}")
     return info
+
+
+def glue(name: str, value, display: bool = False):
+    """Record `value` under `name` for the book's ``{glue:text}`name:fmt``` role; return it.
+
+    The book build (MyST-NB) replaces the role by the value, so a re-run that changes
+    the number changes the sentence. Where MyST-NB is not installed (Colab) this does
+    nothing, and the role shows raw there: prefer a printed, asserted output for
+    sentences a Colab reader needs (CONTRIBUTING.md, "Numbers in prose").
+    """
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        return value
+    myst_glue(name, value, display=display)
+    return value
