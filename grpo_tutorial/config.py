@@ -14,9 +14,7 @@ from typing import Any, Sequence
 
 from ._checks import check_choice, check_int, check_number, config_error, is_number
 from .advantages import BASELINES, SCALES, STDS
-from .kl import KL_KINDS
-from .loss import LOSS_TYPES
-from .objectives import IMPORTANCE_SAMPLING_LEVELS
+from .loss import OPTION_NAMES, LossOptions
 
 __all__ = ["GRPOConfig"]
 
@@ -204,17 +202,11 @@ class GRPOConfig:
         check_number(o, "learning_rate", self.learning_rate, lambda v: v > 0,
                      "a positive number (e.g. 1e-4 for the tiny model)")
         check_number(o, "weight_decay", self.weight_decay, lambda v: v >= 0, "a number >= 0")
-        check_number(o, "beta", self.beta, lambda v: v >= 0, "a number >= 0 (0 = no KL penalty)")
-        check_number(o, "clip_eps", self.clip_eps, lambda v: 0 < v < 1, "a number in (0, 1), e.g. 0.2")
-        check_choice(o, "loss_type", self.loss_type, LOSS_TYPES)
-        if self.loss_type == "cispo":  # the cap 1 + clip_eps_high may lie far above 2 (TRL recommends 5)
-            check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: v > 0,
-                         "None or a number > 0 (CISPO's cap is 1 + clip_eps_high)", optional=True)
-        else:
+        self.loss_options()  # every setting of the loss, validated where the loss defines them (loss.py)
+        if self.loss_type != "cispo":  # a training run's clip range; only CISPO's cap lies far above 2
             check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: 0 < v < 1,
-                         "None or a number in (0, 1), e.g. 0.28", optional=True)
-        check_choice(o, "kl_kind", self.kl_kind, KL_KINDS)
-        self._check_variant_options()
+                         "None or a number in (0, 1), e.g. 0.28 (only CISPO takes a cap above 2)", optional=True)
+        self._check_sampling_options()
         check_choice(o, "scale_rewards", self.scale_rewards, SCALES)
         check_choice(o, "std", self.std, STDS)
         check_number(o, "max_grad_norm", self.max_grad_norm, lambda v: v > 0, "None or a number > 0", optional=True)
@@ -252,26 +244,10 @@ class GRPOConfig:
                 raise config_error(o, "output_dir", self.output_dir, "None or a path")
             self.output_dir = os.fspath(self.output_dir)
 
-    def _check_variant_options(self) -> None:
+    def _check_sampling_options(self) -> None:
         o = _OWNER
-        check_choice(o, "importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
-        eps_high = self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
-        if self.delta is not None and self.loss_type in ("cispo", "sapo"):
-            raise config_error(o, "delta", self.delta, f"None with loss_type={self.loss_type!r}",
-                               ": delta caps the clipped surrogate's ratio, which this loss type does not use")
-        if is_number(eps_high):
-            check_number(o, "delta", self.delta, lambda v: v > 1 + eps_high,
-                         f"None or a number > 1 + clip_eps_high = {1 + eps_high:g}", optional=True)
-        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
-            check_number(o, name, getattr(self, name), lambda v: v > 0, "a number > 0")
-        for name in ("mask_truncated_completions", "dynamic_sampling"):
-            if not isinstance(getattr(self, name), bool):
-                raise config_error(o, name, getattr(self, name), "True or False")
-        check_number(o, "top_entropy_quantile", self.top_entropy_quantile, lambda v: 0 <= v <= 1,
-                     "a number in [0, 1] (1.0 = every token; the 80/20 paper uses 0.2)")
-        check_number(o, "entropy_coef", self.entropy_coef, lambda v: True, "a number (0 = no entropy bonus)")
-        check_number(o, "off_policy_mask_threshold", self.off_policy_mask_threshold, lambda v: v >= 0,
-                     "None or a number >= 0 (e.g. 0.5)", optional=True)
+        if not isinstance(self.dynamic_sampling, bool):
+            raise config_error(o, "dynamic_sampling", self.dynamic_sampling, "True or False")
         check_choice(o, "advantage_baseline", self.advantage_baseline, BASELINES)
         if self.advantage_baseline == "batch" and self.scale_rewards == "group":
             raise config_error(o, "scale_rewards", self.scale_rewards,
@@ -280,10 +256,20 @@ class GRPOConfig:
                                "reward by it would blow up (REINFORCE++ uses scale_rewards='batch')")
         check_int(o, "max_sampling_rounds", self.max_sampling_rounds, 1)
 
+    def loss_options(self) -> LossOptions:
+        """Stage 6's settings as one validated, frozen :class:`~grpo_tutorial.loss.LossOptions`.
+
+        The fields of the same names, plus ``max_completion_length=max_new_tokens``.
+        It is what the trainer passes to :func:`~grpo_tutorial.loss.grpo_loss`;
+        a bad value raises ``ValueError`` naming ``GRPOConfig.<field>``.
+        """
+        values = {name: getattr(self, name) for name in OPTION_NAMES if name != "max_completion_length"}
+        return LossOptions(**values, max_completion_length=self.max_new_tokens, owner=_OWNER)
+
     @property
     def needs_entropy_grad(self) -> bool:
         """Whether the loss uses the current policy's per-token entropy."""
-        return self.top_entropy_quantile < 1.0 or self.entropy_coef != 0.0
+        return self.loss_options().needs_entropy
 
     @property
     def batch_completions(self) -> int:

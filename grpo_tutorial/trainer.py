@@ -408,10 +408,10 @@ class GRPOTrainer:
         the entropy (``top_entropy_quantile``, ``entropy_coef``), it is the
         current policy's, from this gradient pass, with its gradient (as TRL).
         """
-        cfg = self.config
+        options = self.config.loss_options()  # stage 6's settings, one validated object
         steps = len(rows) // micro
         truncated = rollout.truncated.to(mask.device)  # [N]
-        counted = mask * (~truncated)[:, None].to(mask.dtype) if cfg.mask_truncated_completions else mask  # [N, Tc]
+        counted = mask * (~truncated)[:, None].to(mask.dtype) if options.mask_truncated_completions else mask  # [N, Tc]
         tokens = counted[rows].sum()  # the whole update's counted tokens: dapo's (and cispo's) normaliser
         total = 0.0
         seconds = out["seconds"]
@@ -419,9 +419,9 @@ class GRPOTrainer:
             started = time.perf_counter()
             part = rows[start : start + micro]  # [m]
             entropies = None
-            if old_logp is None or cfg.needs_entropy_grad:
+            if old_logp is None or options.needs_entropy:
                 logp, entropies = self._logprobs(
-                    self.model, rollout, part, entropy=True, entropy_grad=cfg.needs_entropy_grad
+                    self.model, rollout, part, entropy=True, entropy_grad=options.needs_entropy
                 )  # [m, Tc] x2
                 if old_logp is None:
                     out["entropy"][part] = entropies.detach().float()
@@ -429,29 +429,10 @@ class GRPOTrainer:
                 logp = self._logprobs(self.model, rollout, part)  # [m, Tc]
             old = logp.detach() if old_logp is None else old_logp[part]  # [m, Tc]
             loss, stats = grpo_loss(
-                logp,
-                old,
-                advantages[part],
-                mask[part],
-                ref_logp=None if ref_logp is None else ref_logp[part],
-                beta=cfg.beta,
-                clip_eps=cfg.clip_eps,
-                clip_eps_high=cfg.clip_eps_high,
-                loss_type=cfg.loss_type,
-                max_completion_length=cfg.max_new_tokens,
-                kl_kind=cfg.kl_kind,
-                gradient_accumulation_steps=steps,
-                num_items_in_batch=tokens,
-                importance_sampling_level=cfg.importance_sampling_level,
-                delta=cfg.delta,
-                sapo_temperature_pos=cfg.sapo_temperature_pos,
-                sapo_temperature_neg=cfg.sapo_temperature_neg,
-                mask_truncated_completions=cfg.mask_truncated_completions,
-                truncated=truncated[part],
-                top_entropy_quantile=cfg.top_entropy_quantile,
-                entropy_coef=cfg.entropy_coef,
-                entropies=entropies if cfg.needs_entropy_grad else None,
-                off_policy_mask_threshold=cfg.off_policy_mask_threshold,
+                logp, old, advantages[part], mask[part], options=options,
+                ref_logp=None if ref_logp is None else ref_logp[part], truncated=truncated[part],
+                entropies=entropies if options.needs_entropy else None,
+                gradient_accumulation_steps=steps, num_items_in_batch=tokens,
             )
             out["stats"].append(stats)
             value = float(loss.detach())
@@ -678,24 +659,15 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, dataset: Sequence[dict], *, batch_size: int | None = None, num_samples: int = 3) -> dict:
-        """:func:`~grpo_tutorial.evaluation.evaluate_policy` with this trainer's model, rewards and settings.
+        """:func:`~grpo_tutorial.evaluation.evaluate_policy` with this trainer's model, rewards and config.
 
-        Returns ``accuracy``, ``reward_mean``, ``completion_len_mean``,
-        ``frac_truncated``, ``n`` and ``samples`` (the first ``num_samples``
-        prompt/completion/answer dicts); ``records`` holds every row.
+        The prompt, chat template, token budget and batch size are the ones the
+        trainer samples with. Returns ``accuracy`` and ``se``, ``reward_mean``,
+        ``completion_len_mean``, ``frac_truncated``, ``n``, ``seconds``,
+        ``correct`` and ``completions`` (one per row), ``records`` and
+        ``samples`` (the first ``num_samples`` prompt/completion/answer dicts).
         """
-        cfg = self.config
         return evaluate_policy(
-            self.model,
-            self.tokenizer,
-            dataset,
-            reward_fns=self.reward_fns,
-            reward_weights=cfg.reward_weights,
-            max_new_tokens=cfg.max_new_tokens,
-            batch_size=cfg.eval_batch_size if batch_size is None else batch_size,
-            system_prompt=cfg.system_prompt,
-            use_chat_template=cfg.use_chat_template,
-            accuracy_fn=self.accuracy_fn,
-            num_samples=num_samples,
-            onednn=cfg.onednn_generation,
+            self.model, self.tokenizer, dataset, self.config, reward_fns=self.reward_fns,
+            accuracy_fn=self.accuracy_fn, batch_size=batch_size, num_samples=num_samples,
         )

@@ -487,7 +487,7 @@ TENSOR_CASES = [
     ("loss-bool-mask-zero", lambda: grpo_loss(F, F, ADV, torch.zeros(2, 3, dtype=torch.bool)), ValueError, ["mask is all zeros"]),
     ("loss-beta-no-ref", lambda: grpo_loss(F, F, ADV, ONES, beta=0.1), ValueError, ["beta=0.1 > 0 needs ref_logp"]),
     ("loss-type", lambda: grpo_loss(F, F, ADV, ONES, loss_type="ppo"), ValueError, ["loss_type must be one of", "got 'ppo'"]),
-    ("loss-clip", lambda: grpo_loss(F, F, ADV, ONES, clip_eps=1.5), ValueError, ["clip_eps must lie in (0, 1), got 1.5"]),
+    ("loss-clip", lambda: grpo_loss(F, F, ADV, ONES, clip_eps=1.5), ValueError, ["LossOptions.clip_eps must be a number in (0, 1), e.g. 0.2, got 1.5"]),
     # sequence_logprob_loss
     ("seq-shape", lambda: sequence_logprob_loss(torch.zeros(3), ADV), ValueError, ["seq_logp has shape (3,) but advantages has (2,)"]),
     ("seq-int", lambda: sequence_logprob_loss(torch.zeros(2, dtype=torch.long), ADV), TypeError,

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import grpo_tutorial.trainer as trainer_module
 from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
 from grpo_tutorial.advantages import group_advantages
-from grpo_tutorial.loss import grpo_loss
+from grpo_tutorial.loss import OPTION_NAMES, LossOptions, grpo_loss
 from grpo_tutorial.objectives import (
     clipped_surrogate,
     high_entropy_mask,
@@ -243,16 +243,36 @@ def test_batch_baseline_skips_unscorable_completions():
 # ---------------------------------------------------------------------------
 
 
+#: Options of the loss: one validator (LossOptions), reached from the config and from grpo_loss's keywords.
+LOSS_OPTION_CASES = [
+    (dict(delta=1.1), "delta must be None or a number > 1 + clip_eps_high = 1.2, got 1.1"),
+    (dict(delta=2.0, loss_type="cispo"), "delta must be None with loss_type='cispo', got 2.0"),
+    (dict(delta=2.0, loss_type="sapo"), "delta must be None with loss_type='sapo', got 2.0"),
+    (dict(importance_sampling_level="seq"), "importance_sampling_level must be one of ['token', 'sequence']"),
+    (dict(sapo_temperature_neg=0.0), "sapo_temperature_neg must be a number > 0, got 0.0"),
+    (dict(loss_type="sapo", sapo_temperature_pos=0.0), "sapo_temperature_pos must be a number > 0, got 0.0"),
+    (dict(mask_truncated_completions=1), "mask_truncated_completions must be True or False, got 1"),
+    (dict(top_entropy_quantile=1.5), "top_entropy_quantile must be a number in [0, 1]"),
+    (dict(off_policy_mask_threshold=-1.0), "off_policy_mask_threshold must be None or a number >= 0"),
+    (dict(clip_eps=1.5), "clip_eps must be a number in (0, 1), e.g. 0.2, got 1.5"),
+    (dict(beta=-0.1), "beta must be a number >= 0 (0 = no KL penalty), got -0.1"),
+    (dict(kl_kind="k4"), "kl_kind must be one of ['k1', 'k2', 'k3'], got 'k4'"),
+]
+
+
+@pytest.mark.parametrize("kwargs, message", LOSS_OPTION_CASES)
+def test_the_config_and_grpo_loss_refuse_a_bad_loss_option_with_one_message(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(f"GRPOConfig.{message}")):
+        GRPOConfig(**kwargs)
+    with pytest.raises(ValueError, match=re.escape(f"LossOptions.{message}")):
+        grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), **kwargs)
+    with pytest.raises(ValueError, match=re.escape(f"LossOptions.{message}")):
+        LossOptions(**kwargs)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(delta=1.1), "delta must be None or a number > 1 + clip_eps_high = 1.2"),
-        (dict(delta=2.0, loss_type="cispo"), "delta must be None with loss_type='cispo'"),
-        (dict(importance_sampling_level="seq"), "importance_sampling_level must be one of"),
-        (dict(sapo_temperature_neg=0.0), "sapo_temperature_neg must be a number > 0"),
-        (dict(mask_truncated_completions=1), "mask_truncated_completions must be True or False"),
-        (dict(top_entropy_quantile=1.5), "top_entropy_quantile must be a number in [0, 1]"),
-        (dict(off_policy_mask_threshold=-1.0), "off_policy_mask_threshold must be None or a number >= 0"),
         (dict(advantage_baseline="mean"), "advantage_baseline must be one of"),
         (dict(advantage_baseline="batch"), "scale_rewards must be 'batch' or 'none'"),
         (dict(max_sampling_rounds=0), "max_sampling_rounds must be an int >= 1"),
@@ -262,6 +282,58 @@ def test_batch_baseline_skips_unscorable_completions():
 def test_config_rejects_bad_variant_options(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         GRPOConfig(**kwargs)
+
+
+def test_loss_options_are_one_frozen_object_shared_by_config_grpo_loss_and_trainer():
+    """Every LossOptions field is a GRPOConfig field and a grpo_loss keyword, with one default."""
+    import dataclasses
+    import inspect
+
+    config_defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    keyword_defaults = {k: p.default for k, p in inspect.signature(grpo_loss).parameters.items()}
+    for name in OPTION_NAMES:
+        default = getattr(LossOptions(), name)
+        assert keyword_defaults[name] == default, name
+        if name != "max_completion_length":
+            assert config_defaults[name] == default, name
+    options = GRPOConfig(loss_type="dapo", max_new_tokens=7, delta=1.5, entropy_coef=0.1).loss_options()
+    assert options == LossOptions(loss_type="dapo", max_completion_length=7, delta=1.5, entropy_coef=0.1)
+    assert options.needs_entropy and options.eps_high == 0.2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.beta = 1.0  # type: ignore[misc]
+    with pytest.raises(TypeError, match="options must be a LossOptions"):
+        grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), options={"delta": 2.0})
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(),
+        dict(loss_type="dapo", clip_eps_high=0.28, beta=0.1, kl_kind="k2"),
+        dict(loss_type="dr_grpo", max_completion_length=6, importance_sampling_level="sequence"),
+        dict(loss_type="cispo", clip_eps_high=4.0, mask_truncated_completions=True),
+        dict(loss_type="sapo", sapo_temperature_pos=0.7, top_entropy_quantile=0.5, entropy_coef=0.05),
+        dict(delta=1.6, off_policy_mask_threshold=0.1),
+    ],
+)
+def test_grpo_loss_gives_the_same_bits_with_options_or_keywords(settings):
+    gen = torch.Generator().manual_seed(0)
+    logp = -torch.rand(4, 5, generator=gen, dtype=torch.float64)
+    old = logp + 0.3 * torch.randn(4, 5, generator=gen, dtype=torch.float64)
+    ref = logp + 0.1 * torch.randn(4, 5, generator=gen, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]], dtype=torch.float64)
+    adv = torch.tensor([1.0, -0.5, 0.25, -1.0], dtype=torch.float64)
+    tensors = dict(ref_logp=ref, truncated=torch.tensor([False, True, False, False]),
+                   entropies=torch.rand(4, 5, generator=gen, dtype=torch.float64))
+    results = []
+    for how in ("keywords", "options"):
+        x = logp.clone().requires_grad_(True)
+        kwargs = settings if how == "keywords" else {"options": LossOptions(**settings)}
+        loss, stats = grpo_loss(x, old, adv, mask, **tensors, **kwargs)
+        loss.backward()
+        results.append((loss.detach(), x.grad, stats))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert results[0][2] == results[1][2]
 
 
 def test_cispo_accepts_a_cap_above_two():
@@ -400,13 +472,8 @@ def test_dynamic_sampling_resumes_exactly(tmp_path):
         (dict(mask_truncated_completions=True, truncated=torch.tensor([1, 0])), "bool tensor of shape (2,)"),
         (dict(top_entropy_quantile=0.2), "need entropies"),
         (dict(entropy_coef=0.1), "need entropies"),
-        (dict(top_entropy_quantile=1.2, entropies=torch.zeros(2, 3)), "top_entropy_quantile must lie in [0, 1]"),
         (dict(entropy_coef=0.1, entropies=torch.zeros(2, 4)), "shape mismatch"),
-        (dict(delta=1.1), "delta must be None or > 1 + clip_eps_high = 1.2"),
-        (dict(delta=2.0, loss_type="sapo"), "loss_type='sapo' has none"),
-        (dict(importance_sampling_level="group"), "importance_sampling_level must be one of"),
-        (dict(loss_type="sapo", sapo_temperature_pos=0.0), "sapo_temperature_pos must be > 0"),
-        (dict(off_policy_mask_threshold=-0.1), "off_policy_mask_threshold must be None or >= 0"),
+        (dict(options=LossOptions(), delta=2.0), "got options and also the keyword(s) ['delta']"),
     ],
 )
 def test_grpo_loss_refuses_bad_variant_arguments(kwargs, message):
