@@ -40,32 +40,25 @@ import torch
 
 from ._checks import is_int
 from .advantages import group_advantages, zero_std_groups
-from .checkpoint import (
-    config_changes,
-    history_until,
-    HISTORY_FILE,
-    append_history,
-    dataset_fingerprint,
-    find_checkpoint,
-    load_model_state,
-    read_checkpoint,
-    read_history,
-    read_meta,
-    write_checkpoint,
-    write_history,
-)
 from .config import GRPOConfig
 from .evaluation import evaluate_policy
 from .logprobs import completion_logprobs
 from .loss import grpo_loss
-from .interrupt import StopAfterStep
-from .metrics import TIMING_KEYS, GRPOWarning, StageClock, WarnOnce, check_failure_modes, step_row
+from .metrics import TIMING_KEYS, StageClock, check_failure_modes, step_row
 from .models import disable_dropout
 from .optim import make_optimizer, trainable_parameters
 from .rewards import compute_rewards, extra_columns, judge_correct, reward_function_list, reward_function_means
 from .rollout import Rollout, concat_groups, generate_rollouts
-from .rundir import disk_errors, run_lock
-from .seeding import MINIBATCHES, RESAMPLING, SAMPLING, capture_rng_state, derive_seed, next_batch, restore_rng_state, stream_generator, stream_seed
+from .run.checkpoint import capture_rng_state, config_changes, load_model_state, read_checkpoint, restore_rng_state, write_checkpoint
+from .run.disk import disk_errors
+from .run.history import append_history, history_until, read_history, write_history
+from .run.interrupt import StopAfterStep
+from .run.layout import HISTORY_FILE, find_checkpoint, read_meta
+from .run.lock import run_lock
+from .run.progress import progress_bar
+from .run.state import dataset_fingerprint
+from .run.warn import GRPOWarning, WarnOnce
+from .seeding import MINIBATCHES, RESAMPLING, SAMPLING, derive_seed, next_batch, stream_generator, stream_seed
 from .tasks import as_rows, check_rows, validate_for_model
 
 __all__ = [
@@ -497,7 +490,7 @@ class GRPOTrainer:
         if path is None:
             return False
         state, meta = read_checkpoint(path)
-        changed = config_changes(meta["config"], self.config.to_dict())
+        changed = config_changes(meta["config"], self.config.to_dict(), GRPOConfig().to_dict())
         if changed:
             warnings.warn(
                 f"resuming from {path} with a different config ({changed}); the resumed run will not "
@@ -578,7 +571,7 @@ class GRPOTrainer:
         consistent, so calling ``train`` again continues. A second Ctrl-C
         aborts the step at once; resume from the last checkpoint then.
         """
-        with run_lock(self.config.output_dir):  # one run per output directory (rundir.py)
+        with run_lock(self.config.output_dir):  # one run per output directory (run/lock.py)
             return self._train(dataset, steps, resume=resume, progress=progress)
 
     def _train(self, dataset: Sequence[dict], steps: int, *, resume: bool, progress: bool) -> list[dict]:
@@ -619,8 +612,6 @@ class GRPOTrainer:
 
         bar = None
         if progress:
-            from ._progress import progress_bar
-
             bar = progress_bar(total=steps, desc="GRPO", initial=min(self.step, steps), unit="step", dynamic_ncols=True)
         saved_at = self.step  # nothing new to save unless a step runs
         try:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .._checks import is_int
-from .._progress import progress_bar
+from ..run.progress import progress_bar
 from .recipes import TinyAdditionRecipe, build_recipe_model, heldout_accuracy, make_recipe_data, warm_start
 from ..rewards import answers_match, correctness_reward, extract_answer
 from ..rollout import generate_rollouts
