@@ -369,16 +369,10 @@ def _claim_out(out: Path) -> Any:
 
 
 def _evaluate(model: Any, tokenizer: Any, rows: list, reward_fns: Any, config: Any, task: str, **kwargs: Any) -> dict:
-    """Greedy held-out evaluation with a run's settings (no trainer is built for it)."""
+    """Greedy held-out evaluation with a run's config (no trainer is built for it)."""
     from .evaluation import evaluate_policy
 
-    if kwargs.get("batch_size") is None:
-        kwargs["batch_size"] = config.eval_batch_size
-    return evaluate_policy(
-        model, tokenizer, rows, reward_fns=reward_fns, reward_weights=config.reward_weights,
-        max_new_tokens=config.max_new_tokens, system_prompt=config.system_prompt,
-        use_chat_template=config.use_chat_template, accuracy_fn=accuracy_fn_for(task), **kwargs,
-    )
+    return evaluate_policy(model, tokenizer, rows, config, reward_fns=reward_fns, accuracy_fn=accuracy_fn_for(task), **kwargs)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -474,6 +468,8 @@ def _train(args: argparse.Namespace, out: Path) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from .config import GRPOConfig
     from .run.checkpoint import load_model_state
     from .run.layout import find_checkpoint
@@ -505,12 +501,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         task, tiny=tiny, n_train=1, n_eval=n, seed=data_seed, digits=digits
     )
     model, tokenizer = _load_model(args, seed)
-    config_values: dict[str, Any] = {}
-    if args.checkpoint is not None:
+    config_values: dict[str, Any]
+    if args.checkpoint is not None:  # evaluate as the run trained: its whole config
         meta = load_model_state(model, args.checkpoint)
-        config_values = {k: meta["config"][k] for k in ("max_new_tokens", "system_prompt", "use_chat_template")}
+        fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+        config_values = {k: v for k, v in meta["config"].items() if k in fields and k != "output_dir"}
     else:
-        config_values["max_new_tokens"] = PRESETS["tiny" if tiny else "chat"]["max_new_tokens"]
+        config_values = dict(PRESETS["tiny" if tiny else "chat"])
     if args.max_new_tokens is not None:
         config_values["max_new_tokens"] = args.max_new_tokens
     if args.system_prompt is not None:

@@ -650,24 +650,15 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, dataset: Sequence[dict], *, batch_size: int | None = None, num_samples: int = 3) -> dict:
-        """:func:`~grpo_tutorial.evaluation.evaluate_policy` with this trainer's model, rewards and settings.
+        """:func:`~grpo_tutorial.evaluation.evaluate_policy` with this trainer's model, rewards and config.
 
-        Returns ``accuracy``, ``reward_mean``, ``completion_len_mean``,
-        ``frac_truncated``, ``n`` and ``samples`` (the first ``num_samples``
-        prompt/completion/answer dicts); ``records`` holds every row.
+        The prompt, chat template, token budget and batch size are the ones the
+        trainer samples with. Returns ``accuracy`` and ``se``, ``reward_mean``,
+        ``completion_len_mean``, ``frac_truncated``, ``n``, ``seconds``,
+        ``correct`` and ``completions`` (one per row), ``records`` and
+        ``samples`` (the first ``num_samples`` prompt/completion/answer dicts).
         """
-        cfg = self.config
         return evaluate_policy(
-            self.model,
-            self.tokenizer,
-            dataset,
-            reward_fns=self.reward_fns,
-            reward_weights=cfg.reward_weights,
-            max_new_tokens=cfg.max_new_tokens,
-            batch_size=cfg.eval_batch_size if batch_size is None else batch_size,
-            system_prompt=cfg.system_prompt,
-            use_chat_template=cfg.use_chat_template,
-            accuracy_fn=self.accuracy_fn,
-            num_samples=num_samples,
-            onednn=cfg.onednn_generation,
+            self.model, self.tokenizer, dataset, self.config, reward_fns=self.reward_fns,
+            accuracy_fn=self.accuracy_fn, batch_size=batch_size, num_samples=num_samples,
         )
