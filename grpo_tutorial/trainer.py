@@ -20,7 +20,7 @@ entropy options, the off-policy mask) are :class:`GRPOConfig` fields that stage 
 passes to ``grpo_loss``.
 
 :meth:`GRPOTrainer.train` loops over a dataset, appends to ``history.jsonl`` and
-saves atomic checkpoints (checkpoint.py), so a run killed at any moment and
+saves atomic checkpoints (run/checkpoint.py), so a run killed at any moment and
 resumed gives the same history as one never interrupted (on CPU, same seed).
 Only wall-clock fields (:data:`TIMING_KEYS`) differ. Randomness comes from named
 seed streams (seeding.py); building a trainer touches no global RNG.
