@@ -241,7 +241,9 @@ def write_checkpoint(root: Path, state: dict, meta: dict) -> Path:
 
 
 #: Fields that may change between a run and its resumption without changing its numbers.
-RESUME_FREE_FIELDS = frozenset({"output_dir", "log_every", "checkpoint_every", "eval_batch_size"})
+RESUME_FREE_FIELDS = frozenset(
+    {"output_dir", "log_every", "checkpoint_every", "eval_batch_size", "log_completions", "num_completions_to_print"}
+)
 
 
 def config_changes(saved: dict, current: dict) -> str:

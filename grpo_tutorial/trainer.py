@@ -29,6 +29,7 @@ seed streams (seeding.py); building a trainer touches no global RNG.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import time
@@ -39,7 +40,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ._checks import is_int
-from .advantages import group_advantages, zero_std_groups
+from .advantages import group_advantages, normalize_then_sum, zero_std_groups
 from .checkpoint import (
     config_changes,
     history_until,
@@ -58,6 +59,7 @@ from .config import GRPOConfig
 from .evaluation import evaluate_policy
 from .logprobs import completion_logprobs
 from .loss import grpo_loss
+from .objectives import adapt_entropy_coef, applied_entropy_coef
 from .interrupt import StopAfterStep
 from .metrics import TIMING_KEYS, GRPOWarning, StageClock, WarnOnce, check_failure_modes, step_row
 from .models import disable_dropout
@@ -133,6 +135,9 @@ class GRPOTrainer:
         self.step = 0
         self.history: list[dict] = []
         self.skipped_updates = 0
+        # adaptive entropy control (Skywork-OR1): the coefficient, and the entropy of the last update (none yet)
+        self._entropy_coef = float(config.entropy_coef)
+        self._last_entropy = math.inf
         self._epoch = 0  # data position: epoch and index into its permutation
         self._index = 0
         self._warn = WarnOnce()
@@ -234,10 +239,14 @@ class GRPOTrainer:
         chosen = rounds[0] if len(rounds) == 1 else self._keep_signal_groups(rounds)
         rollout, rewards, per_fn, correct = chosen["rollout"], chosen["rewards"], chosen["per_fn"], chosen["correct"]
 
-        # stage 3: group-relative advantages
-        advantages = group_advantages(
-            rewards, G, scale=cfg.scale_rewards, std=cfg.std, nan="skip", baseline=cfg.advantage_baseline
-        )  # [N]
+        # stage 3: group-relative advantages (GDPO: of each reward function, then of their weighted sum)
+        if cfg.multi_objective_aggregation == "normalize_then_sum":
+            per_function = torch.stack(list(per_fn.values()), dim=1)  # [N, K]
+            advantages = normalize_then_sum(per_function, G, cfg.reward_weights, std=cfg.std)  # [N]
+        else:
+            advantages = group_advantages(
+                rewards, G, scale=cfg.scale_rewards, std=cfg.std, nan="skip", baseline=cfg.advantage_baseline
+            )  # [N]
         advantages = advantages.to(rollout.completion_ids.device)  # [N]
         mask = rollout.completion_mask  # [N, Tc]
 
@@ -266,6 +275,8 @@ class GRPOTrainer:
             lr=update["lr"], skipped_updates=self.skipped_updates, seconds={**clock.done(), **update["seconds"]},
         )
         row["groups_drawn"] = groups_drawn
+        if cfg.use_adaptive_entropy or cfg.entropy_coef != 0.0:
+            row["entropy_coef"] = self._entropy_coef  # after the step's last update, as TRL logs it
         check_failure_modes(
             row, self.history, group_size=G, learning_rate=cfg.learning_rate,
             max_new_tokens=cfg.max_new_tokens, warn=self._warn,
@@ -408,7 +419,13 @@ class GRPOTrainer:
         the entropy (``top_entropy_quantile``, ``entropy_coef``), it is the
         current policy's, from this gradient pass, with its gradient (as TRL).
         """
-        options = self.config.loss_options()  # stage 6's settings, one validated object
+        cfg = self.config
+        options = cfg.loss_options()  # stage 6's settings, one validated object
+        if cfg.use_adaptive_entropy:  # this update's coefficient: the controller's, if the entropy is low
+            coef = applied_entropy_coef(self._entropy_coef, self._last_entropy, cfg.entropy_target)
+            options = dataclasses.replace(options, entropy_coef=coef)
+        measure = options.needs_entropy or cfg.use_adaptive_entropy  # grpo_loss gets (and sums) the entropies
+        entropy_sum, entropy_tokens = 0.0, 0.0
         steps = len(rows) // micro
         truncated = rollout.truncated.to(mask.device)  # [N]
         counted = mask * (~truncated)[:, None].to(mask.dtype) if options.mask_truncated_completions else mask  # [N, Tc]
@@ -419,7 +436,7 @@ class GRPOTrainer:
             started = time.perf_counter()
             part = rows[start : start + micro]  # [m]
             entropies = None
-            if old_logp is None or options.needs_entropy:
+            if old_logp is None or measure:
                 logp, entropies = self._logprobs(
                     self.model, rollout, part, entropy=True, entropy_grad=options.needs_entropy
                 )  # [m, Tc] x2
@@ -431,10 +448,12 @@ class GRPOTrainer:
             loss, stats = grpo_loss(
                 logp, old, advantages[part], mask[part], options=options,
                 ref_logp=None if ref_logp is None else ref_logp[part], truncated=truncated[part],
-                entropies=entropies if options.needs_entropy else None,
+                entropies=entropies if measure else None,
                 gradient_accumulation_steps=steps, num_items_in_batch=tokens,
             )
             out["stats"].append(stats)
+            if measure:
+                entropy_sum, entropy_tokens = entropy_sum + stats["entropy_sum"], entropy_tokens + stats["entropy_tokens"]
             value = float(loss.detach())
             total += value
             seconds["forward_seconds"] += time.perf_counter() - started
@@ -443,6 +462,12 @@ class GRPOTrainer:
             started = time.perf_counter()
             loss.backward()
             seconds["backward_seconds"] += time.perf_counter() - started
+        if cfg.use_adaptive_entropy:  # the update's entropy sets the next update's coefficient
+            self._last_entropy = entropy_sum / max(entropy_tokens, 1.0)
+            self._entropy_coef = adapt_entropy_coef(
+                self._entropy_coef, self._last_entropy, target=cfg.entropy_target, delta=cfg.entropy_coef_delta,
+                coef_min=cfg.entropy_coef_min, coef_max=cfg.entropy_coef_max,
+            )
         return total
 
     def _skip_update(self, reason: str) -> None:
@@ -481,6 +506,10 @@ class GRPOTrainer:
             "data_seed": self.config.seed,
             "dataset_fingerprint": self._dataset_fingerprint,
             "skipped_updates": self.skipped_updates,
+            "entropy_control": {  # adaptive entropy control's state (None: no entropy measured yet)
+                "coef": self._entropy_coef,
+                "last_entropy": None if math.isinf(self._last_entropy) else self._last_entropy,
+            },
             "warned": sorted(self._warn.issued),
             "config": self.config.to_dict(),
         }
@@ -523,6 +552,9 @@ class GRPOTrainer:
         self._epoch, self._index = int(meta["epoch"]), int(meta["index"])
         self._dataset_fingerprint = meta["dataset_fingerprint"]
         self.skipped_updates = int(meta["skipped_updates"])
+        control = meta.get("entropy_control") or {"coef": self.config.entropy_coef, "last_entropy": None}
+        self._entropy_coef = float(control["coef"])
+        self._last_entropy = math.inf if control["last_entropy"] is None else float(control["last_entropy"])
         self._warn = WarnOnce(meta["warned"])
         self.history = history_until(root, meta)
         return True
