@@ -3,9 +3,9 @@
 A reward curve alone hides what the model actually writes. With
 ``GRPOConfig.log_completions`` (TRL's name), every ``log_every`` steps the
 trainer picks ``num_completions_to_print`` of the step's completions (all of
-them when it is None, TRL's default), shows them under the progress bar and
-appends them to ``output_dir/completions.jsonl``, one JSON object per
-completion::
+them when it is None, TRL's default), prints them (with the progress bar's
+``write`` when there is a bar, so the bar stays below them) and appends them to
+``output_dir/completions.jsonl``, one JSON object per completion::
 
     {"step": 12, "prompt": "3+4=", "completion": "7", "reward": 1.0,
      "rewards": {"correctness_reward": 1.0}, "advantage": 0.87}

@@ -687,7 +687,7 @@ class GRPOTrainer:
                         if self.step % cfg.log_every == 0:
                             bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row['kl']:.4f}")
                     if cfg.log_completions and self.step % cfg.log_every == 0:
-                        self._log_completions(completions_file, bar if progress else None)
+                        self._log_completions(completions_file, bar)
                     if out is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                         save()
                         saved_at = self.step
@@ -707,7 +707,11 @@ class GRPOTrainer:
         return self.history
 
     def _log_completions(self, file, bar) -> None:
-        """``log_completions``: this step's sample of completions, to ``completions.jsonl`` and under the bar."""
+        """``log_completions``: this step's sample of completions, to ``completions.jsonl`` and the console.
+
+        They are printed with the progress bar's ``write`` (the bar stays at the bottom), or plainly
+        without a bar, as TRL prints its sample whatever the progress setting.
+        """
         prompts, completions, rewards, per_fn, advantages = self._last_batch
         rows = sample_completions(
             self.step, prompts, completions, rewards.tolist(), {k: v.tolist() for k, v in per_fn.items()},
@@ -716,8 +720,11 @@ class GRPOTrainer:
         if file is not None:
             with disk_errors(Path(file.name), Path(file.name).parent):
                 append_completions(file, rows)
+        text = format_completions(rows, total=len(completions))
         if bar is not None:
-            bar.write(format_completions(rows, total=len(completions)))
+            bar.write(text)
+        else:
+            print(text, flush=True)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, dataset: Sequence[dict], *, batch_size: int | None = None, num_samples: int = 3) -> dict:
