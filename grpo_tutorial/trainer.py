@@ -41,6 +41,13 @@ import torch
 
 from ._checks import is_int
 from .advantages import group_advantages, normalize_then_sum, zero_std_groups
+from .completions_log import (
+    COMPLETIONS_FILE,
+    append_completions,
+    format_completions,
+    sample_completions,
+    truncate_completions,
+)
 from .config import GRPOConfig
 from .evaluation import evaluate_policy
 from .logprobs import completion_logprobs
@@ -241,6 +248,7 @@ class GRPOTrainer:
                 rewards, G, scale=cfg.scale_rewards, std=cfg.std, nan="skip", baseline=cfg.advantage_baseline
             )  # [N]
         advantages = advantages.to(rollout.completion_ids.device)  # [N]
+        self._last_batch = (rollout.prompts, rollout.completions, rewards, per_fn, advantages)  # for log_completions
         mask = rollout.completion_mask  # [N, Tc]
 
         # stage 4: old log-probs (the policy that sampled), unless this step is exactly on-policy
@@ -630,16 +638,21 @@ class GRPOTrainer:
             )
         self._dataset_fingerprint = fingerprint
 
-        history_file = None
+        history_file = completions_file = None
         if out is not None:
             write_history(out / HISTORY_FILE, self.history)
             with disk_errors(out / HISTORY_FILE, out):
                 history_file = open(out / HISTORY_FILE, "a", encoding="utf-8")
+                truncate_completions(out / COMPLETIONS_FILE, self.step)  # like the history: to the checkpoint's step
+                if cfg.log_completions:
+                    completions_file = open(out / COMPLETIONS_FILE, "a", encoding="utf-8")
             self._appending_to = out
 
         def save() -> Path:
             with disk_errors(out / HISTORY_FILE, out):
                 os.fsync(history_file.fileno())
+                if completions_file is not None:
+                    os.fsync(completions_file.fileno())
             return self.save_checkpoint(out)
 
         bar = None
@@ -664,6 +677,8 @@ class GRPOTrainer:
                         bar.update(1)
                         if self.step % cfg.log_every == 0:
                             bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row['kl']:.4f}")
+                    if cfg.log_completions and self.step % cfg.log_every == 0:
+                        self._log_completions(completions_file, bar)
                     if out is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                         save()
                         saved_at = self.step
@@ -678,7 +693,29 @@ class GRPOTrainer:
                 bar.close()
             if history_file is not None:
                 history_file.close()
+            if completions_file is not None:
+                completions_file.close()
         return self.history
+
+    def _log_completions(self, file, bar) -> None:
+        """``log_completions``: this step's sample of completions, to ``completions.jsonl`` and the console.
+
+        They are printed with the progress bar's ``write`` (the bar stays at the bottom), or plainly
+        without a bar, as TRL prints its sample whatever the progress setting.
+        """
+        prompts, completions, rewards, per_fn, advantages = self._last_batch
+        rows = sample_completions(
+            self.step, prompts, completions, rewards.tolist(), {k: v.tolist() for k, v in per_fn.items()},
+            advantages.tolist(), count=self.config.num_completions_to_print, seed=self.config.seed,
+        )
+        if file is not None:
+            with disk_errors(Path(file.name), Path(file.name).parent):
+                append_completions(file, rows)
+        text = format_completions(rows, total=len(completions))
+        if bar is not None:
+            bar.write(text)
+        else:
+            print(text, flush=True)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, dataset: Sequence[dict], *, batch_size: int | None = None, num_samples: int = 3) -> dict:
