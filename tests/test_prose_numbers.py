@@ -73,8 +73,6 @@ NOT_YET_CONVERTED: dict[str, str] = {
     "04_clipped_objective.ipynb": "E25a, issue 25",
     "08_tiny_transformer.ipynb": "E25b, issue 25",
     "09_real_llm.ipynb": "E21, issue 21/25",
-    "10_variants_and_pitfalls.ipynb": "E25b, issue 25",
-    "12_grpo_lab.ipynb": "E25b, issue 25",
 }
 
 # Constants of the method that prose may name without a code cell typing them.
