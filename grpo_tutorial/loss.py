@@ -19,11 +19,16 @@ For completion i, token t, with ratio rho = pi_theta / pi_old and advantage A_i:
 * ``"cispo"`` (MiniMax-M1): a clipped, detached weight times log pi, so clipped
   tokens keep a gradient; aggregated like ``"dapo"``.
 * ``"sapo"``: a sigmoid gate instead of the hard clip; aggregated like ``"grpo"``.
+* ``"luspo"`` (LUSPO): GSPO's clipped surrogate (it needs
+  ``importance_sampling_level="sequence"``), each sequence's loss scaled by its
+  length: the mean over sequences of the token *sums*.
+* ``"vespo"`` (VESPO): no clip; a detached Gamma-shaped weight of the sequence's
+  importance weight times A * log pi (REINFORCE's form); aggregated like ``"dapo"``.
 
 The other variant options (GSPO's sequence ratio, ``delta``, truncation
-masking, the high-entropy tokens, the entropy bonus, the off-policy mask) have
-TRL's names; each is one function of :mod:`grpo_tutorial.objectives`. Their
-defaults leave the loss exactly as above.
+masking, the high-entropy tokens, the entropy bonus, the off-policy mask,
+DeepSeek-V3.2's bias-corrected KL) have TRL's names; each is one function of
+:mod:`grpo_tutorial.objectives`. Their defaults leave the loss exactly as above.
 
 Every setting of the loss is one field of :class:`LossOptions`, a frozen
 dataclass that checks itself when it is built; this is the only place where the
@@ -48,11 +53,13 @@ from .objectives import (
     aggregate_tokens,
     entropy_bonus,
     high_entropy_mask,
+    importance_weighted_kl,
     importance_weights,
     masked_log_ratio,
     off_policy_mask,
     per_token_objective,
     truncation_mask,
+    vespo_weights,
 )
 
 __all__ = ["LOSS_TYPES", "LossOptions", "aggregate_tokens", "grpo_loss", "sequence_logprob_loss"]
@@ -72,7 +79,8 @@ class LossOptions:
 
     A bad value raises ``ValueError`` naming the field, the value and what it
     should be; so does an option that the chosen ``loss_type`` would silently
-    ignore (``delta`` with CISPO or SAPO).
+    ignore (``delta`` with CISPO, SAPO or VESPO) or that contradicts it (LUSPO
+    without GSPO's sequence-level ratio, VESPO with it).
     """
 
     loss_type: str = "grpo"
@@ -89,6 +97,11 @@ class LossOptions:
     top_entropy_quantile: float = 1.0
     entropy_coef: float = 0.0
     off_policy_mask_threshold: float | None = None
+    use_bias_correction_kl: bool = False
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
     owner: InitVar[str] = "LossOptions"
 
     def __post_init__(self, owner: str) -> None:
@@ -101,7 +114,15 @@ class LossOptions:
         check_choice(o, "kl_kind", self.kl_kind, KL_KINDS)
         check_int(o, "max_completion_length", self.max_completion_length, 1, optional=True)
         check_choice(o, "importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
-        if self.delta is not None and self.loss_type in ("cispo", "sapo"):
+        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
+            raise config_error(o, "importance_sampling_level", self.importance_sampling_level,
+                               "'sequence' with loss_type='luspo'",
+                               ": LUSPO scales GSPO's sequence-level loss by each sequence's length")
+        if self.loss_type == "vespo" and self.importance_sampling_level != "token":
+            raise config_error(o, "importance_sampling_level", self.importance_sampling_level,
+                               "'token' with loss_type='vespo'",
+                               ": VESPO builds its own sequence weight from the token log-ratios")
+        if self.delta is not None and self.loss_type in ("cispo", "sapo", "vespo"):
             raise config_error(o, "delta", self.delta, f"None with loss_type={self.loss_type!r}",
                                ": delta caps the clipped surrogate's ratio, which this loss type does not use")
         eps_high = self.eps_high
@@ -117,6 +138,12 @@ class LossOptions:
         check_number(o, "entropy_coef", self.entropy_coef, lambda v: True, "a number (0 = no entropy bonus)")
         check_number(o, "off_policy_mask_threshold", self.off_policy_mask_threshold, lambda v: v >= 0,
                      "None or a number >= 0 (e.g. 0.5)", optional=True)
+        if not isinstance(self.use_bias_correction_kl, bool):
+            raise config_error(o, "use_bias_correction_kl", self.use_bias_correction_kl, "True or False")
+        for name in ("vespo_k_pos", "vespo_k_neg"):
+            check_number(o, name, getattr(self, name), lambda v: v >= 0, "a number >= 0 (the power of w in VESPO's weight)")
+        for name in ("vespo_lambda_pos", "vespo_lambda_neg"):
+            check_number(o, name, getattr(self, name), lambda v: v > 0, "a number > 0 (the decay rate in VESPO's weight)")
 
     @property
     def eps_high(self) -> float:
@@ -159,6 +186,11 @@ def grpo_loss(
     entropy_coef: float = 0.0,
     entropies: torch.Tensor | None = None,
     off_policy_mask_threshold: float | None = None,
+    use_bias_correction_kl: bool = False,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
     options: LossOptions | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The GRPO loss (to minimise) and a dict of diagnostics.
@@ -177,9 +209,10 @@ def grpo_loss(
         beta: weight of the KL penalty.
         clip_eps: eps_low; the ratio may not go below ``1 - clip_eps``.
         clip_eps_high: eps_high (DAPO's clip-higher); defaults to ``clip_eps``.
-        loss_type: ``"grpo"``, ``"bnpo"``, ``"dapo"``, ``"dr_grpo"``, ``"cispo"``
-            or ``"sapo"``. ``"cispo"`` caps its weight at ``1 + clip_eps_high``
-            (TRL: at ``epsilon_high``; see :func:`~grpo_tutorial.objectives.cispo_objective`).
+        loss_type: ``"grpo"``, ``"bnpo"``, ``"dapo"``, ``"dr_grpo"``, ``"cispo"``,
+            ``"sapo"``, ``"luspo"`` or ``"vespo"``. ``"cispo"`` caps its weight at
+            ``1 + clip_eps_high`` (TRL: at ``epsilon_high``; see
+            :func:`~grpo_tutorial.objectives.cispo_objective`).
         max_completion_length: the constant for ``"dr_grpo"`` (default: T).
         kl_kind: which estimator (``"k1"``, ``"k2"``, ``"k3"``) the penalty uses.
         gradient_accumulation_steps, num_items_in_batch: the normalisers for an
@@ -203,16 +236,28 @@ def grpo_loss(
             ``entropy_coef != 0``.
         off_policy_mask_threshold: None, or drop the negative-advantage
             sequences whose mean log(pi_old / pi_theta) exceeds it (DeepSeek-V3.2).
+        use_bias_correction_kl: multiply the KL term by the (not detached)
+            importance weight (DeepSeek-V3.2; TRL's default is True, ours False,
+            see :class:`~grpo_tutorial.config.GRPOConfig`). The on-policy value
+            is unchanged; the gradient becomes the reverse KL's
+            (:func:`~grpo_tutorial.objectives.importance_weighted_kl`).
+        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: the shape
+            of VESPO's weight for A >= 0 and A < 0 (``loss_type="vespo"`` only;
+            :func:`~grpo_tutorial.objectives.vespo_weights`).
         options: all of the settings above (from ``beta`` to
-            ``off_policy_mask_threshold``, except the tensors and the two
-            normalisers) as one :class:`LossOptions`.
+            ``vespo_lambda_neg``, except the tensors and the two normalisers)
+            as one :class:`LossOptions`.
 
     Returns:
         ``(loss, stats)``: stats are plain floats, measured over masked tokens:
         ``clip_frac_low`` (ratio < 1-eps_low with A < 0: clipped, no gradient),
         ``clip_frac_high`` (ratio > 1+eps_high with A > 0), ``clip_frac`` (their
-        sum), ``kl`` (mean estimate; NaN when no ``ref_logp`` is given),
-        ``ratio_mean``, ``ratio_max``, ``adv_mean``, ``adv_std``.
+        sum), ``kl`` (mean of the KL term, times the ratio with
+        ``use_bias_correction_kl``; NaN when no ``ref_logp`` is given),
+        ``ratio_mean``, ``ratio_max``, ``adv_mean``, ``adv_std``; when
+        ``entropies`` are given, also ``entropy_sum`` and ``entropy_tokens``,
+        the sum of the entropies over the tokens the bonus acts on and their
+        count (adaptive entropy control measures the update's entropy with them).
     """
     arguments = locals()
     keywords = {name: arguments[name] for name in OPTION_NAMES}  # every LossOptions field is a keyword here
@@ -239,10 +284,17 @@ def grpo_loss(
     clip_eps, eps_high = opts.clip_eps, opts.eps_high
 
     adv = advantages.detach().to(logp.dtype)[:, None]  # [N, 1]
-    ratio = importance_weights(masked_log_ratio(logp, old_logp, mask), mask, opts.importance_sampling_level)  # [N, T]
+    log_ratio = masked_log_ratio(logp, old_logp, mask)  # [N, T]
+    ratio = importance_weights(log_ratio, mask, opts.importance_sampling_level)  # [N, T]
+    vespo_weight = None
+    if opts.loss_type == "vespo":
+        vespo_weight = vespo_weights(
+            log_ratio, loss_mask, adv, opts.vespo_k_pos, opts.vespo_lambda_pos, opts.vespo_k_neg, opts.vespo_lambda_neg
+        )  # [N, 1], detached
     per_token = per_token_objective(
         opts.loss_type, ratio, adv, logp, clip_eps=clip_eps, clip_eps_high=eps_high, delta=opts.delta,
         sapo_temperature_pos=opts.sapo_temperature_pos, sapo_temperature_neg=opts.sapo_temperature_neg,
+        vespo_weight=vespo_weight,
     )  # [N, T]
     if opts.off_policy_mask_threshold is not None:
         per_token = per_token * off_policy_mask(adv, logp, old_logp, loss_mask, opts.off_policy_mask_threshold)  # [N, T]
@@ -256,14 +308,16 @@ def grpo_loss(
         # between policy and reference on pad tokens cannot turn into NaN grads.
         ref_safe = torch.where(mask.bool(), ref_logp.detach(), logp.detach())  # [N, T]
         kl = kl_estimate(logp, ref_safe, kind=opts.kl_kind)  # [N, T]
+        if opts.use_bias_correction_kl:
+            kl = importance_weighted_kl(kl, ratio)  # [N, T]
         if opts.beta > 0:
             per_token = per_token + opts.beta * kl  # [N, T]
     loss = aggregate_tokens(
         per_token, loss_mask, opts.loss_type, opts.max_completion_length,
         gradient_accumulation_steps=gradient_accumulation_steps, num_items_in_batch=num_items_in_batch,
     )
+    bonus_mask = loss_mask if keep is None else loss_mask * keep  # [N, T]: the tokens the bonus acts on
     if opts.entropy_coef != 0.0:
-        bonus_mask = loss_mask if keep is None else loss_mask * keep  # [N, T]
         loss = loss - opts.entropy_coef * entropy_bonus(entropies, bonus_mask, gradient_accumulation_steps)
 
     with torch.no_grad():
@@ -281,6 +335,9 @@ def grpo_loss(
             "adv_mean": float(advantages.mean()),
             "adv_std": float(advantages.std()) if advantages.numel() > 1 else 0.0,
         }
+        if entropies is not None:
+            stats["entropy_sum"] = float(torch.where(bonus_mask.bool(), entropies, 0.0).sum())
+            stats["entropy_tokens"] = float(bonus_mask.sum())
     return loss, stats
 
 

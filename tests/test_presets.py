@@ -41,6 +41,7 @@ def test_t4_preset_scores_in_micro_batches_and_updates_once_per_batch():
     assert cfg.minibatch_size is None and cfg.updates_per_step == 1  # one on-policy update per generation batch
     assert "\\boxed{}" in cfg.system_prompt
     assert cfg.reward_weights == [1.0, 0.1]  # correctness, and the small boxed-format component
+    assert cfg.log_completions and cfg.num_completions_to_print == 4 and cfg.log_every == 10  # chapter 9's GPU path
 
 
 def test_get_preset_returns_independent_copies():

@@ -15,6 +15,8 @@ on a laptop CPU, and the scale-up values for a GPU, written down once.
   model 8 at a time (``micro_batch_size``), with their gradients accumulated into
   ONE optimizer update per generation batch: on-policy, as with a bigger GPU.
   Its rewards are ``chapters.gsm8k.GSM8K_REWARDS`` with weights 1 and 0.1.
+  Every 10 steps it prints 4 of the step's completions with their rewards
+  (``log_completions``), and saves them in ``output_dir/completions.jsonl``.
 
 :func:`get_preset` returns a fresh copy, with any fields overridden.
 """
@@ -86,6 +88,9 @@ PRESETS: dict[str, GRPOConfig] = {
         system_prompt=QWEN_SYSTEM_PROMPT,
         checkpoint_every=25,  # one checkpoint is ~6 GB (float32 weights + Adam): twice in a 50-step run
         eval_batch_size=64,
+        log_completions=True,  # show what the model writes: 4 of the 64 completions every 10 steps
+        num_completions_to_print=4,
+        log_every=10,
     ),
 }
 
