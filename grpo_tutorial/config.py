@@ -173,8 +173,8 @@ class GRPOConfig:
         use_chat_template: None = automatic (use it when the tokenizer has one).
         seed: seeds the data order, sampling and minibatch shuffles (see
             :mod:`grpo_tutorial.seeding`).
-        log_every: refresh the progress bar's reward/KL every this many steps,
-            and log completions (``log_completions``) every this many steps.
+        log_every: log completions (``log_completions``) every this many
+            steps (the progress bar shows every step's reward).
         log_completions: every ``log_every`` steps, print a few prompts,
             completions, their rewards and advantages (with the progress bar,
             which stays below them) and append them to

@@ -34,8 +34,8 @@ from .recipes import paired_gain
 from ..answers import _last_boxed, _last_number, completion_to_text
 from ..rewards import correctness_reward
 from ..tasks import DatasetUnavailableError, gsm8k_rows, load_gsm8k, train_test_split_arithmetic
-from ..checkpoint import dataset_fingerprint, find_checkpoint, read_meta, write_durably
-from ..rundir import disk_errors
+from ..run import dataset_fingerprint, disk_errors, find_checkpoint, read_meta
+from ..run.disk import write_durably
 from ..trainer import GRPOConfig, GRPOTrainer
 
 __all__ = [
