@@ -175,9 +175,11 @@ class GRPOConfig:
             :mod:`grpo_tutorial.seeding`).
         log_every: refresh the progress bar's reward/KL every this many steps,
             and log completions (``log_completions``) every this many steps.
-        log_completions: every ``log_every`` steps, show a few prompts,
-            completions, their rewards and advantages under the progress bar
-            and append them to ``output_dir/completions.jsonl`` (TRL's name).
+        log_completions: every ``log_every`` steps, print a few prompts,
+            completions, their rewards and advantages (with the progress bar,
+            which stays below them) and append them to
+            ``output_dir/completions.jsonl`` (TRL's name;
+            :mod:`grpo_tutorial.completions_log`).
         num_completions_to_print: how many completions to log each time,
             drawn at random (seeded by ``seed`` and the step) from the step's
             batch; None = all of them (TRL's default).

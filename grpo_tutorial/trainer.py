@@ -20,7 +20,7 @@ entropy options, the off-policy mask) are :class:`GRPOConfig` fields that stage 
 passes to ``grpo_loss``.
 
 :meth:`GRPOTrainer.train` loops over a dataset, appends to ``history.jsonl`` and
-saves atomic checkpoints (checkpoint.py), so a run killed at any moment and
+saves atomic checkpoints (run/checkpoint.py), so a run killed at any moment and
 resumed gives the same history as one never interrupted (on CPU, same seed).
 Only wall-clock fields (:data:`TIMING_KEYS`) differ. Randomness comes from named
 seed streams (seeding.py); building a trainer touches no global RNG.
@@ -41,33 +41,33 @@ import torch
 
 from ._checks import is_int
 from .advantages import group_advantages, normalize_then_sum, zero_std_groups
-from .checkpoint import (
-    config_changes,
-    history_until,
-    HISTORY_FILE,
-    append_history,
-    dataset_fingerprint,
-    find_checkpoint,
-    load_model_state,
-    read_checkpoint,
-    read_history,
-    read_meta,
-    write_checkpoint,
-    write_history,
+from .completions_log import (
+    COMPLETIONS_FILE,
+    append_completions,
+    format_completions,
+    sample_completions,
+    truncate_completions,
 )
 from .config import GRPOConfig
 from .evaluation import evaluate_policy
 from .logprobs import completion_logprobs
 from .loss import grpo_loss
+from .metrics import TIMING_KEYS, StageClock, check_failure_modes, step_row
 from .objectives import adapt_entropy_coef, applied_entropy_coef
-from .interrupt import StopAfterStep
-from .metrics import TIMING_KEYS, GRPOWarning, StageClock, WarnOnce, check_failure_modes, step_row
 from .models import disable_dropout
 from .optim import make_optimizer, trainable_parameters
 from .rewards import compute_rewards, extra_columns, judge_correct, reward_function_list, reward_function_means
 from .rollout import Rollout, concat_groups, generate_rollouts
-from .rundir import disk_errors, run_lock
-from .seeding import MINIBATCHES, RESAMPLING, SAMPLING, capture_rng_state, derive_seed, next_batch, restore_rng_state, stream_generator, stream_seed
+from .run.checkpoint import capture_rng_state, config_changes, load_model_state, read_checkpoint, restore_rng_state, write_checkpoint
+from .run.disk import disk_errors
+from .run.history import append_history, history_until, read_history, write_history
+from .run.interrupt import StopAfterStep
+from .run.layout import HISTORY_FILE, find_checkpoint, read_meta
+from .run.lock import run_lock
+from .run.progress import progress_bar
+from .run.state import dataset_fingerprint
+from .run.warn import GRPOWarning, WarnOnce
+from .seeding import MINIBATCHES, RESAMPLING, SAMPLING, derive_seed, next_batch, stream_generator, stream_seed
 from .tasks import as_rows, check_rows, validate_for_model
 
 __all__ = [
@@ -248,6 +248,7 @@ class GRPOTrainer:
                 rewards, G, scale=cfg.scale_rewards, std=cfg.std, nan="skip", baseline=cfg.advantage_baseline
             )  # [N]
         advantages = advantages.to(rollout.completion_ids.device)  # [N]
+        self._last_batch = (rollout.prompts, rollout.completions, rewards, per_fn, advantages)  # for log_completions
         mask = rollout.completion_mask  # [N, Tc]
 
         # stage 4: old log-probs (the policy that sampled), unless this step is exactly on-policy
@@ -298,7 +299,8 @@ class GRPOTrainer:
         answers = [row.get("answer") for row in batch for _ in range(G)]
         columns = extra_columns(batch, G)
         rewards, per_fn = compute_rewards(
-            self.reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers, **columns
+            self.reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers,
+            completion_ids=rollout.completion_id_lists(), **columns,
         )  # [N], {name: [N]}
         correct = judge_correct(self.accuracy_fn, rollout.prompts, rollout.completions, answers, columns)
         self._warn_unscorable(rewards)
@@ -526,7 +528,7 @@ class GRPOTrainer:
         if path is None:
             return False
         state, meta = read_checkpoint(path)
-        changed = config_changes(meta["config"], self.config.to_dict())
+        changed = config_changes(meta["config"], self.config.to_dict(), GRPOConfig().to_dict())
         if changed:
             warnings.warn(
                 f"resuming from {path} with a different config ({changed}); the resumed run will not "
@@ -610,7 +612,7 @@ class GRPOTrainer:
         consistent, so calling ``train`` again continues. A second Ctrl-C
         aborts the step at once; resume from the last checkpoint then.
         """
-        with run_lock(self.config.output_dir):  # one run per output directory (rundir.py)
+        with run_lock(self.config.output_dir):  # one run per output directory (run/lock.py)
             return self._train(dataset, steps, resume=resume, progress=progress)
 
     def _train(self, dataset: Sequence[dict], steps: int, *, resume: bool, progress: bool) -> list[dict]:
@@ -637,22 +639,25 @@ class GRPOTrainer:
             )
         self._dataset_fingerprint = fingerprint
 
-        history_file = None
+        history_file = completions_file = None
         if out is not None:
             write_history(out / HISTORY_FILE, self.history)
             with disk_errors(out / HISTORY_FILE, out):
                 history_file = open(out / HISTORY_FILE, "a", encoding="utf-8")
+                truncate_completions(out / COMPLETIONS_FILE, self.step)  # like the history: to the checkpoint's step
+                if cfg.log_completions:
+                    completions_file = open(out / COMPLETIONS_FILE, "a", encoding="utf-8")
             self._appending_to = out
 
         def save() -> Path:
             with disk_errors(out / HISTORY_FILE, out):
                 os.fsync(history_file.fileno())
+                if completions_file is not None:
+                    os.fsync(completions_file.fileno())
             return self.save_checkpoint(out)
 
         bar = None
         if progress:
-            from ._progress import progress_bar
-
             bar = progress_bar(total=steps, desc="GRPO", initial=min(self.step, steps), unit="step", dynamic_ncols=True)
         saved_at = self.step  # nothing new to save unless a step runs
         try:
@@ -673,6 +678,8 @@ class GRPOTrainer:
                         bar.update(1)
                         if self.step % cfg.log_every == 0:
                             bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row['kl']:.4f}")
+                    if cfg.log_completions and self.step % cfg.log_every == 0:
+                        self._log_completions(completions_file, bar)
                     if out is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                         save()
                         saved_at = self.step
@@ -687,7 +694,29 @@ class GRPOTrainer:
                 bar.close()
             if history_file is not None:
                 history_file.close()
+            if completions_file is not None:
+                completions_file.close()
         return self.history
+
+    def _log_completions(self, file, bar) -> None:
+        """``log_completions``: this step's sample of completions, to ``completions.jsonl`` and the console.
+
+        They are printed with the progress bar's ``write`` (the bar stays at the bottom), or plainly
+        without a bar, as TRL prints its sample whatever the progress setting.
+        """
+        prompts, completions, rewards, per_fn, advantages = self._last_batch
+        rows = sample_completions(
+            self.step, prompts, completions, rewards.tolist(), {k: v.tolist() for k, v in per_fn.items()},
+            advantages.tolist(), count=self.config.num_completions_to_print, seed=self.config.seed,
+        )
+        if file is not None:
+            with disk_errors(Path(file.name), Path(file.name).parent):
+                append_completions(file, rows)
+        text = format_completions(rows, total=len(completions))
+        if bar is not None:
+            bar.write(text)
+        else:
+            print(text, flush=True)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, dataset: Sequence[dict], *, batch_size: int | None = None, num_samples: int = 3) -> dict:
