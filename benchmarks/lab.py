@@ -32,7 +32,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import LoadSampler, load_average, machine  # noqa: E402
+from benchmarks.common import LoadSampler, load_average, machine, package_commit  # noqa: E402
 from grpo_tutorial.run.progress import progress_bar  # noqa: E402
 from grpo_tutorial.chapters.lab import LAB_METHODS, LabSettings, run_seed, summarize_lab  # noqa: E402
 from grpo_tutorial.chapters.recipes import TinyAdditionRecipe  # noqa: E402
@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = {
         "created": started.isoformat(timespec="seconds"),
         "command": command.strip(),
+        **package_commit(),
         "quick": args.quick,
         "wall_seconds": wall,
         "jobs": args.jobs,

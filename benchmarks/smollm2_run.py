@@ -37,9 +37,13 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from grpo_tutorial import GRPOTrainer, correctness_reward, load_policy
-from grpo_tutorial.chapters.presets import get_preset, smollm2_cpu_data
-from grpo_tutorial.chapters.recipes import accuracy_with_se, paired_gain
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import package_commit  # noqa: E402
+from grpo_tutorial import GRPOTrainer, correctness_reward, load_policy  # noqa: E402
+from grpo_tutorial.chapters.presets import get_preset, smollm2_cpu_data  # noqa: E402
+from grpo_tutorial.chapters.recipes import accuracy_with_se, paired_gain  # noqa: E402
 
 OPS = ["+", "-", "*"]
 DATA_DIR = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data"  # package data
@@ -147,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "model": "smollm2-135m-instruct",
         "task": "one-digit arithmetic (+, -, *), question style; test = 200 of the 300 problems, train = the other 100",
         "command": "python benchmarks/smollm2_run.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        **package_commit(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "preset": args.preset,
         "config": {k: v for k, v in config.to_dict().items() if k != "output_dir"},
         "steps": trainer.step,

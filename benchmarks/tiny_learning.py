@@ -34,7 +34,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import torch  # noqa: E402
 
-from benchmarks.common import LoadSampler  # noqa: E402
+from benchmarks.common import LoadSampler, package_commit  # noqa: E402
 from grpo_tutorial.chapters.recipes import (  # noqa: E402
     FLAT_SETTINGS,
     TinyAdditionRecipe,
@@ -153,13 +153,15 @@ def main(argv: list[str] | None = None) -> int:
           "(load = mean 1-minute load average during the seed's run)")
     record = {
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python benchmarks/tiny_learning.py", *(argv if argv is not None else sys.argv[1:])]),
+        **package_commit(),
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
             "torch": torch.__version__,
             "torch_threads": recipe.num_threads,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         },
         "target": {"gain": TARGET_GAIN, "grpo_seconds": TARGET_GRPO_SECONDS},
         "runs": rows,
