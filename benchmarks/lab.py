@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
+    code = package_commit()  # at the start: the code that runs, whatever changes while it runs
     settings = settings_for(args)
     command = "python -m benchmarks.lab " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     started = dt.datetime.now(dt.timezone.utc)
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = {
         "created": started.isoformat(timespec="seconds"),
         "command": command.strip(),
-        **package_commit(),
+        **code,
         "quick": args.quick,
         "wall_seconds": wall,
         "jobs": args.jobs,

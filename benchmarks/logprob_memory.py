@@ -1,7 +1,10 @@
 """Peak memory of one micro-batch's scoring and backward, before and after the block-wise scorer.
 
-    python -m benchmarks.logprob_memory            # the T4 preset's shapes (needs ~8 GB of RAM)
+    python -m benchmarks.logprob_memory --publish  # the T4 preset's shapes (needs ~8 GB of RAM)
     python -m benchmarks.logprob_memory --quick    # small shapes, seconds
+
+``--publish`` writes the result into ``grpo_tutorial/data/logprob_memory.json``,
+the record chapter 9 reads.
 
 Chapter 9's GPU run scores a micro-batch of ``micro_batch_size = 8`` completions
 of up to 256 tokens after a GSM8K prompt (about 150 tokens) under
@@ -60,6 +63,7 @@ T4_SHAPES = dict(rows=8, prompt_tokens=150, completion_tokens=256)
 QUICK = dict(rows=2, prompt_tokens=16, completion_tokens=128, hidden_size=64, intermediate_size=128,
              num_attention_heads=2, num_key_value_heads=1)
 VARIANTS = ("before", "after")
+DATA_FILE = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data" / "logprob_memory.json"
 MARKER = "LOGPROB-MEMORY "
 
 
@@ -179,16 +183,30 @@ def compare(shapes: dict[str, Any], layers: int = 2, threads: int = 1) -> dict[s
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; tests/test_records.py parses the record's command with it."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.logprob_memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small shapes (seconds), for tests")
     parser.add_argument("--layers", type=int, default=2, help="transformer layers of the stand-in model (default 2)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")
-    args = parser.parse_args(argv)
+    parser.add_argument("--publish", action="store_true", help=f"write the result to {DATA_FILE} (chapter 9 reads it)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    import torch
+
+    from benchmarks.common import package_commit
+
+    args = build_parser().parse_args(argv)
+    code = package_commit()  # at the start: the code that runs, whatever changes while it runs
     shapes = {**T4_SHAPES} if not args.quick else dict(QUICK)
     result = compare(shapes, args.layers, args.threads)
     result["command"] = "python -m benchmarks.logprob_memory " + " ".join(sys.argv[1:] if argv is None else argv)
+    result.update(code)
+    result["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    result["torch"] = torch.__version__
     unit = result["before"]["logits_bytes"]
     print(f"micro-batch [{shapes['rows']}, {shapes['prompt_tokens']} + {shapes['completion_tokens']}], "
           f"{args.layers} layers; one [N, Tc+1, V] float32 logits tensor = {unit:,} bytes")
@@ -197,8 +215,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"  {v:<7} peak {b:>15,} bytes above the start ({b / unit:.2f} logits tensors)")
     print(f"  saved   {result['saved_bytes']:>15,} bytes; after/before = {result['ratio']:.2f} "
           f"(load {result['load_average'][0]:.1f})")
-    if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    for path in [args.out] + ([DATA_FILE] if args.publish else []):
+        if path is not None:
+            path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+            print(f"wrote {path}")
     return result
 
 

@@ -108,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    code = package_commit()  # at the start: the code that runs, whatever changes while it runs
     if args.steps < 1 or args.max_train_minutes <= 0:
         raise ValueError(f"--steps must be >= 1 and --max-train-minutes > 0, got {args.steps} and {args.max_train_minutes}")
 
@@ -151,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "model": "smollm2-135m-instruct",
         "task": "one-digit arithmetic (+, -, *), question style; test = 200 of the 300 problems, train = the other 100",
         "command": "python benchmarks/smollm2_run.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        **package_commit(),
+        **code,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "preset": args.preset,
         "config": {k: v for k, v in config.to_dict().items() if k != "output_dir"},

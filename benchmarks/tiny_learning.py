@@ -112,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    code = package_commit()  # at the start: the code that runs, whatever changes while it runs
     if any(s < 0 for s in args.seeds):
         parser.error(f"--seeds must be >= 0, got {args.seeds}")
 
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python benchmarks/tiny_learning.py", *(argv if argv is not None else sys.argv[1:])]),
-        **package_commit(),
+        **code,
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),

@@ -29,6 +29,7 @@ a hub id such as ``"Qwen/Qwen2.5-0.5B-Instruct"``, or a local directory
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import json
@@ -390,12 +391,46 @@ def _smollm2_cache_dir(gguf: Path, root: Path) -> Path:
     return root / SMOLLM2_NAME / f"{gguf.stem}-{gguf.stat().st_size}"
 
 
+@contextlib.contextmanager
+def quiet_loading():
+    """No progress bars from transformers while a model is loaded, converted or saved.
+
+    The first SmolLM2 load de-quantizes its GGUF file with a plain ``tqdm`` bar of
+    transformers' own (not governed by its logging switches), then loads and
+    writes shards with bars that are: in a notebook they land in the page as a
+    dozen lines of noise. Here both kinds are off, and restored afterwards; the
+    package prints one line instead.
+    """
+    from functools import partial
+
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    patched = []
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # an older or newer transformers without that module
+        gguf_utils = None
+    if gguf_utils is not None and hasattr(gguf_utils, "tqdm"):
+        patched.append((gguf_utils, gguf_utils.tqdm))
+        gguf_utils.tqdm = partial(gguf_utils.tqdm, disable=True)
+    try:
+        yield
+    finally:
+        for module, original in patched:
+            module.tqdm = original
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _dequantize_gguf(gguf: Path):
     """Load the GGUF file with transformers, which dequantizes every tensor to float32."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with quiet_loading():
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     return model, tokenizer
 
 
@@ -431,8 +466,9 @@ def _write_cache_atomically(model, tokenizer, final: Path, source: dict) -> None
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        with quiet_loading():
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
         (tmp / "grpo_tutorial_source.json").write_text(json.dumps(source, indent=2))
         try:
             os.rename(tmp, final)
@@ -452,8 +488,9 @@ def _load_smollm2(dtype: torch.dtype, env: Mapping[str, str] | None = None):
     cached = _smollm2_cache_dir(gguf, cache_root(env))
     if cached.is_dir():
         try:
-            model = AutoModelForCausalLM.from_pretrained(cached, **{_dtype_kwarg(): dtype})
-            tokenizer = AutoTokenizer.from_pretrained(cached)
+            with quiet_loading():
+                model = AutoModelForCausalLM.from_pretrained(cached, **{_dtype_kwarg(): dtype})
+                tokenizer = AutoTokenizer.from_pretrained(cached)
             return model, tokenizer
         except Exception as err:  # a damaged cache (files deleted by hand, disk full...) is rebuilt
             print(f"grpo_tutorial: the cached copy at {cached} could not be read ({err}); rebuilding it", file=sys.stderr)

