@@ -450,6 +450,8 @@ def test_resume_refuses_what_it_cannot_honour(tokenizer, tmp_path):
     model = tiny_qwen2_answering_digits(tokenizer)
     with pytest.raises(ValueError, match="resume=True needs output_dir"):
         gsm8k_run(model, tokenizer, GSM8K_PRESET, train_rows, eval_rows, steps=1, resume=True)
+    with pytest.raises(ValueError, match="checkpoint_every=0 saves no checkpoint"):
+        gsm8k_run(model, tokenizer, GSM8K_PRESET, train_rows, eval_rows, steps=1, output_dir=tmp_path, checkpoint_every=0)
     # a checkpoint without the stored 'before': the trained model cannot stand in for the untrained one
     gsm8k_run(model, tokenizer, GSM8K_PRESET, train_rows, [], steps=1, output_dir=tmp_path, max_new_tokens=2,
               checkpoint_every=1)

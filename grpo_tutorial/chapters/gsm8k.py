@@ -219,6 +219,12 @@ def gsm8k_run(
         config = dataclasses.replace(config, output_dir=os.fspath(output_dir))
     if resume and config.output_dir is None:
         raise ValueError("resume=True needs output_dir (the folder of the run to continue)")
+    if config.output_dir is not None and not config.checkpoint_every:
+        raise ValueError(
+            f"output_dir={config.output_dir!r} with checkpoint_every={config.checkpoint_every!r} saves no "
+            "checkpoint, so an interrupted run could not be resumed; pass checkpoint_every=N (e.g. 1 for a "
+            "short run, the preset's value for the GPU run)"
+        )
     train_rows, eval_rows = list(train_rows), list(eval_rows)
     if not train_rows:
         raise ValueError("train_rows is empty; pass prompt/answer rows, e.g. from gsm8k_data()")
