@@ -79,14 +79,14 @@ class _CountScoring:
 
     def __init__(self, trainer: GRPOTrainer):
         self.policy_passes = 0
-        real = trainer._score_no_grad
+        real = trainer._score
 
         def counting(model, rollout, *, entropy):
             if model is trainer.model:
                 self.policy_passes += 1
             return real(model, rollout, entropy=entropy)
 
-        trainer._score_no_grad = counting
+        trainer._score = counting
 
 
 @pytest.mark.parametrize(

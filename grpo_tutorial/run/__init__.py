@@ -11,6 +11,7 @@ Module             What it holds
 ``disk``           durable, atomic writes; a disk error said in one line
 ``lock``           one run per output directory (a re-entrant ``flock``)
 ``history``        ``history.jsonl``: read, write, and the writer a run appends with
+``completions``    ``completions.jsonl``: a few completions every few steps, shown and saved
 ``checkpoint``     the atomic ``checkpoint/``; RNG snapshots; a resumed config's changes
 ``state``          where a run stands (step, data position, dataset), checkpoint form
 ``interrupt``      Ctrl-C: finish the step, save, stop
