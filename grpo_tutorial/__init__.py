@@ -9,11 +9,12 @@ Everything a chapter uses is importable from here.
 
 __version__ = "0.1.0"
 
-import warnings as _warnings
+from .run.progress import quiet_tqdm_auto as _quiet_tqdm_auto
 
 # transformers imports tqdm.auto, which warns in a Jupyter kernel without
-# ipywidgets; our own bars pick the right kind themselves (see _progress.py).
-_warnings.filterwarnings("ignore", message="IProgress not found")
+# ipywidgets; our own bars pick the right kind themselves (run/progress.py).
+# Imported once here with that warning silenced; no process-wide filter is set.
+_quiet_tqdm_auto()
 
 from .advantages import group_advantages
 from .kl import kl_estimate
@@ -30,6 +31,7 @@ from .rewards import (
     extract_answer,
     format_reward,
     partial_credit_reward,
+    soft_overlong_punishment,
 )
 from .rollout import Rollout, generate_rollouts
 from .sft import SFTConfig, supervised_warmup
@@ -38,12 +40,16 @@ from .tasks import (
     load_gsm8k,
     make_arithmetic_dataset,
     make_countdown_dataset,
+    make_long_addition_dataset,
+    parse_worked,
+    worked_addition,
     train_test_split_arithmetic,
     validate_dataset,
 )
 from .config import GRPOConfig
 from .evaluation import evaluate_policy
-from .metrics import TIMING_KEYS, GRPOWarning
+from .metrics import TIMING_KEYS
+from .run.warn import GRPOWarning
 from .trainer import GRPOTrainer
 
 __all__ = [
@@ -64,6 +70,7 @@ __all__ = [
     "correctness_reward",
     "format_reward",
     "partial_credit_reward",
+    "soft_overlong_punishment",
     "combined_reward",
     "compute_rewards",
     "RewardFunctionError",
@@ -72,6 +79,9 @@ __all__ = [
     "train_test_split_arithmetic",
     "make_countdown_dataset",
     "countdown_reward",
+    "make_long_addition_dataset",
+    "worked_addition",
+    "parse_worked",
     "load_gsm8k",
     "validate_dataset",
     # models, rollout, training

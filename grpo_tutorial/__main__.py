@@ -350,20 +350,15 @@ def _check_paths(args: argparse.Namespace) -> None:
 
 
 def _write_json(path: Path, data: Any, run_dir: Path | None = None) -> None:
-    from .rundir import disk_errors
+    from .run.disk import write_json
 
-    with disk_errors(path.parent, run_dir):
-        path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with disk_errors(tmp, run_dir):
-        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+    write_json(path, data, run_dir)
 
 
 def _claim_out(out: Path) -> Any:
     """Lock ``--out`` for this command (creating it): fails at once, in one line, when it
     cannot be written or another run holds it, before any model is loaded."""
-    from .rundir import run_lock
+    from .run.lock import run_lock
 
     return run_lock(out)
 
@@ -390,14 +385,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace, out: Path) -> int:
     import torch
 
-    from .checkpoint import find_checkpoint
     from .config import GRPOConfig
+    from .run.layout import find_checkpoint, read_meta
     from .trainer import GRPOTrainer
 
     checkpoint = find_checkpoint(out) if args.resume else None
     resuming = checkpoint is not None
     if resuming:
-        meta = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+        meta = read_meta(checkpoint)
         print(f"resuming from {checkpoint} at step {meta['step']}", flush=True)
     elif args.resume:
         print(f"--resume: no checkpoint in {out} yet, starting from step 0", flush=True)
@@ -475,8 +470,9 @@ def _train(args: argparse.Namespace, out: Path) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from .checkpoint import find_checkpoint, load_model_state
     from .config import GRPOConfig
+    from .run.checkpoint import load_model_state
+    from .run.layout import find_checkpoint
 
     run: dict[str, Any] = {}
     if args.checkpoint is not None:
@@ -530,8 +526,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
     matplotlib.use("Agg")
     from .plotting import plot_history
-
-    from .rundir import disk_errors
+    from .run.disk import disk_errors
 
     fig = plot_history(args.history, keys=args.keys, smooth=args.smooth)
     out = Path(args.out)

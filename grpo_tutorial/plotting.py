@@ -52,7 +52,7 @@ def moving_average(values: Sequence[float], window: int) -> np.ndarray:
 
 def _load_rows(history_or_path: Any) -> list[dict]:
     if isinstance(history_or_path, (str, os.PathLike)):
-        from .trainer import read_history
+        from .run.history import read_history
 
         return read_history(Path(history_or_path))
     if isinstance(history_or_path, dict) or not isinstance(history_or_path, Sequence):

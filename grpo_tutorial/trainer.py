@@ -20,7 +20,7 @@ entropy options, the off-policy mask) are :class:`GRPOConfig` fields that stage 
 passes to ``grpo_loss``.
 
 :meth:`GRPOTrainer.train` loops over a dataset, appends to ``history.jsonl`` and
-saves atomic checkpoints (checkpoint.py), so a run killed at any moment and
+saves atomic checkpoints (run/checkpoint.py), so a run killed at any moment and
 resumed gives the same history as one never interrupted (on CPU, same seed).
 Only wall-clock fields (:data:`TIMING_KEYS`) differ. Randomness comes from named
 seed streams (seeding.py); building a trainer touches no global RNG.
@@ -41,20 +41,6 @@ import torch
 
 from ._checks import is_int
 from .advantages import group_advantages, normalize_then_sum, zero_std_groups
-from .checkpoint import (
-    config_changes,
-    history_until,
-    HISTORY_FILE,
-    append_history,
-    dataset_fingerprint,
-    find_checkpoint,
-    load_model_state,
-    read_checkpoint,
-    read_history,
-    read_meta,
-    write_checkpoint,
-    write_history,
-)
 from .completions_log import (
     COMPLETIONS_FILE,
     append_completions,
@@ -66,15 +52,22 @@ from .config import GRPOConfig
 from .evaluation import evaluate_policy
 from .logprobs import completion_logprobs
 from .loss import grpo_loss
+from .metrics import TIMING_KEYS, StageClock, check_failure_modes, step_row
 from .objectives import adapt_entropy_coef, applied_entropy_coef
-from .interrupt import StopAfterStep
-from .metrics import TIMING_KEYS, GRPOWarning, StageClock, WarnOnce, check_failure_modes, step_row
 from .models import disable_dropout
 from .optim import make_optimizer, trainable_parameters
 from .rewards import compute_rewards, extra_columns, judge_correct, reward_function_list, reward_function_means
 from .rollout import Rollout, concat_groups, generate_rollouts
-from .rundir import disk_errors, run_lock
-from .seeding import MINIBATCHES, RESAMPLING, SAMPLING, capture_rng_state, derive_seed, next_batch, restore_rng_state, stream_generator, stream_seed
+from .run.checkpoint import capture_rng_state, config_changes, load_model_state, read_checkpoint, restore_rng_state, write_checkpoint
+from .run.disk import disk_errors
+from .run.history import append_history, history_until, read_history, write_history
+from .run.interrupt import StopAfterStep
+from .run.layout import HISTORY_FILE, find_checkpoint, read_meta
+from .run.lock import run_lock
+from .run.progress import progress_bar
+from .run.state import dataset_fingerprint
+from .run.warn import GRPOWarning, WarnOnce
+from .seeding import MINIBATCHES, RESAMPLING, SAMPLING, derive_seed, next_batch, stream_generator, stream_seed
 from .tasks import as_rows, check_rows, validate_for_model
 
 __all__ = [
@@ -306,7 +299,8 @@ class GRPOTrainer:
         answers = [row.get("answer") for row in batch for _ in range(G)]
         columns = extra_columns(batch, G)
         rewards, per_fn = compute_rewards(
-            self.reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers, **columns
+            self.reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers,
+            completion_ids=rollout.completion_id_lists(), **columns,
         )  # [N], {name: [N]}
         correct = judge_correct(self.accuracy_fn, rollout.prompts, rollout.completions, answers, columns)
         self._warn_unscorable(rewards)
@@ -534,7 +528,7 @@ class GRPOTrainer:
         if path is None:
             return False
         state, meta = read_checkpoint(path)
-        changed = config_changes(meta["config"], self.config.to_dict())
+        changed = config_changes(meta["config"], self.config.to_dict(), GRPOConfig().to_dict())
         if changed:
             warnings.warn(
                 f"resuming from {path} with a different config ({changed}); the resumed run will not "
@@ -618,7 +612,7 @@ class GRPOTrainer:
         consistent, so calling ``train`` again continues. A second Ctrl-C
         aborts the step at once; resume from the last checkpoint then.
         """
-        with run_lock(self.config.output_dir):  # one run per output directory (rundir.py)
+        with run_lock(self.config.output_dir):  # one run per output directory (run/lock.py)
             return self._train(dataset, steps, resume=resume, progress=progress)
 
     def _train(self, dataset: Sequence[dict], steps: int, *, resume: bool, progress: bool) -> list[dict]:
@@ -664,8 +658,6 @@ class GRPOTrainer:
 
         bar = None
         if progress:
-            from ._progress import progress_bar
-
             bar = progress_bar(total=steps, desc="GRPO", initial=min(self.step, steps), unit="step", dynamic_ncols=True)
         saved_at = self.step  # nothing new to save unless a step runs
         try:

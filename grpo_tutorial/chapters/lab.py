@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .._checks import is_int
-from .._progress import progress_bar
+from ..run.progress import progress_bar
 from .recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, warm_start
 from ..evaluation import evaluate_policy
 from ..rewards import answers_match, correctness_reward, extract_answer
