@@ -236,7 +236,8 @@ class GRPOTrainer:
         answers = [row.get("answer") for row in batch for _ in range(G)]
         columns = extra_columns(batch, G)
         rewards, per_fn = compute_rewards(
-            self.reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers, **columns
+            self.reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers,
+            completion_ids=rollout.completion_id_lists(), **columns,
         )  # [N], {name: [N]}
         correct = judge_correct(self.accuracy_fn, rollout.prompts, rollout.completions, answers, columns)
         self._warn_unscorable(rewards)

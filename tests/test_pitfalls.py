@@ -317,9 +317,9 @@ def half_length_reward(completions, **kwargs):
     return [0.5 * len(c) + (1.0 if c[:1] == "1" else 0.0) for c in completions]
 
 
-def column_reward(completions, offset, **kwargs):
-    """Reads an extra dataset column: the trainer passes it to reward functions, and so must the gallery."""
-    return [float(len(c)) + float(o) for c, o in zip(completions, offset)]
+def column_reward(completions, offset, completion_ids, **kwargs):
+    """Reads an extra dataset column and the token ids: the trainer passes both to reward functions, so must the gallery."""
+    return [float(len(ids)) + float(o) for ids, o in zip(completion_ids, offset)]
 
 
 #: Settings the gallery takes, each checked against the trainer (non-default values; mu = 2 throughout).

@@ -71,7 +71,6 @@ NOT_YET_CONVERTED: dict[str, str] = {
     "01_policy_gradients.ipynb": "E25a, issue 25",
     "02_group_advantages.ipynb": "E25a, issue 25",
     "04_clipped_objective.ipynb": "E25a, issue 25",
-    "08_tiny_transformer.ipynb": "E25b, issue 25",
     "09_real_llm.ipynb": "E21, issue 21/25",
 }
 

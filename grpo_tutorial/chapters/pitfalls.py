@@ -296,7 +296,8 @@ def gallery_step(
     answers = [row.get("answer") for row in batch for _ in range(G)]
     columns = extra_columns(batch, G)
     rewards, per_fn = compute_rewards(
-        reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers, **columns
+        reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers,
+        completion_ids=rollout.completion_id_lists(), **columns,
     )  # [N]
     if torch.isnan(rewards).any():
         raise ValueError("a completion got no reward (every function returned None); the gallery step needs one each")

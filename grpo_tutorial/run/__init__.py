@@ -11,11 +11,11 @@ Module             What it holds
 ``disk``           durable, atomic writes; a disk error said in one line
 ``lock``           one run per output directory (a re-entrant ``flock``)
 ``history``        ``history.jsonl``: read, write, and the writer a run appends with
-``completions``    ``completions.jsonl``: a few completions every few steps, shown and saved
 ``checkpoint``     the atomic ``checkpoint/``; RNG snapshots; a resumed config's changes
 ``state``          where a run stands (step, data position, dataset), checkpoint form
 ``interrupt``      Ctrl-C: finish the step, save, stop
 ``progress``       progress bars for a terminal, Colab and the book
+``completions``    ``log_completions``: a few completions shown and kept in ``completions.jsonl``
 ``warn``           ``GRPOWarning``, issued once per run, pointing at the user's line
 =================  ================================================================
 """
