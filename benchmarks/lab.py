@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import LoadSampler, load_average, machine  # noqa: E402
-from grpo_tutorial._progress import progress_bar  # noqa: E402
+from grpo_tutorial.run.progress import progress_bar  # noqa: E402
 from grpo_tutorial.chapters.lab import LAB_METHODS, LabSettings, run_seed, summarize_lab  # noqa: E402
 from grpo_tutorial.chapters.recipes import TinyAdditionRecipe  # noqa: E402
 

@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 from grpo_tutorial import GRPOTrainer, correctness_reward, load_policy
 from grpo_tutorial.chapters.presets import get_preset, smollm2_cpu_data
-from grpo_tutorial.chapters.recipes import accuracy_with_se, evaluate_heldout, paired_gain
+from grpo_tutorial.chapters.recipes import accuracy_with_se, paired_gain
 
 OPS = ["+", "-", "*"]
 DATA_DIR = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data"  # package data
@@ -71,7 +71,7 @@ def per_op_accuracy(rows: Sequence[dict], correct: Sequence[bool]) -> dict[str, 
 
 
 def short_eval(rows: Sequence[dict], evaluation: dict, k: int = 8) -> dict:
-    """The JSON part of an evaluate_heldout result, with k example completions."""
+    """The JSON part of a ``trainer.evaluate`` result, with k example completions."""
     return {
         "accuracy": evaluation["accuracy"],
         "se": evaluation["se"],
@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     trainer = GRPOTrainer(model, tokenizer, correctness_reward, config)
 
-    before = evaluate_heldout(trainer, test_rows)
+    before = trainer.evaluate(test_rows)
     print(f"before: greedy accuracy {before['accuracy']:.3f} +- {before['se']:.3f} (n={before['n']}, {before['seconds']:.0f} s)", flush=True)
 
     budget = 60.0 * args.max_train_minutes
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
 
-    after = evaluate_heldout(trainer, test_rows)
+    after = trainer.evaluate(test_rows)
     gain, gain_se = paired_gain(before["correct"], after["correct"])
     print(f"after:  greedy accuracy {after['accuracy']:.3f} +- {after['se']:.3f}; gain {gain:+.3f} +- {gain_se:.3f} (paired)", flush=True)
 

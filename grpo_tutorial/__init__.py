@@ -9,11 +9,12 @@ Everything a chapter uses is importable from here.
 
 __version__ = "0.1.0"
 
-import warnings as _warnings
+from .run.progress import quiet_tqdm_auto as _quiet_tqdm_auto
 
 # transformers imports tqdm.auto, which warns in a Jupyter kernel without
-# ipywidgets; our own bars pick the right kind themselves (see _progress.py).
-_warnings.filterwarnings("ignore", message="IProgress not found")
+# ipywidgets; our own bars pick the right kind themselves (run/progress.py).
+# Imported once here with that warning silenced; no process-wide filter is set.
+_quiet_tqdm_auto()
 
 from .advantages import group_advantages
 from .kl import kl_estimate
@@ -43,7 +44,8 @@ from .tasks import (
 )
 from .config import GRPOConfig
 from .evaluation import evaluate_policy
-from .metrics import TIMING_KEYS, GRPOWarning
+from .metrics import TIMING_KEYS
+from .run.warn import GRPOWarning
 from .trainer import GRPOTrainer
 
 __all__ = [

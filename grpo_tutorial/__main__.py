@@ -350,20 +350,15 @@ def _check_paths(args: argparse.Namespace) -> None:
 
 
 def _write_json(path: Path, data: Any, run_dir: Path | None = None) -> None:
-    from .rundir import disk_errors
+    from .run.disk import write_json
 
-    with disk_errors(path.parent, run_dir):
-        path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with disk_errors(tmp, run_dir):
-        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+    write_json(path, data, run_dir)
 
 
 def _claim_out(out: Path) -> Any:
     """Lock ``--out`` for this command (creating it): fails at once, in one line, when it
     cannot be written or another run holds it, before any model is loaded."""
-    from .rundir import run_lock
+    from .run.lock import run_lock
 
     return run_lock(out)
 
@@ -374,16 +369,10 @@ def _claim_out(out: Path) -> Any:
 
 
 def _evaluate(model: Any, tokenizer: Any, rows: list, reward_fns: Any, config: Any, task: str, **kwargs: Any) -> dict:
-    """Greedy held-out evaluation with a run's settings (no trainer is built for it)."""
+    """Greedy held-out evaluation with a run's config (no trainer is built for it)."""
     from .evaluation import evaluate_policy
 
-    if kwargs.get("batch_size") is None:
-        kwargs["batch_size"] = config.eval_batch_size
-    return evaluate_policy(
-        model, tokenizer, rows, reward_fns=reward_fns, reward_weights=config.reward_weights,
-        max_new_tokens=config.max_new_tokens, system_prompt=config.system_prompt,
-        use_chat_template=config.use_chat_template, accuracy_fn=accuracy_fn_for(task), **kwargs,
-    )
+    return evaluate_policy(model, tokenizer, rows, config, reward_fns=reward_fns, accuracy_fn=accuracy_fn_for(task), **kwargs)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -396,14 +385,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace, out: Path) -> int:
     import torch
 
-    from .checkpoint import find_checkpoint
     from .config import GRPOConfig
+    from .run.layout import find_checkpoint, read_meta
     from .trainer import GRPOTrainer
 
     checkpoint = find_checkpoint(out) if args.resume else None
     resuming = checkpoint is not None
     if resuming:
-        meta = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+        meta = read_meta(checkpoint)
         print(f"resuming from {checkpoint} at step {meta['step']}", flush=True)
     elif args.resume:
         print(f"--resume: no checkpoint in {out} yet, starting from step 0", flush=True)
@@ -479,8 +468,11 @@ def _train(args: argparse.Namespace, out: Path) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from .checkpoint import find_checkpoint, load_model_state
+    import dataclasses
+
     from .config import GRPOConfig
+    from .run.checkpoint import load_model_state
+    from .run.layout import find_checkpoint
 
     run: dict[str, Any] = {}
     if args.checkpoint is not None:
@@ -509,12 +501,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         task, tiny=tiny, n_train=1, n_eval=n, seed=data_seed, digits=digits
     )
     model, tokenizer = _load_model(args, seed)
-    config_values: dict[str, Any] = {}
-    if args.checkpoint is not None:
+    config_values: dict[str, Any]
+    if args.checkpoint is not None:  # evaluate as the run trained: its whole config
         meta = load_model_state(model, args.checkpoint)
-        config_values = {k: meta["config"][k] for k in ("max_new_tokens", "system_prompt", "use_chat_template")}
+        fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+        config_values = {k: v for k, v in meta["config"].items() if k in fields and k != "output_dir"}
     else:
-        config_values["max_new_tokens"] = PRESETS["tiny" if tiny else "chat"]["max_new_tokens"]
+        config_values = dict(PRESETS["tiny" if tiny else "chat"])
     if args.max_new_tokens is not None:
         config_values["max_new_tokens"] = args.max_new_tokens
     if args.system_prompt is not None:
@@ -533,8 +526,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
     matplotlib.use("Agg")
     from .plotting import plot_history
-
-    from .rundir import disk_errors
+    from .run.disk import disk_errors
 
     fig = plot_history(args.history, keys=args.keys, smooth=args.smooth)
     out = Path(args.out)

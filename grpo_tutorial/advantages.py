@@ -19,6 +19,12 @@ with any ``scale``:
   whose rewards are all equal still gets a non-zero advantage (the baseline is
   not its own mean). ``baseline="group"`` with ``scale="batch"`` is
   "REINFORCE++ with baseline" (TRL's ``scale_rewards="batch"``).
+
+With several reward functions, GRPO sums the weighted rewards first and then
+z-scores the sum (TRL's ``multi_objective_aggregation="sum_then_normalize"``).
+GDPO (:func:`normalize_then_sum`) z-scores each reward function within its group
+first, sums those with the weights, and z-scores the sum over the whole batch,
+so a reward on a large scale cannot drown out one on a small scale.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ import torch
 from ._checks import as_float_tensor, one_of
 
 SCALES = ("group", "batch", "none")
+#: TRL's ``multi_objective_aggregation``: sum the weighted rewards, then normalise
+#: (GRPO, the default), or normalise each reward function, then sum (GDPO).
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 BASELINES = ("group", "rloo", "batch")
 STDS = ("sample", "population")
 NAN_POLICIES = ("raise", "skip")
@@ -184,3 +193,85 @@ def _advantages_skipping_nan(
         return advantages.masked_fill(~valid, 0.0)  # [P, G]
     no_signal = zero_std_groups(grouped, grouped.shape[1])  # [P]
     return advantages.masked_fill(no_signal[:, None] | ~valid, 0.0)  # [P, G]
+
+
+def normalize_then_sum(
+    per_function,
+    group_size: int,
+    weights=None,
+    *,
+    std: str = "sample",
+    eps: float = 1e-4,
+) -> torch.Tensor:
+    """GDPO's advantages: each reward function z-scored in its group, weighted, summed, then z-scored over the batch.
+
+    For completion i of a group, with rewards ``r_ik`` from K functions,
+
+        z_ik = (r_ik - mean_group(r_k)) / (std_group(r_k) + eps)
+        s_i  = sum_k w_k * z_ik
+        A_i  = (s_i - mean_batch(s)) / (std_batch(s) + eps)
+
+    (GDPO, Liu et al. 2026; TRL 1.16's ``multi_objective_aggregation=
+    "normalize_then_sum"``, which ignores ``scale_rewards``). Summing first, as
+    GRPO does, lets the function with the largest spread decide the ranking
+    within a group; here every function counts in units of its own spread,
+    and ``w_k`` says how much.
+
+    Args:
+        per_function: ``[N, K]`` rewards (N = P*G completions, ordered group by
+            group; K reward functions). NaN marks a completion a function could
+            not score: it is left out of that function's group mean and std and
+            contributes 0 to the sum. A completion no function could score
+            gets advantage 0 and is left out of the batch statistics.
+        group_size: G.
+        weights: K weights (None = all 1).
+        std: ``"sample"`` (Bessel, as TRL) or ``"population"``.
+        eps: added to each std, as in :func:`group_advantages`.
+
+    Returns:
+        ``[N]`` advantages. A group in which every function gave all its
+        (scorable) members the same reward, or scored fewer than two of them,
+        carries no signal and gets exactly 0, as in :func:`group_advantages`.
+    """
+    one_of("std", std, STDS)
+    if not isinstance(eps, (int, float)) or eps < 0:
+        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    r = as_float_tensor("per_function", per_function)
+    if r.dim() != 2:
+        raise ValueError(f"per_function must have shape [N, K] (completions x reward functions), got {tuple(r.shape)}")
+    n, k = r.shape
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 2:
+        raise ValueError(f"group_size must be an int >= 2 (a group needs a baseline), got {group_size!r}")
+    if n == 0 or n % group_size != 0:
+        raise ValueError(f"per_function has {n} rows, which is not a positive multiple of group_size={group_size}")
+    w = torch.ones(k, dtype=r.dtype) if weights is None else as_float_tensor("weights", weights).to(r.dtype)
+    if w.shape != (k,):
+        raise ValueError(f"weights has {w.numel()} entries but per_function has {k} reward functions (columns)")
+    if torch.isinf(r).any():
+        raise ValueError("per_function contains inf; a reward must be a finite number, or NaN for 'cannot score'")
+    ddof = 1 if std == "sample" else 0
+
+    grouped = r.view(-1, group_size, k)  # [P, G, K]
+    valid = ~torch.isnan(grouped)  # [P, G, K]
+    count = valid.sum(dim=1, keepdim=True)  # [P, 1, K]
+    values = torch.where(valid, grouped, torch.zeros_like(grouped))  # [P, G, K]
+    mean = values.sum(dim=1, keepdim=True) / count.clamp(min=1)  # [P, 1, K]
+    centred = torch.where(valid, grouped - mean, torch.zeros_like(grouped))  # [P, G, K]
+    spread = torch.sqrt((centred**2).sum(dim=1, keepdim=True) / (count - ddof).clamp(min=1))  # [P, 1, K]
+    # a function with fewer than two scorable members, or all of them equal, adds nothing to its group
+    low = torch.where(valid, grouped, torch.full_like(grouped, math.inf)).amin(dim=1, keepdim=True)  # [P, 1, K]
+    high = torch.where(valid, grouped, torch.full_like(grouped, -math.inf)).amax(dim=1, keepdim=True)  # [P, 1, K]
+    silent = (count < 2) | (low == high)  # [P, 1, K]
+    z = (centred / (spread + eps)).masked_fill(silent, 0.0)  # [P, G, K]
+    summed = (z * w).sum(dim=2).reshape(n)  # [N]
+
+    scorable = valid.any(dim=2).reshape(n)  # [N]
+    kept = summed[scorable]  # [M]
+    if kept.numel() > 1:
+        centre = kept.mean()
+        scale = torch.sqrt(((kept - centre) ** 2).sum() / max(kept.numel() - ddof, 1))
+    else:
+        centre, scale = summed.new_zeros(()), summed.new_zeros(())
+    advantages = (summed - centre) / (scale + eps)  # [N]
+    no_signal = silent.all(dim=2).expand(-1, group_size).reshape(n)  # [N]
+    return advantages.masked_fill(no_signal | ~scorable, 0.0)

@@ -13,10 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ._checks import check_choice, check_int, check_number, config_error, is_number
-from .advantages import BASELINES, SCALES, STDS
-from .kl import KL_KINDS
-from .loss import LOSS_TYPES
-from .objectives import IMPORTANCE_SAMPLING_LEVELS
+from .advantages import BASELINES, MULTI_OBJECTIVE_AGGREGATIONS, SCALES, STDS
+from .loss import OPTION_NAMES, LossOptions
 
 __all__ = ["GRPOConfig"]
 
@@ -86,8 +84,12 @@ class GRPOConfig:
         loss_type: ``"grpo"``, ``"bnpo"``, ``"dapo"``, ``"dr_grpo"``, ``"cispo"``
             (MiniMax-M1: a clipped, detached weight times log pi, so clipped
             tokens keep a gradient; its cap is ``1 + clip_eps_high``, which may
-            then be >= 1: TRL's ``epsilon_high=5.0`` is ``clip_eps_high=4.0``)
-            or ``"sapo"`` (a sigmoid gate instead of the clip).
+            then be >= 1: TRL's ``epsilon_high=5.0`` is ``clip_eps_high=4.0``),
+            ``"sapo"`` (a sigmoid gate instead of the clip), ``"luspo"`` (LUSPO:
+            GSPO's loss with each sequence's loss scaled by its length; needs
+            ``importance_sampling_level="sequence"``) or ``"vespo"`` (VESPO: no
+            clip, a detached Gamma-shaped weight of the sequence's importance
+            weight; aggregated like ``"dapo"``).
         importance_sampling_level: ``"token"`` (one ratio per token) or
             ``"sequence"`` (GSPO: one length-normalised ratio per completion).
         delta: None, or a cap on the ratio in the unclipped term of the clipped
@@ -101,15 +103,45 @@ class GRPOConfig:
             per-token entropy, per micro-batch as in TRL (1.0 = all tokens; the
             80/20 paper uses 0.2).
         entropy_coef: subtract this times the mean per-token entropy (an
-            entropy bonus; 0 = off).
+            entropy bonus; 0 = off). With ``use_adaptive_entropy``, the
+            coefficient it starts from.
             Both entropy options use the *current* policy's entropy with its
             gradient, from the gradient pass (as TRL does), never the no-grad
             old-policy pass; the history's ``entropy`` stays the sampling policy's.
+        use_adaptive_entropy: Skywork-OR1's adaptive entropy control (TRL's
+            name and rule). After each optimizer update the mean entropy of that
+            update's tokens is compared with ``entropy_target``: at or below it,
+            the coefficient rises by ``entropy_coef_delta``, above it, it falls
+            by as much, within ``[entropy_coef_min, entropy_coef_max]``; the
+            bonus is applied only while the last measured entropy is at or below
+            the target (so not in the first update). The history's
+            ``entropy_coef`` is the coefficient after the step; a checkpoint
+            keeps the controller's state.
+        entropy_target: the target mean per-token entropy, in nats (TRL's
+            default 0.2 is near collapse for a language model: set it near the
+            entropy you see early in training).
+        entropy_coef_min, entropy_coef_max, entropy_coef_delta: the bounds and
+            the step of the adaptive coefficient (TRL's defaults 0, 1, 0.005).
         off_policy_mask_threshold: None, or drop from the loss the completions
             with a negative advantage whose mean log(pi_old / pi_theta) exceeds
             it (DeepSeek-V3.2). Here sampler and scorer are one model, so it
             only acts on the later updates of an off-policy step (mu > 1 or
             several minibatches); on-policy it keeps everything.
+        use_bias_correction_kl: multiply the KL term by the importance ratio
+            pi_theta / pi_old, not detached (DeepSeek-V3.2). On-policy the
+            penalty's value is unchanged (the ratio is 1), but its gradient per
+            token becomes log(pi / pi_ref), the reverse KL's, where plain k3's,
+            1 - pi_ref / pi, pulls on average towards the *forward* KL
+            (chapter 5). Default False, where TRL 1.16's is True: the package's
+            defaults are DeepSeekMath's GRPO objective (as ``loss_type="grpo"``
+            is, where TRL's default is ``"dapo"``), and later refinements are
+            switched on by name; so every chapter's and golden run's numbers
+            stay those of the plain k3 penalty. Set True to match TRL's default.
+            It only matters with ``beta > 0``.
+        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: the shape
+            of VESPO's weight phi(w) = e^lambda w^k e^(-lambda w) for positive
+            and negative advantages (TRL's defaults 2, 3, 3, 2; the weight
+            peaks at w = k / lambda).
         advantage_baseline: what a reward is compared with. ``"group"`` (GRPO:
             the group mean), ``"rloo"`` (RLOO: the mean of the other G - 1
             rewards of the group) or ``"batch"`` (REINFORCE++: the mean of the
@@ -123,6 +155,14 @@ class GRPOConfig:
             groups sampled; every round advances the data position.
         max_sampling_rounds: the cap of ``dynamic_sampling`` (>= 1).
         scale_rewards: ``"group"``, ``"batch"`` or ``"none"`` (Dr. GRPO).
+        multi_objective_aggregation: with several reward functions,
+            ``"sum_then_normalize"`` (default, GRPO: weight and sum the rewards,
+            then compute advantages of the sum) or ``"normalize_then_sum"``
+            (GDPO: z-score each function's rewards within the group, weight and
+            sum those, then z-score the sum over the batch;
+            :func:`~grpo_tutorial.advantages.normalize_then_sum`). The latter
+            replaces ``scale_rewards`` and ``advantage_baseline``, which must
+            then stay ``"group"`` (TRL ignores them silently).
         std: ``"sample"`` (Bessel) or ``"population"`` for the advantage std.
         max_grad_norm: gradient clipping threshold (None = no clipping, but the
             norm is still measured and logged).
@@ -133,7 +173,16 @@ class GRPOConfig:
         use_chat_template: None = automatic (use it when the tokenizer has one).
         seed: seeds the data order, sampling and minibatch shuffles (see
             :mod:`grpo_tutorial.seeding`).
-        log_every: refresh the progress bar's reward/KL every this many steps.
+        log_every: refresh the progress bar's reward/KL every this many steps,
+            and log completions (``log_completions``) every this many steps.
+        log_completions: every ``log_every`` steps, print a few prompts,
+            completions, their rewards and advantages (with the progress bar,
+            which stays below them) and append them to
+            ``output_dir/completions.jsonl`` (TRL's name;
+            :mod:`grpo_tutorial.completions_log`).
+        num_completions_to_print: how many completions to log each time,
+            drawn at random (seeded by ``seed`` and the step) from the step's
+            batch; None = all of them (TRL's default).
         checkpoint_every: save a checkpoint every this many steps and at the
             end of ``train`` (0 = no periodic checkpoints; Ctrl-C still saves
             one). Needs output_dir.
@@ -169,10 +218,21 @@ class GRPOConfig:
     top_entropy_quantile: float = 1.0
     entropy_coef: float = 0.0
     off_policy_mask_threshold: float | None = None
+    use_bias_correction_kl: bool = False
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    use_adaptive_entropy: bool = False
+    entropy_target: float = 0.2
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
+    entropy_coef_delta: float = 0.005
     advantage_baseline: str = "group"
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 4
     scale_rewards: str = "group"
+    multi_objective_aggregation: str = "sum_then_normalize"
     std: str = "sample"
     max_grad_norm: float | None = 1.0
     ref_sync_every: int | None = None
@@ -181,6 +241,8 @@ class GRPOConfig:
     use_chat_template: bool | None = None
     seed: int = 0
     log_every: int = 1
+    log_completions: bool = False
+    num_completions_to_print: int | None = None
     checkpoint_every: int = 0
     output_dir: str | None = None
     eval_batch_size: int = 64
@@ -204,19 +266,18 @@ class GRPOConfig:
         check_number(o, "learning_rate", self.learning_rate, lambda v: v > 0,
                      "a positive number (e.g. 1e-4 for the tiny model)")
         check_number(o, "weight_decay", self.weight_decay, lambda v: v >= 0, "a number >= 0")
-        check_number(o, "beta", self.beta, lambda v: v >= 0, "a number >= 0 (0 = no KL penalty)")
-        check_number(o, "clip_eps", self.clip_eps, lambda v: 0 < v < 1, "a number in (0, 1), e.g. 0.2")
-        check_choice(o, "loss_type", self.loss_type, LOSS_TYPES)
-        if self.loss_type == "cispo":  # the cap 1 + clip_eps_high may lie far above 2 (TRL recommends 5)
-            check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: v > 0,
-                         "None or a number > 0 (CISPO's cap is 1 + clip_eps_high)", optional=True)
-        else:
+        self.loss_options()  # every setting of the loss, validated where the loss defines them (loss.py)
+        if self.loss_type != "cispo":  # a training run's clip range; only CISPO's cap lies far above 2
             check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: 0 < v < 1,
-                         "None or a number in (0, 1), e.g. 0.28", optional=True)
-        check_choice(o, "kl_kind", self.kl_kind, KL_KINDS)
-        self._check_variant_options()
+                         "None or a number in (0, 1), e.g. 0.28 (only CISPO takes a cap above 2)", optional=True)
+        self._check_sampling_options()
         check_choice(o, "scale_rewards", self.scale_rewards, SCALES)
         check_choice(o, "std", self.std, STDS)
+        self._check_aggregation_and_entropy_control()
+        if not isinstance(self.log_completions, bool):
+            raise config_error(o, "log_completions", self.log_completions, "True or False")
+        check_int(o, "num_completions_to_print", self.num_completions_to_print, 1, optional=True,
+                  hint=" (None = every completion of the logged step)")
         check_number(o, "max_grad_norm", self.max_grad_norm, lambda v: v > 0, "None or a number > 0", optional=True)
         check_int(o, "ref_sync_every", self.ref_sync_every, 1, optional=True)
         for flag in ("disable_dropout", "share_prompt_cache"):
@@ -252,26 +313,10 @@ class GRPOConfig:
                 raise config_error(o, "output_dir", self.output_dir, "None or a path")
             self.output_dir = os.fspath(self.output_dir)
 
-    def _check_variant_options(self) -> None:
+    def _check_sampling_options(self) -> None:
         o = _OWNER
-        check_choice(o, "importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
-        eps_high = self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
-        if self.delta is not None and self.loss_type in ("cispo", "sapo"):
-            raise config_error(o, "delta", self.delta, f"None with loss_type={self.loss_type!r}",
-                               ": delta caps the clipped surrogate's ratio, which this loss type does not use")
-        if is_number(eps_high):
-            check_number(o, "delta", self.delta, lambda v: v > 1 + eps_high,
-                         f"None or a number > 1 + clip_eps_high = {1 + eps_high:g}", optional=True)
-        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
-            check_number(o, name, getattr(self, name), lambda v: v > 0, "a number > 0")
-        for name in ("mask_truncated_completions", "dynamic_sampling"):
-            if not isinstance(getattr(self, name), bool):
-                raise config_error(o, name, getattr(self, name), "True or False")
-        check_number(o, "top_entropy_quantile", self.top_entropy_quantile, lambda v: 0 <= v <= 1,
-                     "a number in [0, 1] (1.0 = every token; the 80/20 paper uses 0.2)")
-        check_number(o, "entropy_coef", self.entropy_coef, lambda v: True, "a number (0 = no entropy bonus)")
-        check_number(o, "off_policy_mask_threshold", self.off_policy_mask_threshold, lambda v: v >= 0,
-                     "None or a number >= 0 (e.g. 0.5)", optional=True)
+        if not isinstance(self.dynamic_sampling, bool):
+            raise config_error(o, "dynamic_sampling", self.dynamic_sampling, "True or False")
         check_choice(o, "advantage_baseline", self.advantage_baseline, BASELINES)
         if self.advantage_baseline == "batch" and self.scale_rewards == "group":
             raise config_error(o, "scale_rewards", self.scale_rewards,
@@ -280,10 +325,45 @@ class GRPOConfig:
                                "reward by it would blow up (REINFORCE++ uses scale_rewards='batch')")
         check_int(o, "max_sampling_rounds", self.max_sampling_rounds, 1)
 
+    def _check_aggregation_and_entropy_control(self) -> None:
+        o = _OWNER
+        check_choice(o, "multi_objective_aggregation", self.multi_objective_aggregation, MULTI_OBJECTIVE_AGGREGATIONS)
+        if self.multi_objective_aggregation == "normalize_then_sum":
+            for name in ("scale_rewards", "advantage_baseline"):
+                if getattr(self, name) != "group":
+                    raise config_error(
+                        o, name, getattr(self, name), "'group' with multi_objective_aggregation='normalize_then_sum'",
+                        ": GDPO z-scores each reward function in its group and the weighted sum over the batch; "
+                        "it has no other baseline or scale",
+                    )
+        if not isinstance(self.use_adaptive_entropy, bool):
+            raise config_error(o, "use_adaptive_entropy", self.use_adaptive_entropy, "True or False")
+        check_number(o, "entropy_target", self.entropy_target, lambda v: v >= 0, "a number >= 0 (nats per token)")
+        check_number(o, "entropy_coef_delta", self.entropy_coef_delta, lambda v: v >= 0, "a number >= 0")
+        check_number(o, "entropy_coef_min", self.entropy_coef_min, lambda v: v >= 0, "a number >= 0")
+        check_number(o, "entropy_coef_max", self.entropy_coef_max, lambda v: v >= self.entropy_coef_min,
+                     f"a number >= entropy_coef_min = {self.entropy_coef_min!r}")
+        if self.use_adaptive_entropy and not self.entropy_coef_min <= self.entropy_coef <= self.entropy_coef_max:
+            raise config_error(
+                o, "entropy_coef", self.entropy_coef,
+                f"in [entropy_coef_min, entropy_coef_max] = [{self.entropy_coef_min:g}, {self.entropy_coef_max:g}] "
+                "with use_adaptive_entropy=True", ": it is the coefficient the controller starts from",
+            )
+
+    def loss_options(self) -> LossOptions:
+        """Stage 6's settings as one validated, frozen :class:`~grpo_tutorial.loss.LossOptions`.
+
+        The fields of the same names, plus ``max_completion_length=max_new_tokens``.
+        It is what the trainer passes to :func:`~grpo_tutorial.loss.grpo_loss`;
+        a bad value raises ``ValueError`` naming ``GRPOConfig.<field>``.
+        """
+        values = {name: getattr(self, name) for name in OPTION_NAMES if name != "max_completion_length"}
+        return LossOptions(**values, max_completion_length=self.max_new_tokens, owner=_OWNER)
+
     @property
     def needs_entropy_grad(self) -> bool:
-        """Whether the loss uses the current policy's per-token entropy."""
-        return self.top_entropy_quantile < 1.0 or self.entropy_coef != 0.0
+        """Whether the loss uses the current policy's per-token entropy (adaptive control may switch the bonus on)."""
+        return self.loss_options().needs_entropy or self.use_adaptive_entropy
 
     @property
     def batch_completions(self) -> int:

@@ -19,18 +19,33 @@ For completion i, token t, with ratio rho = pi_theta / pi_old and advantage A_i:
 * ``"cispo"`` (MiniMax-M1): a clipped, detached weight times log pi, so clipped
   tokens keep a gradient; aggregated like ``"dapo"``.
 * ``"sapo"``: a sigmoid gate instead of the hard clip; aggregated like ``"grpo"``.
+* ``"luspo"`` (LUSPO): GSPO's clipped surrogate (it needs
+  ``importance_sampling_level="sequence"``), each sequence's loss scaled by its
+  length: the mean over sequences of the token *sums*.
+* ``"vespo"`` (VESPO): no clip; a detached Gamma-shaped weight of the sequence's
+  importance weight times A * log pi (REINFORCE's form); aggregated like ``"dapo"``.
 
 The other variant options (GSPO's sequence ratio, ``delta``, truncation
-masking, the high-entropy tokens, the entropy bonus, the off-policy mask) are
-keyword arguments with TRL's names; each is one function of
+masking, the high-entropy tokens, the entropy bonus, the off-policy mask,
+DeepSeek-V3.2's bias-corrected KL) have TRL's names; each is one function of
 :mod:`grpo_tutorial.objectives`. Their defaults leave the loss exactly as above.
+
+Every setting of the loss is one field of :class:`LossOptions`, a frozen
+dataclass that checks itself when it is built; this is the only place where the
+loss's settings are validated. The trainer passes ``config.loss_options()``
+(:meth:`GRPOConfig.loss_options <grpo_tutorial.config.GRPOConfig.loss_options>`);
+a notebook may pass the same settings as keywords instead
+(``grpo_loss(..., clip_eps=0.2, loss_type="dapo")``), which builds the object.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import InitVar, dataclass
+
 import torch
 
-from ._checks import one_of, require_tensor, same_shape
+from ._checks import check_choice, check_int, check_number, config_error, is_number, require_tensor, same_shape
 from .kl import KL_KINDS, kl_estimate
 from .objectives import (
     IMPORTANCE_SAMPLING_LEVELS,
@@ -38,14 +53,112 @@ from .objectives import (
     aggregate_tokens,
     entropy_bonus,
     high_entropy_mask,
+    importance_weighted_kl,
     importance_weights,
     masked_log_ratio,
     off_policy_mask,
     per_token_objective,
     truncation_mask,
+    vespo_weights,
 )
 
-__all__ = ["LOSS_TYPES", "aggregate_tokens", "grpo_loss", "sequence_logprob_loss"]
+__all__ = ["LOSS_TYPES", "LossOptions", "aggregate_tokens", "grpo_loss", "sequence_logprob_loss"]
+
+
+@dataclass(frozen=True)
+class LossOptions:
+    """Every setting of stage 6's loss, validated once, when the object is built.
+
+    The fields have the names (and the meaning) of the :class:`GRPOConfig
+    <grpo_tutorial.config.GRPOConfig>` fields of the same name, whose docs say
+    what each does; ``max_completion_length`` is the config's ``max_new_tokens``
+    (``dr_grpo``'s constant; None = the batch's width). Build it with
+    ``config.loss_options()``, or directly, ``LossOptions(loss_type="dapo")``.
+    ``owner`` only names the object in error messages
+    (``GRPOConfig.delta must be ...`` when the config builds it).
+
+    A bad value raises ``ValueError`` naming the field, the value and what it
+    should be; so does an option that the chosen ``loss_type`` would silently
+    ignore (``delta`` with CISPO, SAPO or VESPO) or that contradicts it (LUSPO
+    without GSPO's sequence-level ratio, VESPO with it).
+    """
+
+    loss_type: str = "grpo"
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    beta: float = 0.0
+    kl_kind: str = "k3"
+    max_completion_length: int | None = None
+    importance_sampling_level: str = "token"
+    delta: float | None = None
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    mask_truncated_completions: bool = False
+    top_entropy_quantile: float = 1.0
+    entropy_coef: float = 0.0
+    off_policy_mask_threshold: float | None = None
+    use_bias_correction_kl: bool = False
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    owner: InitVar[str] = "LossOptions"
+
+    def __post_init__(self, owner: str) -> None:
+        o = owner
+        check_choice(o, "loss_type", self.loss_type, LOSS_TYPES)
+        check_number(o, "clip_eps", self.clip_eps, lambda v: 0 < v < 1, "a number in (0, 1), e.g. 0.2")
+        check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: v > 0,
+                     "None or a number > 0 (e.g. 0.28; CISPO's cap is 1 + clip_eps_high)", optional=True)
+        check_number(o, "beta", self.beta, lambda v: v >= 0, "a number >= 0 (0 = no KL penalty)")
+        check_choice(o, "kl_kind", self.kl_kind, KL_KINDS)
+        check_int(o, "max_completion_length", self.max_completion_length, 1, optional=True)
+        check_choice(o, "importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
+        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
+            raise config_error(o, "importance_sampling_level", self.importance_sampling_level,
+                               "'sequence' with loss_type='luspo'",
+                               ": LUSPO scales GSPO's sequence-level loss by each sequence's length")
+        if self.loss_type == "vespo" and self.importance_sampling_level != "token":
+            raise config_error(o, "importance_sampling_level", self.importance_sampling_level,
+                               "'token' with loss_type='vespo'",
+                               ": VESPO builds its own sequence weight from the token log-ratios")
+        if self.delta is not None and self.loss_type in ("cispo", "sapo", "vespo"):
+            raise config_error(o, "delta", self.delta, f"None with loss_type={self.loss_type!r}",
+                               ": delta caps the clipped surrogate's ratio, which this loss type does not use")
+        eps_high = self.eps_high
+        if is_number(eps_high):
+            check_number(o, "delta", self.delta, lambda v: v > 1 + eps_high,
+                         f"None or a number > 1 + clip_eps_high = {1 + eps_high:g}", optional=True)
+        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+            check_number(o, name, getattr(self, name), lambda v: v > 0, "a number > 0")
+        if not isinstance(self.mask_truncated_completions, bool):
+            raise config_error(o, "mask_truncated_completions", self.mask_truncated_completions, "True or False")
+        check_number(o, "top_entropy_quantile", self.top_entropy_quantile, lambda v: 0 <= v <= 1,
+                     "a number in [0, 1] (1.0 = every token; the 80/20 paper uses 0.2)")
+        check_number(o, "entropy_coef", self.entropy_coef, lambda v: True, "a number (0 = no entropy bonus)")
+        check_number(o, "off_policy_mask_threshold", self.off_policy_mask_threshold, lambda v: v >= 0,
+                     "None or a number >= 0 (e.g. 0.5)", optional=True)
+        if not isinstance(self.use_bias_correction_kl, bool):
+            raise config_error(o, "use_bias_correction_kl", self.use_bias_correction_kl, "True or False")
+        for name in ("vespo_k_pos", "vespo_k_neg"):
+            check_number(o, name, getattr(self, name), lambda v: v >= 0, "a number >= 0 (the power of w in VESPO's weight)")
+        for name in ("vespo_lambda_pos", "vespo_lambda_neg"):
+            check_number(o, name, getattr(self, name), lambda v: v > 0, "a number > 0 (the decay rate in VESPO's weight)")
+
+    @property
+    def eps_high(self) -> float:
+        """The upper clip, ``clip_eps_high``, or ``clip_eps`` when it is None (symmetric)."""
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether the loss uses the current policy's per-token entropy (with its gradient)."""
+        return self.top_entropy_quantile < 1.0 or self.entropy_coef != 0.0
+
+
+#: The keyword arguments of :func:`grpo_loss` that are :class:`LossOptions` fields.
+OPTION_NAMES = tuple(f.name for f in dataclasses.fields(LossOptions))
+_DEFAULTS = LossOptions()
 
 
 def grpo_loss(
@@ -73,8 +186,19 @@ def grpo_loss(
     entropy_coef: float = 0.0,
     entropies: torch.Tensor | None = None,
     off_policy_mask_threshold: float | None = None,
+    use_bias_correction_kl: bool = False,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
+    options: LossOptions | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The GRPO loss (to minimise) and a dict of diagnostics.
+
+    The loss's settings come either as one :class:`LossOptions` (``options``,
+    what the trainer passes) or as keywords with the same names (what a notebook
+    types); the keywords build the object, which validates them. Passing both
+    is refused unless the keywords are left at their defaults.
 
     Args:
         logp: ``[N, T]`` log pi_theta of the sampled tokens, with gradient.
@@ -85,9 +209,10 @@ def grpo_loss(
         beta: weight of the KL penalty.
         clip_eps: eps_low; the ratio may not go below ``1 - clip_eps``.
         clip_eps_high: eps_high (DAPO's clip-higher); defaults to ``clip_eps``.
-        loss_type: ``"grpo"``, ``"bnpo"``, ``"dapo"``, ``"dr_grpo"``, ``"cispo"``
-            or ``"sapo"``. ``"cispo"`` caps its weight at ``1 + clip_eps_high``
-            (TRL: at ``epsilon_high``; see :func:`~grpo_tutorial.objectives.cispo_objective`).
+        loss_type: ``"grpo"``, ``"bnpo"``, ``"dapo"``, ``"dr_grpo"``, ``"cispo"``,
+            ``"sapo"``, ``"luspo"`` or ``"vespo"``. ``"cispo"`` caps its weight at
+            ``1 + clip_eps_high`` (TRL: at ``epsilon_high``; see
+            :func:`~grpo_tutorial.objectives.cispo_objective`).
         max_completion_length: the constant for ``"dr_grpo"`` (default: T).
         kl_kind: which estimator (``"k1"``, ``"k2"``, ``"k3"``) the penalty uses.
         gradient_accumulation_steps, num_items_in_batch: the normalisers for an
@@ -111,16 +236,32 @@ def grpo_loss(
             ``entropy_coef != 0``.
         off_policy_mask_threshold: None, or drop the negative-advantage
             sequences whose mean log(pi_old / pi_theta) exceeds it (DeepSeek-V3.2).
+        use_bias_correction_kl: multiply the KL term by the (not detached)
+            importance weight (DeepSeek-V3.2; TRL's default is True, ours False,
+            see :class:`~grpo_tutorial.config.GRPOConfig`). The on-policy value
+            is unchanged; the gradient becomes the reverse KL's
+            (:func:`~grpo_tutorial.objectives.importance_weighted_kl`).
+        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: the shape
+            of VESPO's weight for A >= 0 and A < 0 (``loss_type="vespo"`` only;
+            :func:`~grpo_tutorial.objectives.vespo_weights`).
+        options: all of the settings above (from ``beta`` to
+            ``vespo_lambda_neg``, except the tensors and the two normalisers)
+            as one :class:`LossOptions`.
 
     Returns:
         ``(loss, stats)``: stats are plain floats, measured over masked tokens:
         ``clip_frac_low`` (ratio < 1-eps_low with A < 0: clipped, no gradient),
         ``clip_frac_high`` (ratio > 1+eps_high with A > 0), ``clip_frac`` (their
-        sum), ``kl`` (mean estimate; NaN when no ``ref_logp`` is given),
-        ``ratio_mean``, ``ratio_max``, ``adv_mean``, ``adv_std``.
+        sum), ``kl`` (mean of the KL term, times the ratio with
+        ``use_bias_correction_kl``; NaN when no ``ref_logp`` is given),
+        ``ratio_mean``, ``ratio_max``, ``adv_mean``, ``adv_std``; when
+        ``entropies`` are given, also ``entropy_sum`` and ``entropy_tokens``,
+        the sum of the entropies over the tokens the bonus acts on and their
+        count (adaptive entropy control measures the update's entropy with them).
     """
-    one_of("loss_type", loss_type, LOSS_TYPES)
-    one_of("kl_kind", kl_kind, KL_KINDS)
+    arguments = locals()
+    keywords = {name: arguments[name] for name in OPTION_NAMES}  # every LossOptions field is a keyword here
+    opts = _options(options, keywords)
     require_tensor("logp", logp, dim=2, floating=True)
     require_tensor("old_logp", old_logp, dim=2, floating=True)
     require_tensor("mask", mask, dim=2)
@@ -132,35 +273,33 @@ def grpo_loss(
         raise ValueError(
             f"advantages has {advantages.shape[0]} entries but logp has {logp.shape[0]} rows; expected one advantage per completion"
         )
-    if not 0.0 < clip_eps < 1.0:
-        raise ValueError(f"clip_eps must lie in (0, 1), got {clip_eps}")
-    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
-    if not eps_high > 0.0:
-        raise ValueError(f"clip_eps_high must be > 0, got {clip_eps_high}")
-    if beta < 0:
-        raise ValueError(f"beta must be >= 0, got {beta}")
-    if beta > 0 and ref_logp is None:
-        raise ValueError(f"beta={beta} > 0 needs ref_logp (the reference policy's log-probs)")
-    _check_variant_options(
-        logp, loss_type, eps_high, importance_sampling_level, delta, sapo_temperature_pos, sapo_temperature_neg,
-        mask_truncated_completions, truncated, top_entropy_quantile, entropy_coef, entropies,
-        off_policy_mask_threshold,
-    )
+    if opts.beta > 0 and ref_logp is None:
+        raise ValueError(f"beta={opts.beta} > 0 needs ref_logp (the reference policy's log-probs)")
+    _check_option_tensors(logp, opts, truncated, entropies)
     mask = mask.to(logp.dtype)
     if mask.sum() == 0:
         raise ValueError("mask is all zeros: there are no completion tokens to train on")
     # the loss's own mask: the rollout's mask minus truncated completions (never mutate the rollout's)
-    loss_mask = truncation_mask(mask, truncated) if mask_truncated_completions else mask  # [N, T]
+    loss_mask = truncation_mask(mask, truncated) if opts.mask_truncated_completions else mask  # [N, T]
+    clip_eps, eps_high = opts.clip_eps, opts.eps_high
 
     adv = advantages.detach().to(logp.dtype)[:, None]  # [N, 1]
-    ratio = importance_weights(masked_log_ratio(logp, old_logp, mask), mask, importance_sampling_level)  # [N, T]
+    log_ratio = masked_log_ratio(logp, old_logp, mask)  # [N, T]
+    ratio = importance_weights(log_ratio, mask, opts.importance_sampling_level)  # [N, T]
+    vespo_weight = None
+    if opts.loss_type == "vespo":
+        vespo_weight = vespo_weights(
+            log_ratio, loss_mask, adv, opts.vespo_k_pos, opts.vespo_lambda_pos, opts.vespo_k_neg, opts.vespo_lambda_neg
+        )  # [N, 1], detached
     per_token = per_token_objective(
-        loss_type, ratio, adv, logp, clip_eps=clip_eps, clip_eps_high=eps_high, delta=delta,
-        sapo_temperature_pos=sapo_temperature_pos, sapo_temperature_neg=sapo_temperature_neg,
+        opts.loss_type, ratio, adv, logp, clip_eps=clip_eps, clip_eps_high=eps_high, delta=opts.delta,
+        sapo_temperature_pos=opts.sapo_temperature_pos, sapo_temperature_neg=opts.sapo_temperature_neg,
+        vespo_weight=vespo_weight,
     )  # [N, T]
-    if off_policy_mask_threshold is not None:
-        per_token = per_token * off_policy_mask(adv, logp, old_logp, loss_mask, off_policy_mask_threshold)  # [N, T]
-    keep = high_entropy_mask(entropies, loss_mask, top_entropy_quantile) if top_entropy_quantile < 1.0 else None
+    if opts.off_policy_mask_threshold is not None:
+        per_token = per_token * off_policy_mask(adv, logp, old_logp, loss_mask, opts.off_policy_mask_threshold)  # [N, T]
+    top_quantile = opts.top_entropy_quantile
+    keep = high_entropy_mask(entropies, loss_mask, top_quantile) if top_quantile < 1.0 else None
     if keep is not None:
         per_token = per_token * keep  # [N, T]
     kl = None
@@ -168,16 +307,18 @@ def grpo_loss(
         # As for the ratio: padded positions get log-ratio 0, so a huge gap
         # between policy and reference on pad tokens cannot turn into NaN grads.
         ref_safe = torch.where(mask.bool(), ref_logp.detach(), logp.detach())  # [N, T]
-        kl = kl_estimate(logp, ref_safe, kind=kl_kind)  # [N, T]
-        if beta > 0:
-            per_token = per_token + beta * kl  # [N, T]
+        kl = kl_estimate(logp, ref_safe, kind=opts.kl_kind)  # [N, T]
+        if opts.use_bias_correction_kl:
+            kl = importance_weighted_kl(kl, ratio)  # [N, T]
+        if opts.beta > 0:
+            per_token = per_token + opts.beta * kl  # [N, T]
     loss = aggregate_tokens(
-        per_token, loss_mask, loss_type, max_completion_length,
+        per_token, loss_mask, opts.loss_type, opts.max_completion_length,
         gradient_accumulation_steps=gradient_accumulation_steps, num_items_in_batch=num_items_in_batch,
     )
-    if entropy_coef != 0.0:
-        bonus_mask = loss_mask if keep is None else loss_mask * keep  # [N, T]
-        loss = loss - entropy_coef * entropy_bonus(entropies, bonus_mask, gradient_accumulation_steps)
+    bonus_mask = loss_mask if keep is None else loss_mask * keep  # [N, T]: the tokens the bonus acts on
+    if opts.entropy_coef != 0.0:
+        loss = loss - opts.entropy_coef * entropy_bonus(entropies, bonus_mask, gradient_accumulation_steps)
 
     with torch.no_grad():
         n_tok = mask.sum()
@@ -194,26 +335,30 @@ def grpo_loss(
             "adv_mean": float(advantages.mean()),
             "adv_std": float(advantages.std()) if advantages.numel() > 1 else 0.0,
         }
+        if entropies is not None:
+            stats["entropy_sum"] = float(torch.where(bonus_mask.bool(), entropies, 0.0).sum())
+            stats["entropy_tokens"] = float(bonus_mask.sum())
     return loss, stats
 
 
-def _check_variant_options(
-    logp, loss_type, eps_high, level, delta, tau_pos, tau_neg, mask_truncated, truncated, top_quantile,
-    entropy_coef, entropies, off_policy_threshold,
-) -> None:
-    """Refuse a variant option that is malformed or that the chosen loss_type would silently ignore."""
-    one_of("importance_sampling_level", level, IMPORTANCE_SAMPLING_LEVELS)
-    if delta is not None:
-        if loss_type in ("cispo", "sapo"):
-            raise ValueError(
-                f"delta caps the clipped surrogate's ratio; loss_type={loss_type!r} has none (set delta=None)"
-            )
-        if not delta > 1.0 + eps_high:
-            raise ValueError(f"delta must be None or > 1 + clip_eps_high = {1.0 + eps_high}, got {delta}")
-    for name, value in (("sapo_temperature_pos", tau_pos), ("sapo_temperature_neg", tau_neg)):
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value}")
-    if mask_truncated:
+def _options(options: LossOptions | None, keywords: dict) -> LossOptions:
+    """The one :class:`LossOptions` of a call: ``options``, or the keywords built into one."""
+    if options is None:
+        return LossOptions(**keywords)
+    if not isinstance(options, LossOptions):
+        raise TypeError(f"options must be a LossOptions (e.g. config.loss_options()), got {type(options).__name__}")
+    changed = [name for name, value in keywords.items() if value != getattr(_DEFAULTS, name)]
+    if changed:
+        raise ValueError(
+            f"grpo_loss got options and also the keyword(s) {changed}; pass the settings one way: "
+            f"dataclasses.replace(options, {changed[0]}=...) or keywords alone"
+        )
+    return options
+
+
+def _check_option_tensors(logp: torch.Tensor, opts: LossOptions, truncated, entropies) -> None:
+    """The tensors some options need: ``truncated`` for truncation masking, ``entropies`` for the entropy options."""
+    if opts.mask_truncated_completions:
         if truncated is None:
             raise ValueError("mask_truncated_completions=True needs truncated, a [N] bool tensor (Rollout.truncated)")
         is_flags = isinstance(truncated, torch.Tensor) and truncated.dtype == torch.bool
@@ -222,9 +367,7 @@ def _check_variant_options(
                 f"truncated must be a bool tensor of shape ({logp.shape[0]},), got "
                 f"{getattr(truncated, 'dtype', type(truncated).__name__)} {tuple(getattr(truncated, 'shape', ()))}"
             )
-    if not 0.0 <= top_quantile <= 1.0:
-        raise ValueError(f"top_entropy_quantile must lie in [0, 1] (1.0 = every token), got {top_quantile}")
-    if (top_quantile < 1.0 or entropy_coef != 0.0) and entropies is None:
+    if opts.needs_entropy and entropies is None:
         raise ValueError(
             "top_entropy_quantile < 1 and entropy_coef != 0 need entropies, the [N, T] per-token entropy "
             "of the current policy (completion_logprobs(..., return_entropy=True, entropy_grad=True))"
@@ -232,8 +375,6 @@ def _check_variant_options(
     if entropies is not None:
         require_tensor("entropies", entropies, dim=2, floating=True)
         same_shape(logp=logp, entropies=entropies)
-    if off_policy_threshold is not None and not off_policy_threshold >= 0:
-        raise ValueError(f"off_policy_mask_threshold must be None or >= 0, got {off_policy_threshold}")
 
 
 def sequence_logprob_loss(seq_logp: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:

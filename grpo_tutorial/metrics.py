@@ -9,19 +9,14 @@ where they happen, in the trainer's update.)
 from __future__ import annotations
 
 import math
-import os
-import sys
 import time
-import warnings
 from typing import Any, Callable, Sequence
 
 import torch
 
 __all__ = [
-    "GRPOWarning",
     "StageClock",
     "TIMING_KEYS",
-    "WarnOnce",
     "check_failure_modes",
     "step_row",
 ]
@@ -57,32 +52,6 @@ class StageClock:
             stages.setdefault(f"{name}_seconds", 0.0)
         stages["other_seconds"] = max(0.0, total - sum(stages.values()))
         return {"step_seconds": total, "rollout_seconds": stages["generate_seconds"], **stages}
-
-
-class GRPOWarning(UserWarning):
-    """A training failure mode was detected (no signal, truncation, collapse, NaN)."""
-
-
-def caller_stacklevel() -> int:
-    """The ``stacklevel`` that points a warning at the first frame outside this package."""
-    package_dir = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1  # level 1 = the function calling warnings.warn
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package_dir):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-class WarnOnce:
-    """Issue each kind of :class:`GRPOWarning` at most once per run."""
-
-    def __init__(self, already: Sequence[str] = ()) -> None:
-        self.issued: set[str] = set(already)
-
-    def __call__(self, kind: str, message: str) -> None:
-        if kind in self.issued:
-            return
-        self.issued.add(kind)
-        warnings.warn(message, GRPOWarning, stacklevel=caller_stacklevel())
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:

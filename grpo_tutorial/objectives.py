@@ -3,16 +3,19 @@
 :func:`grpo_loss` (loss.py) is these pieces in a row::
 
     log-ratio -> importance weight -> per-token objective -> loss masks -> + beta * KL -> aggregation (- entropy bonus)
-    (masked)     (token | sequence)   (clip | cispo | sapo)  (truncated,
-                                                            off-policy,
-                                                            top entropy)
+    (masked)     (token | sequence)   (clip | cispo | sapo   (truncated,   (x ratio:
+                                       | vespo)               off-policy,   bias-corrected)
+                                                              top entropy)
 
 A variant of GRPO changes one piece: a new ratio (GSPO's sequence ratio), a new
-per-token objective (CISPO, SAPO, a two-sided clip with ``delta``), a new mask
-(DAPO's truncation mask, the 80/20 high-entropy tokens, DeepSeek-V3.2's
-off-policy sequence mask), a new aggregation (DAPO's token mean). Each is a
-function here, chosen by name from a table (:data:`IMPORTANCE_WEIGHTS`,
+per-token objective (CISPO, SAPO, VESPO, a two-sided clip with ``delta``), a new
+mask (DAPO's truncation mask, the 80/20 high-entropy tokens, DeepSeek-V3.2's
+off-policy sequence mask), a new KL term (DeepSeek-V3.2's ratio-weighted k3), a
+new aggregation (DAPO's token mean, LUSPO's length-scaled sequence sum). Each is
+a function here, chosen by name from a table (:data:`IMPORTANCE_WEIGHTS`,
 :data:`OBJECTIVES`, :data:`AGGREGATIONS`), so ``grpo_loss`` stays a straight line.
+The entropy bonus's coefficient may move between updates (Skywork-OR1's adaptive
+entropy control, :func:`adapt_entropy_coef`); the trainer keeps that state.
 The names and the numbers are TRL 1.16's (``tests/test_trl_agreement.py`` runs
 TRL's own ``_compute_loss`` on the same tensors); the one deliberate difference
 is CISPO's cap, see :func:`cispo_objective`.
@@ -26,11 +29,15 @@ micro-batch:
   this micro-batch's value / K (``gradient_accumulation_steps``). For ``grpo``
   and ``dr_grpo`` with equal micro-batches that sums to the whole update's
   value; ``bnpo`` divides each micro-batch by its own token count, so it does not.
-* ``dapo`` (and ``cispo``, aggregated like ``dapo``): the token sum / the tokens
-  of the whole update (``num_items_in_batch``).
+* ``luspo``: the mean over sequences of each sequence's token *sum*, / K, as
+  ``grpo``'s mean over sequences of token means is.
+* ``dapo`` (and ``cispo`` and ``vespo``, aggregated like ``dapo``): the token sum
+  / the tokens of the whole update (``num_items_in_batch``).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -41,22 +48,28 @@ __all__ = [
     "IMPORTANCE_SAMPLING_LEVELS",
     "LOSS_TYPES",
     "OBJECTIVES",
+    "adapt_entropy_coef",
     "aggregate_tokens",
+    "applied_entropy_coef",
     "cispo_objective",
     "clipped_surrogate",
     "entropy_bonus",
     "high_entropy_mask",
+    "importance_weighted_kl",
     "importance_weights",
     "masked_log_ratio",
     "off_policy_mask",
     "per_token_objective",
     "sapo_objective",
     "truncation_mask",
+    "vespo_objective",
+    "vespo_weights",
 ]
 
-#: Every ``loss_type``: the four aggregations of the clipped surrogate, then
-#: CISPO and SAPO, which change the per-token objective (and reuse an aggregation).
-LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo")
+#: Every ``loss_type``: the four aggregations of the clipped surrogate; CISPO,
+#: SAPO and VESPO, which change the per-token objective (and reuse an
+#: aggregation); LUSPO, GSPO's clipped surrogate with a length-scaled aggregation.
+LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
@@ -161,16 +174,71 @@ def sapo_objective(
     return -torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau * advantages  # [N, T]
 
 
+#: VESPO's log-ratio clamps, as in TRL 1.16 and the VESPO authors' code: each token's
+#: log-ratio to [-20, 20], the sequence's sum to [log 1e-8, 20].
+_VESPO_TOKEN_CLAMP = 20.0
+_VESPO_LOG_W_MIN = math.log(1e-8)
+
+
+@torch.no_grad()
+def vespo_weights(
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+) -> torch.Tensor:
+    """VESPO's detached, Gamma-shaped weight of each sequence, ``[N, 1]``.
+
+    ``w`` is the *sequence* importance weight pi_theta(o) / pi_old(o), the
+    product of the token ratios (the sum of the log-ratios, with no division by
+    the length, unlike GSPO's geometric mean), and
+
+        phi(w) = e^lambda * w^k * e^(-lambda * w),   so phi(1) = 1,
+
+    with ``(k, lambda) = (k_pos, lambda_pos)`` for A >= 0 and ``(k_neg,
+    lambda_neg)`` for A < 0 (VESPO, Shen et al. 2026; TRL's defaults 2, 3, 3, 2).
+    The weight peaks at ``w = k / lambda`` and falls smoothly to 0 on both sides:
+    no hard clip, but a sequence whose weight ran far from 1 in either direction
+    barely trains. It is computed under ``no_grad``: a coefficient on the
+    gradient, never differentiated. Each token's log-ratio is clamped to
+    [-20, 20] and the sum to [log 1e-8, 20] first, and a non-finite weight
+    becomes 0, as in TRL.
+
+    ``log_ratio`` and ``mask`` are ``[N, T]``, ``advantages`` ``[N, 1]``.
+    """
+    clamped = torch.clamp(log_ratio, -_VESPO_TOKEN_CLAMP, _VESPO_TOKEN_CLAMP)  # [N, T]
+    log_w = torch.clamp((clamped * mask).sum(dim=-1, keepdim=True), _VESPO_LOG_W_MIN, _VESPO_TOKEN_CLAMP)  # [N, 1]
+    positive = advantages >= 0  # [N, 1]
+    k = torch.where(positive, k_pos, k_neg).to(log_w.dtype)  # [N, 1]
+    lam = torch.where(positive, lambda_pos, lambda_neg).to(log_w.dtype).clamp(min=1e-4)  # [N, 1]
+    log_phi = lam + k * log_w - lam * torch.exp(log_w)  # [N, 1]
+    return torch.exp(log_phi).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # [N, 1]
+
+
+def vespo_objective(weight: torch.Tensor, advantages: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """VESPO's per-token loss, -phi(w) * A * log pi_theta, with phi(w) from :func:`vespo_weights`.
+
+    REINFORCE's form, as CISPO's: the gradient of a token is ``-phi(w) * A``
+    times the gradient of its log-prob. ``weight`` is ``[N, 1]`` (detached),
+    ``advantages`` ``[N, 1]``, ``logp`` ``[N, T]``; returns ``[N, T]``.
+    """
+    return -weight.detach() * advantages * logp  # [N, T]
+
+
 #: loss_type -> per-token objective, all with one signature.
 OBJECTIVES = {
     **{
         name: lambda ratio, adv, logp, o: clipped_surrogate(ratio, adv, o["clip_eps"], o["clip_eps_high"], o["delta"])
-        for name in ("grpo", "bnpo", "dapo", "dr_grpo")
+        for name in ("grpo", "bnpo", "dapo", "dr_grpo", "luspo")
     },
     "cispo": lambda ratio, adv, logp, o: cispo_objective(ratio, adv, logp, o["clip_eps_high"]),
     "sapo": lambda ratio, adv, logp, o: sapo_objective(
         ratio, adv, o["sapo_temperature_pos"], o["sapo_temperature_neg"]
     ),
+    "vespo": lambda ratio, adv, logp, o: vespo_objective(o["vespo_weight"], adv, logp),
 }
 
 
@@ -178,9 +246,28 @@ def per_token_objective(
     loss_type: str, ratio: torch.Tensor, advantages: torch.Tensor, logp: torch.Tensor, **options
 ) -> torch.Tensor:
     """``[N, T]`` per-token loss of ``loss_type``; ``options`` holds ``clip_eps``,
-    ``clip_eps_high``, ``delta``, ``sapo_temperature_pos`` and ``sapo_temperature_neg``."""
+    ``clip_eps_high``, ``delta``, ``sapo_temperature_pos``, ``sapo_temperature_neg``
+    and, for ``"vespo"``, ``vespo_weight`` (:func:`vespo_weights`)."""
     one_of("loss_type", loss_type, LOSS_TYPES)
     return OBJECTIVES[loss_type](ratio, advantages, logp, options)
+
+
+def importance_weighted_kl(kl: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V3.2's bias-corrected KL term: the per-token estimate times the ratio pi_theta / pi_old.
+
+    The tokens were sampled by pi_old, so ``ratio * k3`` is the importance-
+    sampled estimate of KL(pi_theta || pi_ref). The ratio is *not* detached, and
+    that changes the gradient even on-policy, where its value is exactly 1:
+    d(ratio * k3)/d log pi = ratio * (k3 + 1 - pi_ref / pi), which at ratio 1
+    is ``log(pi / pi_ref)``, the per-sample gradient of the reverse KL itself
+    (E[grad log pi * log(pi / pi_ref)] = grad KL). Plain k3's is
+    ``1 - pi_ref / pi``, which is biased (it is the gradient of the *forward*
+    KL in expectation). TRL 1.16: ``use_bias_correction_kl=True``.
+
+    ``kl`` is ``[N, T]``; ``ratio`` the importance weight, ``[N, T]`` (token
+    level; with GSPO's sequence level, each sequence's ratio on all its tokens).
+    """
+    return kl * ratio  # [N, T]
 
 
 # ---------------------------------------------------------------------------
@@ -246,6 +333,10 @@ def _sequence_mean(masked, mask, max_completion_length):
     return (masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).mean()
 
 
+def _sequence_sum_mean(masked, mask, max_completion_length):
+    return masked.sum(dim=1).mean()
+
+
 def _token_mean(masked, mask, max_completion_length):
     return masked.sum() / mask.sum().clamp(min=1.0)
 
@@ -259,15 +350,21 @@ def _constant_normaliser(masked, mask, max_completion_length):
     return masked.sum() / (masked.shape[0] * length)
 
 
-#: loss_type -> how its per-token losses become one number (``dapo`` is
-#: handled apart: its normaliser is the whole update's token count).
+#: loss_type -> how its per-token losses become one number (``dapo``,
+#: ``cispo`` and ``vespo`` are handled apart: their normaliser is the whole
+#: update's token count). ``luspo`` (LUSPO, Liu et al. 2026) is GSPO's loss with
+#: each sequence's loss scaled by its length: with a sequence-level ratio every
+#: token of a sequence carries the same loss, so the token sum is
+#: ``|o_i| * loss_i`` and the mean over sequences of those is LUSPO's objective.
 AGGREGATIONS = {
     "grpo": _sequence_mean,
     "sapo": _sequence_mean,
+    "luspo": _sequence_sum_mean,
     "bnpo": _token_mean,
     "dr_grpo": _constant_normaliser,
     "dapo": None,
     "cispo": None,
+    "vespo": None,
 }
 
 
@@ -292,7 +389,7 @@ def aggregate_tokens(
     # where(), not multiplication: a NaN/inf at a padded position must not leak in.
     masked = torch.where(mask.bool(), per_token, torch.zeros_like(per_token))  # [N, T]
     reduce = AGGREGATIONS[loss_type]
-    if reduce is None:  # dapo, cispo: tokens of the whole update
+    if reduce is None:  # dapo, cispo, vespo: tokens of the whole update
         tokens = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=masked.dtype)
         return masked.sum() / tokens.clamp(min=1.0)
     loss = reduce(masked, mask, max_completion_length)
@@ -308,3 +405,30 @@ def entropy_bonus(entropies: torch.Tensor, mask: torch.Tensor, gradient_accumula
     """
     masked = torch.where(mask.bool(), entropies, torch.zeros_like(entropies))  # [N, T]
     return masked.sum() / mask.sum().clamp(min=1.0) / gradient_accumulation_steps
+
+
+def applied_entropy_coef(coef: float, last_entropy: float, target: float) -> float:
+    """Skywork-OR1's gate: the coefficient applied this update, ``coef`` if the last entropy <= ``target``, else 0.
+
+    ``last_entropy`` is the mean entropy measured over the previous optimizer
+    update (``inf`` before the first, so the first update applies no bonus, as
+    in TRL 1.16).
+    """
+    return float(coef) if last_entropy <= target else 0.0
+
+
+def adapt_entropy_coef(
+    coef: float, entropy: float, *, target: float, delta: float, coef_min: float, coef_max: float
+) -> float:
+    """Skywork-OR1's adaptive entropy control: the next update's coefficient.
+
+    After each optimizer update, the mean per-token entropy of that update's
+    (counted) tokens is compared with ``target``: at or below it, the
+    coefficient rises by ``delta`` (more push towards exploration), above it,
+    it falls by ``delta``; either way it stays in ``[coef_min, coef_max]``.
+    Combined with :func:`applied_entropy_coef`, the bonus acts only while the
+    entropy is at or below the target (TRL 1.16's ``use_adaptive_entropy``).
+    """
+    if entropy <= target:
+        return min(float(coef) + delta, coef_max)
+    return max(float(coef) - delta, coef_min)

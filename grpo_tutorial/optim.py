@@ -7,7 +7,7 @@ import warnings
 import torch
 
 from .config import GRPOConfig
-from .metrics import GRPOWarning
+from .run.warn import GRPOWarning
 
 __all__ = ["fastest_adamw_kwargs", "make_optimizer", "trainable_parameters"]
 

@@ -2,7 +2,8 @@
 
 ``plot_history`` reads the per-step history the trainer writes (a list of dicts,
 or the ``history.jsonl`` file) and draws one small panel per quantity against
-the step: reward (mean with a +-1 std band), accuracy, KL, clip fraction,
+the step: reward (the step's mean, with a band of +-1 standard error of that
+mean when the number of completions per step is given), accuracy, KL, clip fraction,
 completion length and the fraction of groups with zero reward std (the cheap
 collapse detector of chapter 10).
 """
@@ -19,9 +20,10 @@ import numpy as np
 __all__ = ["DEFAULT_PANELS", "moving_average", "plot_history"]
 
 #: Panels drawn by default: (history key, title). "reward_mean" also gets a
-#: band of +-reward_std, and "completion_len_mean" a dashed max line.
+#: band of +-1 standard error of the step's mean (given ``completions_per_step``),
+#: and "completion_len_mean" a dashed max line.
 DEFAULT_PANELS: tuple[tuple[str, str], ...] = (
-    ("reward_mean", "reward (mean ± std)"),
+    ("reward_mean", "reward (mean)"),
     ("accuracy", "accuracy (sampled)"),
     ("kl", "KL to reference"),
     ("clip_frac", "clip fraction"),
@@ -50,7 +52,7 @@ def moving_average(values: Sequence[float], window: int) -> np.ndarray:
 
 def _load_rows(history_or_path: Any) -> list[dict]:
     if isinstance(history_or_path, (str, os.PathLike)):
-        from .trainer import read_history
+        from .run.history import read_history
 
         return read_history(Path(history_or_path))
     if isinstance(history_or_path, dict) or not isinstance(history_or_path, Sequence):
@@ -91,6 +93,7 @@ def plot_history(
     keys: Sequence[str] | None = None,
     smooth: int | None = None,
     ax: Any = None,
+    completions_per_step: int | None = None,
 ):
     """Draw training curves against the step; return the matplotlib Figure.
 
@@ -105,6 +108,14 @@ def plot_history(
             with the raw values drawn faintly behind.
         ax: None for a new figure; one Axes to overlay every key on it; or a
             sequence of Axes, one per panel drawn.
+        completions_per_step: the number of completions whose rewards each
+            step's ``reward_mean`` averages (``prompts_per_step * group_size``).
+            Given, the reward panel gets a band of +-1 standard error of that
+            mean, ``reward_std / sqrt(completions_per_step)`` (divided again by
+            ``sqrt(smooth)`` for a moving average); for a 0/1 reward the band
+            never leaves [0, 1]. Not given, no band: a band of +-1 *standard
+            deviation* of the rewards would run below 0 and above 1 for a 0/1
+            reward, and says nothing about how well the mean is known.
 
     In a notebook, end the call with ``;`` so the figure is shown only once.
     """
@@ -115,6 +126,12 @@ def plot_history(
         raise ValueError("the history is empty; there is nothing to plot")
     if smooth is not None:
         moving_average([0.0], smooth)  # validates the window
+    if completions_per_step is not None and (
+        isinstance(completions_per_step, bool) or not isinstance(completions_per_step, int) or completions_per_step < 2
+    ):
+        raise ValueError(
+            f"completions_per_step must be an int >= 2 (prompts_per_step * group_size), got {completions_per_step!r}"
+        )
     panels = _panels(keys, rows)
     if not panels:
         wanted = keys if keys is not None else [k for k, _ in DEFAULT_PANELS]
@@ -148,10 +165,11 @@ def plot_history(
         if smooth is not None:
             axis.plot(steps, values, alpha=0.25, linewidth=0.8, color=None if overlay else "C0")
         line = axis.plot(steps, curve(values), label=label, color=None if overlay else "C0")[0]
-        if key == "reward_mean" and "reward_std" in rows[0]:
-            std = curve(_column(rows, "reward_std"))
+        if key == "reward_mean" and "reward_std" in rows[0] and completions_per_step is not None:
+            # +-1 standard error of the step's mean reward (of the moving average, when smoothed)
+            se = curve(_column(rows, "reward_std")) / math.sqrt(completions_per_step * (smooth or 1))
             mean = curve(values)
-            axis.fill_between(steps, mean - std, mean + std, alpha=0.2, color=line.get_color(), linewidth=0)
+            axis.fill_between(steps, mean - se, mean + se, alpha=0.2, color=line.get_color(), linewidth=0)
         if key == "completion_len_mean" and not overlay:
             longest = _column(rows, "completion_len_max")
             if not np.all(np.isnan(longest)):
@@ -159,7 +177,8 @@ def plot_history(
                 axis.plot([], [], color=line.get_color(), label="mean")
                 axis.legend(fontsize=8)
         if not overlay:
-            axis.set_title(title, fontsize=10)
+            band = key == "reward_mean" and "reward_std" in rows[0] and completions_per_step is not None
+            axis.set_title(title.replace("(mean)", "(mean ± 1 s.e.)") if band else title, fontsize=10)
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
     if overlay:

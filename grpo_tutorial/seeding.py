@@ -17,12 +17,11 @@ stream             number   seeds
 
 The numbers are part of the stored results: changing one changes every run.
 Reward functions may still use the global RNGs; checkpoints therefore save and
-restore those too (:func:`capture_rng_state`), so a resumed run matches.
+restore those too (:func:`grpo_tutorial.run.checkpoint.capture_rng_state`), so a
+resumed run matches.
 """
 
 from __future__ import annotations
-
-import random
 
 import numpy as np
 import torch
@@ -32,11 +31,9 @@ __all__ = [
     "MINIBATCHES",
     "RESAMPLING",
     "SAMPLING",
-    "capture_rng_state",
     "derive_seed",
     "epoch_permutation",
     "next_batch",
-    "restore_rng_state",
     "stream_generator",
     "stream_seed",
 ]
@@ -90,27 +87,3 @@ def next_batch(dataset, size: int, seed: int, epoch: int, index: int) -> tuple[l
         if index == n:
             epoch, index = epoch + 1, 0
     return rows, epoch, index
-
-
-def capture_rng_state() -> dict:
-    """Every global RNG a reward function might touch, in a ``torch.save``-safe form."""
-    np_state = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: dict) -> None:
-    """Undo :func:`capture_rng_state`: put every global RNG back where it was."""
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])

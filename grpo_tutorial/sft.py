@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ._checks import check_int, check_number
-from ._progress import progress_bar
+from .run.progress import progress_bar
 
 __all__ = ["SFTConfig", "encode_sft_batch", "supervised_warmup"]
 

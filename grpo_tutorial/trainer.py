@@ -20,7 +20,7 @@ entropy options, the off-policy mask) are :class:`GRPOConfig` fields that stage 
 passes to ``grpo_loss``.
 
 :meth:`GRPOTrainer.train` loops over a dataset, appends to ``history.jsonl`` and
-saves atomic checkpoints (checkpoint.py), so a run killed at any moment and
+saves atomic checkpoints (run/checkpoint.py), so a run killed at any moment and
 resumed gives the same history as one never interrupted (on CPU, same seed).
 Only wall-clock fields (:data:`TIMING_KEYS`) differ. Randomness comes from named
 seed streams (seeding.py); building a trainer touches no global RNG.
@@ -29,6 +29,7 @@ seed streams (seeding.py); building a trainer touches no global RNG.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import time
@@ -39,33 +40,34 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ._checks import is_int
-from .advantages import group_advantages, zero_std_groups
-from .checkpoint import (
-    config_changes,
-    history_until,
-    HISTORY_FILE,
-    append_history,
-    dataset_fingerprint,
-    find_checkpoint,
-    load_model_state,
-    read_checkpoint,
-    read_history,
-    read_meta,
-    write_checkpoint,
-    write_history,
+from .advantages import group_advantages, normalize_then_sum, zero_std_groups
+from .completions_log import (
+    COMPLETIONS_FILE,
+    append_completions,
+    format_completions,
+    sample_completions,
+    truncate_completions,
 )
 from .config import GRPOConfig
 from .evaluation import evaluate_policy
 from .logprobs import completion_logprobs
 from .loss import grpo_loss
-from .interrupt import StopAfterStep
-from .metrics import TIMING_KEYS, GRPOWarning, StageClock, WarnOnce, check_failure_modes, step_row
+from .metrics import TIMING_KEYS, StageClock, check_failure_modes, step_row
+from .objectives import adapt_entropy_coef, applied_entropy_coef
 from .models import disable_dropout
 from .optim import make_optimizer, trainable_parameters
 from .rewards import compute_rewards, extra_columns, judge_correct, reward_function_list, reward_function_means
 from .rollout import Rollout, concat_groups, generate_rollouts
-from .rundir import disk_errors, run_lock
-from .seeding import MINIBATCHES, RESAMPLING, SAMPLING, capture_rng_state, derive_seed, next_batch, restore_rng_state, stream_generator, stream_seed
+from .run.checkpoint import capture_rng_state, config_changes, load_model_state, read_checkpoint, restore_rng_state, write_checkpoint
+from .run.disk import disk_errors
+from .run.history import append_history, history_until, read_history, write_history
+from .run.interrupt import StopAfterStep
+from .run.layout import HISTORY_FILE, find_checkpoint, read_meta
+from .run.lock import run_lock
+from .run.progress import progress_bar
+from .run.state import dataset_fingerprint
+from .run.warn import GRPOWarning, WarnOnce
+from .seeding import MINIBATCHES, RESAMPLING, SAMPLING, derive_seed, next_batch, stream_generator, stream_seed
 from .tasks import as_rows, check_rows, validate_for_model
 
 __all__ = [
@@ -133,6 +135,9 @@ class GRPOTrainer:
         self.step = 0
         self.history: list[dict] = []
         self.skipped_updates = 0
+        # adaptive entropy control (Skywork-OR1): the coefficient, and the entropy of the last update (none yet)
+        self._entropy_coef = float(config.entropy_coef)
+        self._last_entropy = math.inf
         self._epoch = 0  # data position: epoch and index into its permutation
         self._index = 0
         self._warn = WarnOnce()
@@ -234,11 +239,16 @@ class GRPOTrainer:
         chosen = rounds[0] if len(rounds) == 1 else self._keep_signal_groups(rounds)
         rollout, rewards, per_fn, correct = chosen["rollout"], chosen["rewards"], chosen["per_fn"], chosen["correct"]
 
-        # stage 3: group-relative advantages
-        advantages = group_advantages(
-            rewards, G, scale=cfg.scale_rewards, std=cfg.std, nan="skip", baseline=cfg.advantage_baseline
-        )  # [N]
+        # stage 3: group-relative advantages (GDPO: of each reward function, then of their weighted sum)
+        if cfg.multi_objective_aggregation == "normalize_then_sum":
+            per_function = torch.stack(list(per_fn.values()), dim=1)  # [N, K]
+            advantages = normalize_then_sum(per_function, G, cfg.reward_weights, std=cfg.std)  # [N]
+        else:
+            advantages = group_advantages(
+                rewards, G, scale=cfg.scale_rewards, std=cfg.std, nan="skip", baseline=cfg.advantage_baseline
+            )  # [N]
         advantages = advantages.to(rollout.completion_ids.device)  # [N]
+        self._last_batch = (rollout.prompts, rollout.completions, rewards, per_fn, advantages)  # for log_completions
         mask = rollout.completion_mask  # [N, Tc]
 
         # stage 4: old log-probs (the policy that sampled), unless this step is exactly on-policy
@@ -266,6 +276,8 @@ class GRPOTrainer:
             lr=update["lr"], skipped_updates=self.skipped_updates, seconds={**clock.done(), **update["seconds"]},
         )
         row["groups_drawn"] = groups_drawn
+        if cfg.use_adaptive_entropy or cfg.entropy_coef != 0.0:
+            row["entropy_coef"] = self._entropy_coef  # after the step's last update, as TRL logs it
         check_failure_modes(
             row, self.history, group_size=G, learning_rate=cfg.learning_rate,
             max_new_tokens=cfg.max_new_tokens, warn=self._warn,
@@ -409,9 +421,15 @@ class GRPOTrainer:
         current policy's, from this gradient pass, with its gradient (as TRL).
         """
         cfg = self.config
+        options = cfg.loss_options()  # stage 6's settings, one validated object
+        if cfg.use_adaptive_entropy:  # this update's coefficient: the controller's, if the entropy is low
+            coef = applied_entropy_coef(self._entropy_coef, self._last_entropy, cfg.entropy_target)
+            options = dataclasses.replace(options, entropy_coef=coef)
+        measure = options.needs_entropy or cfg.use_adaptive_entropy  # grpo_loss gets (and sums) the entropies
+        entropy_sum, entropy_tokens = 0.0, 0.0
         steps = len(rows) // micro
         truncated = rollout.truncated.to(mask.device)  # [N]
-        counted = mask * (~truncated)[:, None].to(mask.dtype) if cfg.mask_truncated_completions else mask  # [N, Tc]
+        counted = mask * (~truncated)[:, None].to(mask.dtype) if options.mask_truncated_completions else mask  # [N, Tc]
         tokens = counted[rows].sum()  # the whole update's counted tokens: dapo's (and cispo's) normaliser
         total = 0.0
         seconds = out["seconds"]
@@ -419,9 +437,9 @@ class GRPOTrainer:
             started = time.perf_counter()
             part = rows[start : start + micro]  # [m]
             entropies = None
-            if old_logp is None or cfg.needs_entropy_grad:
+            if old_logp is None or measure:
                 logp, entropies = self._logprobs(
-                    self.model, rollout, part, entropy=True, entropy_grad=cfg.needs_entropy_grad
+                    self.model, rollout, part, entropy=True, entropy_grad=options.needs_entropy
                 )  # [m, Tc] x2
                 if old_logp is None:
                     out["entropy"][part] = entropies.detach().float()
@@ -429,31 +447,14 @@ class GRPOTrainer:
                 logp = self._logprobs(self.model, rollout, part)  # [m, Tc]
             old = logp.detach() if old_logp is None else old_logp[part]  # [m, Tc]
             loss, stats = grpo_loss(
-                logp,
-                old,
-                advantages[part],
-                mask[part],
-                ref_logp=None if ref_logp is None else ref_logp[part],
-                beta=cfg.beta,
-                clip_eps=cfg.clip_eps,
-                clip_eps_high=cfg.clip_eps_high,
-                loss_type=cfg.loss_type,
-                max_completion_length=cfg.max_new_tokens,
-                kl_kind=cfg.kl_kind,
-                gradient_accumulation_steps=steps,
-                num_items_in_batch=tokens,
-                importance_sampling_level=cfg.importance_sampling_level,
-                delta=cfg.delta,
-                sapo_temperature_pos=cfg.sapo_temperature_pos,
-                sapo_temperature_neg=cfg.sapo_temperature_neg,
-                mask_truncated_completions=cfg.mask_truncated_completions,
-                truncated=truncated[part],
-                top_entropy_quantile=cfg.top_entropy_quantile,
-                entropy_coef=cfg.entropy_coef,
-                entropies=entropies if cfg.needs_entropy_grad else None,
-                off_policy_mask_threshold=cfg.off_policy_mask_threshold,
+                logp, old, advantages[part], mask[part], options=options,
+                ref_logp=None if ref_logp is None else ref_logp[part], truncated=truncated[part],
+                entropies=entropies if measure else None,
+                gradient_accumulation_steps=steps, num_items_in_batch=tokens,
             )
             out["stats"].append(stats)
+            if measure:
+                entropy_sum, entropy_tokens = entropy_sum + stats["entropy_sum"], entropy_tokens + stats["entropy_tokens"]
             value = float(loss.detach())
             total += value
             seconds["forward_seconds"] += time.perf_counter() - started
@@ -462,6 +463,12 @@ class GRPOTrainer:
             started = time.perf_counter()
             loss.backward()
             seconds["backward_seconds"] += time.perf_counter() - started
+        if cfg.use_adaptive_entropy:  # the update's entropy sets the next update's coefficient
+            self._last_entropy = entropy_sum / max(entropy_tokens, 1.0)
+            self._entropy_coef = adapt_entropy_coef(
+                self._entropy_coef, self._last_entropy, target=cfg.entropy_target, delta=cfg.entropy_coef_delta,
+                coef_min=cfg.entropy_coef_min, coef_max=cfg.entropy_coef_max,
+            )
         return total
 
     def _skip_update(self, reason: str) -> None:
@@ -500,6 +507,10 @@ class GRPOTrainer:
             "data_seed": self.config.seed,
             "dataset_fingerprint": self._dataset_fingerprint,
             "skipped_updates": self.skipped_updates,
+            "entropy_control": {  # adaptive entropy control's state (None: no entropy measured yet)
+                "coef": self._entropy_coef,
+                "last_entropy": None if math.isinf(self._last_entropy) else self._last_entropy,
+            },
             "warned": sorted(self._warn.issued),
             "config": self.config.to_dict(),
         }
@@ -516,7 +527,7 @@ class GRPOTrainer:
         if path is None:
             return False
         state, meta = read_checkpoint(path)
-        changed = config_changes(meta["config"], self.config.to_dict())
+        changed = config_changes(meta["config"], self.config.to_dict(), GRPOConfig().to_dict())
         if changed:
             warnings.warn(
                 f"resuming from {path} with a different config ({changed}); the resumed run will not "
@@ -542,6 +553,9 @@ class GRPOTrainer:
         self._epoch, self._index = int(meta["epoch"]), int(meta["index"])
         self._dataset_fingerprint = meta["dataset_fingerprint"]
         self.skipped_updates = int(meta["skipped_updates"])
+        control = meta.get("entropy_control") or {"coef": self.config.entropy_coef, "last_entropy": None}
+        self._entropy_coef = float(control["coef"])
+        self._last_entropy = math.inf if control["last_entropy"] is None else float(control["last_entropy"])
         self._warn = WarnOnce(meta["warned"])
         self.history = history_until(root, meta)
         return True
@@ -597,7 +611,7 @@ class GRPOTrainer:
         consistent, so calling ``train`` again continues. A second Ctrl-C
         aborts the step at once; resume from the last checkpoint then.
         """
-        with run_lock(self.config.output_dir):  # one run per output directory (rundir.py)
+        with run_lock(self.config.output_dir):  # one run per output directory (run/lock.py)
             return self._train(dataset, steps, resume=resume, progress=progress)
 
     def _train(self, dataset: Sequence[dict], steps: int, *, resume: bool, progress: bool) -> list[dict]:
@@ -624,22 +638,25 @@ class GRPOTrainer:
             )
         self._dataset_fingerprint = fingerprint
 
-        history_file = None
+        history_file = completions_file = None
         if out is not None:
             write_history(out / HISTORY_FILE, self.history)
             with disk_errors(out / HISTORY_FILE, out):
                 history_file = open(out / HISTORY_FILE, "a", encoding="utf-8")
+                truncate_completions(out / COMPLETIONS_FILE, self.step)  # like the history: to the checkpoint's step
+                if cfg.log_completions:
+                    completions_file = open(out / COMPLETIONS_FILE, "a", encoding="utf-8")
             self._appending_to = out
 
         def save() -> Path:
             with disk_errors(out / HISTORY_FILE, out):
                 os.fsync(history_file.fileno())
+                if completions_file is not None:
+                    os.fsync(completions_file.fileno())
             return self.save_checkpoint(out)
 
         bar = None
         if progress:
-            from ._progress import progress_bar
-
             bar = progress_bar(total=steps, desc="GRPO", initial=min(self.step, steps), unit="step", dynamic_ncols=True)
         saved_at = self.step  # nothing new to save unless a step runs
         try:
@@ -660,6 +677,8 @@ class GRPOTrainer:
                         bar.update(1)
                         if self.step % cfg.log_every == 0:
                             bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row['kl']:.4f}")
+                    if cfg.log_completions and self.step % cfg.log_every == 0:
+                        self._log_completions(completions_file, bar)
                     if out is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                         save()
                         saved_at = self.step
@@ -674,28 +693,41 @@ class GRPOTrainer:
                 bar.close()
             if history_file is not None:
                 history_file.close()
+            if completions_file is not None:
+                completions_file.close()
         return self.history
+
+    def _log_completions(self, file, bar) -> None:
+        """``log_completions``: this step's sample of completions, to ``completions.jsonl`` and the console.
+
+        They are printed with the progress bar's ``write`` (the bar stays at the bottom), or plainly
+        without a bar, as TRL prints its sample whatever the progress setting.
+        """
+        prompts, completions, rewards, per_fn, advantages = self._last_batch
+        rows = sample_completions(
+            self.step, prompts, completions, rewards.tolist(), {k: v.tolist() for k, v in per_fn.items()},
+            advantages.tolist(), count=self.config.num_completions_to_print, seed=self.config.seed,
+        )
+        if file is not None:
+            with disk_errors(Path(file.name), Path(file.name).parent):
+                append_completions(file, rows)
+        text = format_completions(rows, total=len(completions))
+        if bar is not None:
+            bar.write(text)
+        else:
+            print(text, flush=True)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, dataset: Sequence[dict], *, batch_size: int | None = None, num_samples: int = 3) -> dict:
-        """:func:`~grpo_tutorial.evaluation.evaluate_policy` with this trainer's model, rewards and settings.
+        """:func:`~grpo_tutorial.evaluation.evaluate_policy` with this trainer's model, rewards and config.
 
-        Returns ``accuracy``, ``reward_mean``, ``completion_len_mean``,
-        ``frac_truncated``, ``n`` and ``samples`` (the first ``num_samples``
-        prompt/completion/answer dicts); ``records`` holds every row.
+        The prompt, chat template, token budget and batch size are the ones the
+        trainer samples with. Returns ``accuracy`` and ``se``, ``reward_mean``,
+        ``completion_len_mean``, ``frac_truncated``, ``n``, ``seconds``,
+        ``correct`` and ``completions`` (one per row), ``records`` and
+        ``samples`` (the first ``num_samples`` prompt/completion/answer dicts).
         """
-        cfg = self.config
         return evaluate_policy(
-            self.model,
-            self.tokenizer,
-            dataset,
-            reward_fns=self.reward_fns,
-            reward_weights=cfg.reward_weights,
-            max_new_tokens=cfg.max_new_tokens,
-            batch_size=cfg.eval_batch_size if batch_size is None else batch_size,
-            system_prompt=cfg.system_prompt,
-            use_chat_template=cfg.use_chat_template,
-            accuracy_fn=self.accuracy_fn,
-            num_samples=num_samples,
-            onednn=cfg.onednn_generation,
+            self.model, self.tokenizer, dataset, self.config, reward_fns=self.reward_fns,
+            accuracy_fn=self.accuracy_fn, batch_size=batch_size, num_samples=num_samples,
         )

@@ -258,7 +258,7 @@ def test_plot_history_from_a_path(tmp_path):
     fig = plot_history(path)
     titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
     assert titles == [
-        "reward (mean ± std)", "accuracy (sampled)", "KL to reference",
+        "reward (mean)", "accuracy (sampled)", "KL to reference",
         "clip fraction", "completion length", "groups with zero reward std",
     ]
     line = fig.axes[0].get_lines()[0]

@@ -21,11 +21,15 @@ from pathlib import Path
 import pytest
 
 import grpo_tutorial
-import grpo_tutorial.checkpoint as checkpoint_module
-from grpo_tutorial.checkpoint import find_checkpoint, load_model_state, read_history, read_meta
+import grpo_tutorial.run.checkpoint as checkpoint_module
+import grpo_tutorial.run.history as history_module
 from grpo_tutorial.metrics import TIMING_KEYS
 from grpo_tutorial.models import build_tiny_policy
-from grpo_tutorial.rundir import LOCK_FILE, RunDirectoryError, RunLockedError, run_lock
+from grpo_tutorial.run.checkpoint import load_model_state
+from grpo_tutorial.run.disk import RunDirectoryError
+from grpo_tutorial.run.history import read_history
+from grpo_tutorial.run.layout import LOCK_FILE, META_FILE, find_checkpoint, read_meta
+from grpo_tutorial.run.lock import RunLockedError, run_lock
 from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.trainer import GRPOConfig, GRPOTrainer
 
@@ -103,7 +107,7 @@ def test_history_is_strict_json_and_reads_back_nan(tmp_path):
 def _hold_lock_in_a_child(out):
     code = textwrap.dedent(f"""
         import sys, time
-        from grpo_tutorial.rundir import run_lock
+        from grpo_tutorial.run.lock import run_lock
         with run_lock({str(out)!r}):
             print("held", flush=True)
             time.sleep(120)
@@ -153,32 +157,76 @@ def test_no_output_dir_takes_no_lock(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.slow
+def _first_command_paused_in_training(out, steps):
+    """A real ``train`` command in a child process, stopped (deterministically) just as training starts.
+
+    It holds the lock and has written run.json; it prints "training" and then waits
+    for a line on its stdin before it trains. No race: the parent knows it is mid-run.
+    """
+    code = textwrap.dedent(f"""
+        import sys
+        import grpo_tutorial.trainer as trainer_module
+        from grpo_tutorial.__main__ import main
+
+        real_train = trainer_module.GRPOTrainer.train
+
+        def paused_train(self, *args, **kwargs):
+            print("training", flush=True)
+            sys.stdin.readline()  # wait for the parent
+            return real_train(self, *args, **kwargs)
+
+        trainer_module.GRPOTrainer.train = paused_train
+        sys.exit(main({[*CLI[3:], "--steps", str(steps), "--out", str(out)]!r}))
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=ENV)
+    line = child.stdout.readline()
+    assert line.strip() == "training", line + child.stderr.read()
+    return child
+
+
 def test_a_second_train_command_fails_at_once_and_the_first_finishes(tmp_path):
     out = tmp_path / "run"
-    # long enough that the first run is still training when the second has started
-    # (30 steps once finished first under a loaded full suite, after generation got faster)
-    first = subprocess.Popen([*CLI, "--steps", "150", "--checkpoint-every", "50", "--out", str(out)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    deadline = time.monotonic() + 120
-    while not (out / LOCK_FILE).exists() or not (out / "run.json").exists():
-        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.poll() else "timeout"
-        time.sleep(0.05)
-    run_json = (out / "run.json").read_text(encoding="utf-8")
-    t0 = time.monotonic()
-    second = subprocess.run([*CLI, "--steps", "8", "--out", str(out)], capture_output=True, text=True, env=ENV,
-                            timeout=120)
-    seconds = time.monotonic() - t0
-    assert second.returncode == 2
-    line = one_line(second.stderr)
-    assert line.startswith("error: ") and str(out) in line and f"process {first.pid}" in line
-    assert seconds < 60, seconds  # the python start-up on a loaded machine; no model was loaded
-    assert (out / "run.json").read_text(encoding="utf-8") == run_json  # the second run wrote nothing
-    _, err = first.communicate(timeout=300)
+    first = _first_command_paused_in_training(out, steps=3)
+    try:
+        run_json = (out / "run.json").read_text(encoding="utf-8")
+        t0 = time.monotonic()
+        second = subprocess.run([*CLI, "--steps", "8", "--out", str(out)], capture_output=True, text=True, env=ENV,
+                                timeout=120)
+        seconds = time.monotonic() - t0
+        assert second.returncode == 2
+        line = one_line(second.stderr)
+        assert line.startswith("error: ") and str(out) in line and f"process {first.pid}" in line
+        assert seconds < 60, seconds  # the python start-up on a loaded machine; no model was loaded
+        assert (out / "run.json").read_text(encoding="utf-8") == run_json  # the second run wrote nothing
+        _, err = first.communicate("go\n", timeout=300)  # let the first one train
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
     assert first.returncode == 0, err
     rows = read_history(out)
-    assert [row["step"] for row in rows] == list(range(1, 151))
-    assert read_meta(find_checkpoint(out))["step"] == 150
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    assert read_meta(find_checkpoint(out))["step"] == 3
+
+
+def test_the_lock_is_reentrant_in_one_process_and_names_only_a_live_holder(tmp_path):
+    """The command line holds the lock and its trainer takes it again; no table of held locks is kept."""
+    with run_lock(tmp_path):
+        text = (tmp_path / LOCK_FILE).read_text()
+        assert f"pid={os.getpid()}" in text
+        with run_lock(tmp_path):  # re-entrant
+            assert (tmp_path / LOCK_FILE).read_text() == text
+        assert (tmp_path / LOCK_FILE).read_text() == text  # the inner block did not release it
+        child = subprocess.run(
+            [sys.executable, "-c", f"from grpo_tutorial.run.lock import run_lock\nwith run_lock({str(tmp_path)!r}): pass"],
+            capture_output=True, text=True, env=ENV, timeout=120,
+        )
+        assert child.returncode != 0 and "RunLockedError" in child.stderr and f"process {os.getpid()}" in child.stderr
+    assert (tmp_path / LOCK_FILE).read_text() == ""  # released: the file names no holder
+    import grpo_tutorial.run.lock as lock_module
+
+    assert not [name for name, value in vars(lock_module).items() if isinstance(value, dict) and not name.startswith("__")]
 
 
 # ---------------------------------------------------------------------------
@@ -191,7 +239,7 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(tmp_path, monke
     calls = {"meta": 0}
 
     def full_disk_at_second_meta(path, data):
-        if path.name == checkpoint_module.META_FILE:
+        if path.name == META_FILE:
             calls["meta"] += 1
             if calls["meta"] == 2:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
@@ -225,9 +273,9 @@ def test_every_package_write_goes_through_disk_errors(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(checkpoint_module.os, "replace", refuse)
+    monkeypatch.setattr(checkpoint_module.os, "replace", refuse)  # one os module for every writer
     with pytest.raises(RunDirectoryError, match="permission denied"):
-        checkpoint_module.write_history(tmp_path / "history.jsonl", [{"step": 1}])
+        history_module.write_history(tmp_path / "history.jsonl", [{"step": 1}])
     with pytest.raises(RunDirectoryError, match="permission denied; no checkpoint has been saved"):
         checkpoint_module.write_checkpoint(tmp_path, {"x": 1}, {"step": 1})
     with pytest.raises(RunDirectoryError, match=r"run\.json(\.tmp)?: permission denied"):
@@ -338,14 +386,15 @@ def test_trainer_on_a_read_only_directory_raises_one_line(tmp_path, small_mount)
 
 #: (module, function) -> why its broad handler does not re-raise
 ALLOWED = {
-    ("checkpoint.py", "fsync_dir"): "a file system that cannot fsync a directory: the files themselves are synced",
+    ("run/disk.py", "fsync_dir"): "a file system that cannot fsync a directory: the files themselves are synced",
     ("models.py", "_write_cache_atomically"): "another process renamed its cache into place first: kept",
     ("models.py", "_load_smollm2"): "an unreadable cache is reported on stderr and rebuilt",
     ("models.py", "probe"): "hub_reachable: any failure to reach the hub means 'not reachable'",
     ("models.py", "_load_hub"): "not in the local cache: the network is tried next",
     ("rewards.py", "_find_failing_index"): "a reward function's error pins down the failing row; the caller re-raises it",
-    ("rundir.py", "what_was_kept"): "the read error goes into the message of the error being raised",
-    ("rundir.py", "_holder"): "the lock is held either way; the message says the holder is unknown and why",
+    ("run/layout.py", "what_was_kept"): "the read error goes into the message of the error being raised",
+    ("run/lock.py", "_holder"): "the lock is held either way; the message says the holder is unknown and why",
+    ("run/lock.py", "_try_flock"): "BlockingIOError is the answer 'held by another file': the caller raises RunLockedError",
     ("__main__.py", "main"): "the command line's top level prints the error as one line and exits 2",
 }
 BROAD = {"OSError", "IOError", "EnvironmentError", "Exception", "BaseException", "PermissionError",

@@ -176,13 +176,8 @@ def test_gsm8k_run_two_steps_on_cpu_with_the_gpu_preset(tokenizer, monkeypatch):
     for i in range(2):  # inside the checkpointed layers too
         assert any(name.startswith(f"model.layers.{i}.") for name in moved), moved
 
-    # the chat template framed every prompt: the system prompt, then the question
+    # what evaluation really rendered (captured at generate) is checked in tests/test_evaluation.py
     trainer = result["trainer"]
-    from grpo_tutorial.rollout import render_prompts
-
-    text = render_prompts(tokenizer, [eval_rows[0]["prompt"]], system_prompt=config.system_prompt)[0]
-    assert text.startswith("<|im_start|>system\n" + config.system_prompt + "<|im_end|>")
-    assert text.endswith(eval_rows[0]["prompt"] + "<|im_end|>\n<|im_start|>assistant\n")
 
     # evaluation ran, before and after, and judged each reply against the '####' number
     for key in ("before", "after"):

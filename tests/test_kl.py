@@ -77,3 +77,35 @@ def test_bad_input():
         kl_estimate(torch.zeros(2, 3), torch.zeros(3, 2))
     with pytest.raises(TypeError, match="ref_logp must be a torch.Tensor"):
         kl_estimate(torch.zeros(2), [0.0, 0.0])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_expected_k3_gradient_is_the_forward_kl_gradient_and_the_ratio_weighted_one_the_reverse(seed):
+    """Exact expectations over a small categorical, with theta its logits (issue 24, chapter 5).
+
+    E_{x~pi}[grad k3(x)] = grad KL(pi_ref || pi): plain k3 used as a loss pulls towards the
+    *forward* KL. With DeepSeek-V3.2's correction, ratio * k3 where ratio = pi / pi_old is not
+    detached (on-policy: pi_old = pi, value 1), E[grad(ratio * k3)] = grad KL(pi || pi_ref),
+    the reverse KL the penalty is meant to keep small.
+    """
+    from grpo_tutorial.objectives import importance_weighted_kl
+
+    g = torch.Generator().manual_seed(seed)
+    theta = torch.randn(6, generator=g, dtype=torch.float64, requires_grad=True)
+    ref = torch.log_softmax(torch.randn(6, generator=g, dtype=torch.float64), dim=0)
+    logp = torch.log_softmax(theta, dim=0)  # [V], log pi(x) for every x
+    weights = logp.exp().detach()  # sampling probabilities: the expectation is a weighted sum
+    k3 = kl_estimate(logp, ref, "k3")  # [V]
+    ratio = torch.exp(logp - logp.detach())  # [V], value 1, gradient grad log pi
+    (plain,) = torch.autograd.grad((weights * k3).sum(), theta, retain_graph=True)
+    (corrected,) = torch.autograd.grad((weights * importance_weighted_kl(k3, ratio)).sum(), theta, retain_graph=True)
+    (forward,) = torch.autograd.grad((ref.exp() * (ref - logp)).sum(), theta, retain_graph=True)
+    (reverse,) = torch.autograd.grad((logp.exp() * (logp - ref)).sum(), theta)
+    torch.testing.assert_close(plain, forward, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(corrected, reverse, atol=1e-12, rtol=1e-10)
+    assert (forward - reverse).abs().max() > 1e-2  # the two KLs pull differently here
+    # and the per-token coefficient on grad log pi, on-policy, is log(pi / pi_ref) (k1)
+    single = logp[2:3].detach().clone().requires_grad_(True)
+    term = importance_weighted_kl(kl_estimate(single, ref[2:3]), torch.exp(single - single.detach()))
+    (coef,) = torch.autograd.grad(term.sum(), single)
+    torch.testing.assert_close(coef, single.detach() - ref[2:3], atol=1e-12, rtol=1e-10)

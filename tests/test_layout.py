@@ -9,6 +9,7 @@ import ast
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import grpo_tutorial
@@ -85,3 +86,191 @@ def test_chapter_tools_live_only_in_the_subpackage():
     chapter_modules = {p.stem for p in (PACKAGE / "chapters").glob("*.py")} - {"__init__"}
     assert {"bandit", "kl_estimators", "reward_design", "inspection", "recipes", "presets", "pitfalls"} <= chapter_modules
     assert chapter_modules.isdisjoint({p.stem for p in CORE_MODULES})
+
+
+# ---------------------------------------------------------------------------
+# The run machinery (grpo_tutorial/run/) and the stages: imports point one way
+# ---------------------------------------------------------------------------
+
+RUN_MODULES = sorted((PACKAGE / "run").glob("*.py"))
+#: Top-level modules that must not import the run machinery: the stages of a step and what they build on.
+#: (The trainer, the warm start, the optimizer's warning, plotting's history reader and the CLI use it.)
+NO_RUN_IMPORTS = {
+    "tasks", "rollout", "onednn", "rewards", "answers", "advantages", "logprobs", "kl", "objectives", "loss",
+    "config", "metrics", "evaluation", "seeding", "models", "presets", "_checks", "env",
+}
+MAY_IMPORT_RUN = {"__init__", "__main__", "trainer", "sft", "optim", "plotting", "completions_log"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """Every ``grpo_tutorial`` module that ``path`` imports (at module level or inside a function), absolute."""
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names = [module] + [f"{module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] != "grpo_tutorial":
+                continue
+            # the longest prefix that is a module of the package ("from .run import x": grpo_tutorial.run)
+            while name and not (_file_of(name) and _file_of(name).exists()):
+                name = name.rpartition(".")[0]
+            if name:
+                found.append((node.lineno, name))
+    return sorted(set(found))
+
+
+def _file_of(name: str) -> Path | None:
+    parts = name.split(".")[1:]
+    if not parts:
+        return PACKAGE / "__init__.py"
+    as_package = PACKAGE.joinpath(*parts, "__init__.py")
+    return as_package if as_package.exists() else PACKAGE.joinpath(*parts).with_suffix(".py")
+
+
+def test_every_top_level_module_is_classified():
+    top = {p.stem for p in CORE_MODULES}
+    assert NO_RUN_IMPORTS & MAY_IMPORT_RUN == set()
+    assert top - {"__init__", "__main__"} <= (NO_RUN_IMPORTS | MAY_IMPORT_RUN) | {"plotting"}, (
+        f"classify the new module(s) {sorted(top - NO_RUN_IMPORTS - MAY_IMPORT_RUN)} in tests/test_layout.py"
+    )
+    assert (PACKAGE / "run" / "__init__.py").exists() and len(RUN_MODULES) >= 5
+
+
+def test_run_machinery_imports_nothing_outside_run():
+    """run/ knows no GRPO: no stage, no trainer, no chapter tool."""
+    offenders = [
+        f"run/{path.name}:{line}: {name}" for path in RUN_MODULES for line, name in imported_modules(path)
+        if not (name == "grpo_tutorial.run" or name.startswith("grpo_tutorial.run."))
+    ]
+    assert offenders == [], "run/ must import only from run/: " + "; ".join(offenders)
+
+
+def test_stages_do_not_import_the_run_machinery():
+    offenders = [
+        f"{path.name}:{line}: {name}" for path in CORE_MODULES if path.stem in NO_RUN_IMPORTS
+        for line, name in imported_modules(path) if name == "grpo_tutorial.run" or name.startswith("grpo_tutorial.run.")
+    ]
+    assert offenders == [], "these modules must not import grpo_tutorial.run: " + "; ".join(offenders)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        me = _module_name(path)
+        mine = {me.rsplit(".", k)[0] for k in range(me.count(".") + 1)}  # me and my own packages
+        targets = set()
+        for _, name in imported_modules(path):
+            targets.add(name)
+            # importing a.b.c runs a.b's __init__ first; my own packages' __init__ ran before me anyway
+            parent = name.rpartition(".")[0]
+            while parent and parent not in mine:
+                targets.add(parent)
+                parent = parent.rpartition(".")[0]
+        graph[me] = targets - mine
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    graph = _import_graph()
+    assert "grpo_tutorial.run.lock" in graph and "grpo_tutorial.trainer" in graph
+    assert _cycles(graph) == []
+
+
+def test_the_circle_detector_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+_FAKE_KERNEL_WITHOUT_WIDGETS = """
+import sys, types, warnings
+shell = types.SimpleNamespace(config={"IPKernelApp": {}})
+sys.modules["IPython"] = types.SimpleNamespace(get_ipython=lambda: shell)
+sys.modules["ipykernel.zmqshell"] = types.ModuleType("ipykernel.zmqshell")  # what tqdm.autonotebook looks for
+sys.modules["ipywidgets"] = None  # "import ipywidgets" fails, as in a kernel without widgets
+"""
+
+
+def _run(code: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE.parent))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_importing_the_package_sets_no_process_wide_warning_filter():
+    out = _run(_FAKE_KERNEL_WITHOUT_WIDGETS + textwrap.dedent("""
+        import numpy, torch, transformers, matplotlib  # their own filters are theirs
+        before = list(warnings.filters)
+        import grpo_tutorial, grpo_tutorial.trainer
+        print("ADDED", [f for f in warnings.filters if f not in before])
+    """))
+    assert "ADDED []" in out, out
+
+
+def test_the_widget_warning_stays_out_of_a_notebook_without_widgets():
+    """transformers imports tqdm.auto, which warns "IProgress not found" in such a kernel; the package keeps it quiet."""
+    out = _run(_FAKE_KERNEL_WITHOUT_WIDGETS + textwrap.dedent("""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import grpo_tutorial
+        print("IPROGRESS", sum("IProgress" in str(w.message) for w in caught))
+        for name in [m for m in sys.modules if m.startswith("tqdm")]:
+            del sys.modules[name]  # import it afresh, as a process without the package would
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import tqdm.auto
+        print("PLAIN", sum("IProgress" in str(w.message) for w in caught))
+    """))
+    assert "IPROGRESS 0" in out and "PLAIN 1" in out, out  # the warning is real, and the package keeps it out

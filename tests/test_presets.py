@@ -40,6 +40,7 @@ def test_t4_preset_scores_in_micro_batches_and_updates_once_per_batch():
     assert cfg.micro_batch_size == 8 and cfg.micro_size == 8  # memory: 8 completions per pass
     assert cfg.minibatch_size is None and cfg.updates_per_step == 1  # one on-policy update per generation batch
     assert "\\boxed{}" in cfg.system_prompt
+    assert cfg.log_completions and cfg.num_completions_to_print == 4 and cfg.log_every == 10  # chapter 9's GPU path
 
 
 def test_get_preset_returns_independent_copies():

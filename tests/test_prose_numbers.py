@@ -71,13 +71,8 @@ NOT_YET_CONVERTED: dict[str, str] = {
     "01_policy_gradients.ipynb": "E25a, issue 25",
     "02_group_advantages.ipynb": "E25a, issue 25",
     "04_clipped_objective.ipynb": "E25a, issue 25",
-    "05_kl_penalty.ipynb": "E25b, issue 25",
-    "06_verifiable_rewards.ipynb": "E25b, issue 25",
-    "07_one_training_step.ipynb": "E25b, issue 25",
     "08_tiny_transformer.ipynb": "E25b, issue 25",
     "09_real_llm.ipynb": "E21, issue 21/25",
-    "10_variants_and_pitfalls.ipynb": "E25b, issue 25",
-    "12_grpo_lab.ipynb": "E25b, issue 25",
 }
 
 # Constants of the method that prose may name without a code cell typing them.

@@ -90,7 +90,7 @@ def quiet(fn, *args, **kwargs):
         ("learning_rate", -1e-4, "learning_rate"),
         ("temperature", 0.0, "temperature"),
         ("top_p", 0.0, "top_p"),
-        ("loss_type", "ppo", r"loss_type must be one of \['grpo', 'bnpo', 'dapo', 'dr_grpo', 'cispo', 'sapo'\]"),
+        ("loss_type", "ppo", r"loss_type must be one of \['grpo', 'bnpo', 'dapo', 'dr_grpo', 'cispo', 'sapo', 'luspo', 'vespo'\]"),
         ("scale_rewards", True, "scale_rewards"),
         ("scale_rewards", "std", "scale_rewards"),
         ("std", "unbiased", "std"),

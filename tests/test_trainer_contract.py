@@ -85,7 +85,7 @@ def test_first_pass_ratio_is_exactly_one_with_dropout_disabled(disable):
 def test_evaluate_policy_returns_one_record_per_row_and_matches_the_trainer():
     model, tok = build_tiny_policy(seed=0)
     rows = _data(10)
-    result = evaluate_policy(model, tok, rows, max_new_tokens=4, batch_size=3, num_samples=2)
+    result = evaluate_policy(model, tok, rows, GRPOConfig(max_new_tokens=4), batch_size=3, num_samples=2)
     assert result["n"] == len(result["records"]) == 10
     assert [r["prompt"] for r in result["records"]] == [r["prompt"] for r in rows]
     assert {"completion", "correct", "reward", "length", "truncated", "answer"} <= set(result["records"][0])

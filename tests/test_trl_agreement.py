@@ -1,4 +1,4 @@
-"""Our loss options against TRL 1.16's own loss code, on the same tensors (issues 11 and 16).
+"""Our loss options against TRL 1.16's own loss code, on the same tensors (issues 11, 16 and 24).
 
 TRL computes the loss in ``GRPOTrainer._compute_loss``. We run that very method:
 a ``trl.GRPOTrainer`` made with ``__new__`` (no model, no dataset) gets the
@@ -12,9 +12,16 @@ Deliberate differences are pinned here and explained in the docstrings:
 
 * CISPO's cap: ours is ``1 + clip_eps_high``, TRL's is ``epsilon_high``
   (:func:`grpo_tutorial.objectives.cispo_objective`).
-* The KL term: TRL 1.16 multiplies it by the ratio (``use_bias_correction_kl=True``);
-  ours is the plain k3 estimate (:func:`grpo_tutorial.kl.kl_estimate`). Equal with
-  ``use_bias_correction_kl=False``.
+* The default of ``use_bias_correction_kl``: TRL's is True, ours False (see
+  :class:`grpo_tutorial.GRPOConfig`). Both settings agree with TRL's.
+* Where a reward function gives a whole group one value, our advantages are exactly
+  0; TRL's can carry float noise divided by 1e-4 (the tests use rewards that are
+  exact in binary, so that the two agree to 1e-6).
+
+The GDPO advantages (``multi_objective_aggregation``) live in TRL's
+``_generate_and_score_completions``, not in ``_compute_loss``; the GDPO tests run
+that method on a real tiny ``trl.GRPOTrainer``, with reward functions that return
+chosen rewards (``None`` included), and compare the advantages it returns.
 
 TRL applies ``mask_truncated_completions`` outside ``_compute_loss``, when it
 builds the batch (it zeroes the truncated rows of ``completion_mask``); the test
@@ -25,12 +32,15 @@ that mask.
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 from collections import defaultdict
 
 import pytest
 import torch
 import trl
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
 from grpo_tutorial.loss import grpo_loss
@@ -85,6 +95,8 @@ def _trl_trainer(args: trl.GRPOConfig, accumulation_steps: int = 1) -> trl.GRPOT
     trainer.entropy_coef = args.entropy_coef
     trainer.use_adaptive_entropy = args.use_adaptive_entropy
     trainer._entropy_bonus_enabled = trainer.entropy_coef != 0.0 or trainer.use_adaptive_entropy
+    trainer._last_world_entropy = float("inf")  # TRL's __init__: no bonus before the first measurement
+    trainer._entropy_window_stats = None
     trainer.max_completion_length = args.max_completion_length
     trainer.aux_loss_enabled = False
     trainer.use_vllm = False
@@ -286,30 +298,329 @@ def test_off_policy_mask_agrees_with_trl(tmp_path, threshold):
     assert abs(plain[1].item() - ours.item()) > 1e-4  # some negative-advantage sequence was dropped
 
 
-def test_kl_penalty_agrees_with_trl_without_its_bias_correction(tmp_path):
-    _assert_agree(*_compare(
+@pytest.mark.parametrize("correction", [False, True])
+@pytest.mark.parametrize(
+    "loss_type, level",
+    [("grpo", "token"), ("grpo", "sequence"), ("dapo", "token"), ("cispo", "token"), ("luspo", "sequence"),
+     ("vespo", "token")],
+)
+def test_kl_penalty_agrees_with_trl_with_and_without_bias_correction(tmp_path, correction, loss_type, level):
+    extra_trl = {"epsilon_high": 1.2} if loss_type == "cispo" else {}
+    extra_ours = {"clip_eps_high": 0.2} if loss_type == "cispo" else {}
+    theirs, ours, g_theirs, g_ours = _compare(
         tmp_path,
-        dict(loss_type="grpo", beta=0.04, use_bias_correction_kl=False),
-        dict(loss_type="grpo", beta=0.04, kl_kind="k3"),
-        with_ref=True,
-    ))
+        dict(loss_type=loss_type, importance_sampling_level=level, beta=0.04, use_bias_correction_kl=correction,
+             **extra_trl),
+        dict(loss_type=loss_type, importance_sampling_level=level, beta=0.04, kl_kind="k3",
+             use_bias_correction_kl=correction, **extra_ours),
+        with_ref=True, spread=0.5,
+    )
+    _assert_agree(theirs, ours, g_theirs, g_ours)
+    other = _compare(
+        tmp_path,
+        dict(loss_type=loss_type, importance_sampling_level=level, beta=0.04, use_bias_correction_kl=not correction,
+             **extra_trl),
+        dict(loss_type=loss_type, importance_sampling_level=level, beta=0.04, use_bias_correction_kl=not correction,
+             **extra_ours),
+        with_ref=True, spread=0.5,
+    )
+    assert (other[3][0] - g_ours[0]).abs().max().item() > 1e-4  # the setting matters on these tensors
 
 
-def test_kl_penalty_differs_from_trl_bias_correction_by_design(tmp_path):
-    """TRL 1.16 weights the KL by the ratio (DeepSeek-V3.2); ours keeps the plain k3 penalty (chapter 5).
-
-    On-policy (ratio 1) the values agree but the gradients do not: the ratio's
-    own gradient adds KL * grad(log pi) to each token.
-    """
+def test_bias_correction_changes_the_on_policy_gradient_but_not_the_on_policy_loss(tmp_path):
+    """On-policy (ratio 1) both KL terms have the same value; the corrected one's gradient differs, as TRL's does."""
     logp0, _, adv, mask, _, ref = _tensors(0)
-    trainer = _trl_trainer(_trl_args(tmp_path, loss_type="grpo", beta=0.04, use_bias_correction_kl=True))
+    for correction in (False, True):
+        trainer = _trl_trainer(_trl_args(tmp_path, loss_type="grpo", beta=0.04, use_bias_correction_kl=correction))
+        a = logp0.clone().requires_grad_(True)
+        theirs = trl_loss(trainer, a, logp0.clone(), adv, mask, ref_logp=ref)
+        b = logp0.clone().requires_grad_(True)
+        ours, _ = grpo_loss(b, logp0.clone(), adv, mask, ref_logp=ref, beta=0.04, use_bias_correction_kl=correction)
+        _assert_agree(theirs, ours, _grad(theirs, a), _grad(ours, b))
     a = logp0.clone().requires_grad_(True)
-    theirs = trl_loss(trainer, a, logp0.clone(), adv, mask, ref_logp=ref)
+    plain, plain_stats = grpo_loss(a, logp0.clone(), adv, mask, ref_logp=ref, beta=0.04)
     b = logp0.clone().requires_grad_(True)
-    ours, _ = grpo_loss(b, logp0.clone(), adv, mask, ref_logp=ref, beta=0.04)
-    assert ours.item() == pytest.approx(theirs.item(), abs=TOL)
-    (ga,), (gb,) = _grad(theirs, a), _grad(ours, b)
-    assert (ga - gb).abs().max().item() > 1e-4
+    corrected, corrected_stats = grpo_loss(b, logp0.clone(), adv, mask, ref_logp=ref, beta=0.04,
+                                           use_bias_correction_kl=True)
+    assert corrected.item() == plain.item() and corrected_stats["kl"] == plain_stats["kl"]
+    (g_plain,), (g_corrected,) = _grad(plain, a), _grad(corrected, b)
+    assert (g_corrected - g_plain).abs().max().item() > 1e-4
+    # the difference is beta * (k3 + 1 - ref/pi) - beta * (1 - ref/pi) = beta * k3, spread by grpo's 1 / (N * |o_i|)
+    k3 = torch.exp(ref - logp0) - (ref - logp0) - 1
+    expected = 0.04 * k3 * mask / (N * mask.sum(dim=1, keepdim=True))
+    torch.testing.assert_close(g_corrected - g_plain, expected, atol=1e-12, rtol=1e-9)
+
+
+# ---------------------------------------------------------------------------
+# TRL 1.16's newer options (issue 24): LUSPO, VESPO, adaptive entropy, GDPO
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", [{}, {"delta": 1.5}, {"mask_truncated_completions": True},
+                                     {"top_entropy_quantile": 0.3}, {"off_policy_mask_threshold": 0.02}])
+def test_luspo_agrees_with_trl(tmp_path, options):
+    truncated = torch.tensor([False, True, False, False, True, False]) if options.get("mask_truncated_completions") \
+        else None
+    theirs, ours, g_theirs, g_ours = _compare(
+        tmp_path,
+        dict(loss_type="luspo", importance_sampling_level="sequence", beta=0.0, **options),
+        dict(loss_type="luspo", importance_sampling_level="sequence", **options),
+        spread=0.5, shift=0.3, with_entropy="top_entropy_quantile" in options, truncated=truncated,
+    )
+    _assert_agree(theirs, ours, g_theirs, g_ours)
+    assert torch.count_nonzero(g_ours[0]) > 0
+
+
+def test_luspo_is_gspo_with_each_sequence_scaled_by_its_length():
+    """LUSPO's loss is the mean over sequences of |o_i| * GSPO's per-sequence loss, and so is each row's gradient."""
+    logp0, old, adv, mask, _, _ = _tensors(1, 0.5, 0.2)
+    lengths = mask.sum(dim=1)  # [N]
+    a = logp0.clone().requires_grad_(True)
+    gspo, _ = grpo_loss(a, old, adv, mask, loss_type="grpo", importance_sampling_level="sequence")
+    b = logp0.clone().requires_grad_(True)
+    luspo, _ = grpo_loss(b, old, adv, mask, loss_type="luspo", importance_sampling_level="sequence")
+    per_sequence = [
+        grpo_loss(logp0[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], loss_type="grpo",
+                  importance_sampling_level="sequence")[0]
+        for i in range(N)
+    ]
+    assert luspo.item() == pytest.approx((lengths * torch.stack(per_sequence)).mean().item(), abs=1e-12)
+    assert gspo.item() == pytest.approx(torch.stack(per_sequence).mean().item(), abs=1e-12)
+    (g_gspo,), (g_luspo,) = _grad(gspo, a), _grad(luspo, b)
+    torch.testing.assert_close(g_luspo, lengths[:, None] * g_gspo, atol=1e-12, rtol=1e-10)
+    assert lengths.unique().numel() > 1 and torch.count_nonzero(g_gspo) > 0  # the lengths differ: a real test
+
+
+@pytest.mark.parametrize("shape", [{}, {"vespo_k_pos": 1.0, "vespo_lambda_pos": 0.5, "vespo_k_neg": 4.0,
+                                        "vespo_lambda_neg": 3.5}])
+@pytest.mark.parametrize("options", [{}, {"mask_truncated_completions": True}, {"top_entropy_quantile": 0.5},
+                                     {"entropy_coef": 0.03}])
+def test_vespo_agrees_with_trl(tmp_path, shape, options):
+    truncated = torch.tensor([True, False, False, False, False, True]) if options.get("mask_truncated_completions") \
+        else None
+    theirs, ours, g_theirs, g_ours = _compare(
+        tmp_path,
+        dict(loss_type="vespo", beta=0.0, **shape, **options),
+        dict(loss_type="vespo", **shape, **options),
+        spread=0.3, with_entropy="top_entropy_quantile" in options or "entropy_coef" in options,
+        truncated=truncated,
+    )
+    _assert_agree(theirs, ours, g_theirs, g_ours)
+    assert torch.count_nonzero(g_ours[0]) > 0
+
+
+def test_vespo_weight_is_detached_and_shaped_as_documented():
+    """phi(1) = 1; the peak is at w = k / lambda; no gradient flows through phi; the loss's gradient is
+    -phi * A / tokens on each counted token (REINFORCE's form, with phi as a constant)."""
+    from grpo_tutorial.objectives import vespo_weights
+
+    ones = torch.zeros(2, 3, dtype=DTYPE)  # log-ratio 0: w = 1
+    adv = torch.tensor([[1.0], [-1.0]], dtype=DTYPE)
+    full = torch.ones(2, 3, dtype=DTYPE)
+    torch.testing.assert_close(vespo_weights(ones, full, adv), torch.ones(2, 1, dtype=DTYPE))
+    grid = torch.linspace(-3, 1.5, 4001, dtype=DTYPE)[:, None]  # log w, one token per sequence
+    phi = vespo_weights(grid, torch.ones_like(grid), torch.ones_like(grid))  # k=2, lambda=3
+    assert torch.exp(grid[phi.argmax()]).item() == pytest.approx(2 / 3, rel=2e-3)
+
+    logp0, old, adv6, mask, _, _ = _tensors(2, 0.3)
+    logp = logp0.clone().requires_grad_(True)
+    weight = vespo_weights(logp - old, mask, adv6[:, None])
+    assert not weight.requires_grad
+    loss, _ = grpo_loss(logp, old, adv6, mask, loss_type="vespo")
+    (grad,) = _grad(loss, logp)
+    torch.testing.assert_close(grad, -weight * adv6[:, None] * mask / mask.sum(), atol=1e-12, rtol=1e-10)
+    assert (weight - 1).abs().max() > 0.05  # off-policy tensors: the weights are not all 1
+
+
+def _adaptive_run(tmp_path, *, target, coef, steps=2, updates=4, quantile=1.0, entropy_scale=3.0, seed=5):
+    """``updates`` optimizer updates of ``steps`` micro-batches each, through TRL's _compute_loss (which keeps
+    the controller's state) and through ours (grpo_loss + the two controller functions, as the trainer uses
+    them). Returns the per-update coefficient trajectories and the largest loss and gradient differences."""
+    from grpo_tutorial.objectives import adapt_entropy_coef, applied_entropy_coef
+
+    args = _trl_args(tmp_path, loss_type="dapo", beta=0.0, gradient_accumulation_steps=steps, use_adaptive_entropy=True,
+                     entropy_coef=coef, entropy_target=target, entropy_coef_delta=0.05, entropy_coef_min=0.0,
+                     entropy_coef_max=0.12, top_entropy_quantile=quantile)
+    trainer = _trl_trainer(args, accumulation_steps=steps)
+    ours_coef, ours_last = coef, math.inf
+    trl_coefs, our_coefs, loss_gap, grad_gap = [], [], 0.0, 0.0
+    g = torch.Generator().manual_seed(seed)
+    for update in range(updates):
+        logp0, old, adv, mask, _, _ = _tensors(update, 0.4)
+        ent0 = torch.rand(N, T, generator=g, dtype=DTYPE) * entropy_scale * (0.5 + update / updates)  # [N, T]
+        tokens = mask.sum()
+        sums = [0.0, 0.0]
+        applied = applied_entropy_coef(ours_coef, ours_last, target)
+        for i, part in enumerate(torch.arange(N).chunk(steps)):
+            trainer.accelerator.sync_gradients = i == steps - 1  # the boundary is the last micro-batch
+            a, ea = logp0[part].clone().requires_grad_(True), ent0[part].clone().requires_grad_(True)
+            theirs = trl_loss(trainer, a, old[part], adv[part], mask[part], entropies=ea, num_items_in_batch=tokens)
+            b, eb = logp0[part].clone().requires_grad_(True), ent0[part].clone().requires_grad_(True)
+            ours, stats = grpo_loss(
+                b, old[part], adv[part], mask[part], loss_type="dapo", entropy_coef=applied, entropies=eb,
+                top_entropy_quantile=quantile, gradient_accumulation_steps=steps, num_items_in_batch=tokens,
+            )
+            sums[0] += stats["entropy_sum"]
+            sums[1] += stats["entropy_tokens"]
+            loss_gap = max(loss_gap, abs(ours.item() - theirs.item()))
+            for x, y in zip(_grad(theirs, a, ea), _grad(ours, b, eb)):
+                x = torch.zeros_like(b) if x is None else x
+                y = torch.zeros_like(b) if y is None else y
+                grad_gap = max(grad_gap, (x - y).abs().max().item())
+        ours_last = sums[0] / max(sums[1], 1.0)
+        ours_coef = adapt_entropy_coef(ours_coef, ours_last, target=target, delta=0.05, coef_min=0.0, coef_max=0.12)
+        trl_coefs.append(trainer.entropy_coef)
+        our_coefs.append(ours_coef)
+        assert trainer._last_world_entropy == pytest.approx(ours_last, abs=1e-12)
+    return trl_coefs, our_coefs, loss_gap, grad_gap
+
+
+@pytest.mark.parametrize("quantile", [1.0, 0.4])
+@pytest.mark.parametrize("target, coef", [(1.2, 0.02), (3.0, 0.0), (0.3, 0.1)])
+def test_adaptive_entropy_agrees_with_trl_over_several_updates(tmp_path, target, coef, quantile):
+    trl_coefs, our_coefs, loss_gap, grad_gap = _adaptive_run(tmp_path, target=target, coef=coef, quantile=quantile)
+    assert our_coefs == pytest.approx(trl_coefs, abs=1e-12)
+    assert loss_gap < TOL and grad_gap < TOL
+    assert len(set(our_coefs)) > 1 or our_coefs[0] in (0.0, 0.12)  # the coefficient moved, or sits at a bound
+
+
+def test_adaptive_entropy_applies_the_bonus_only_below_the_target():
+    from grpo_tutorial.objectives import adapt_entropy_coef, applied_entropy_coef
+
+    assert applied_entropy_coef(0.1, math.inf, 0.5) == 0.0  # before the first measurement
+    assert applied_entropy_coef(0.1, 0.5, 0.5) == 0.1 and applied_entropy_coef(0.1, 0.51, 0.5) == 0.0
+    assert adapt_entropy_coef(0.1, 0.4, target=0.5, delta=0.03, coef_min=0.0, coef_max=1.0) == pytest.approx(0.13)
+    assert adapt_entropy_coef(0.1, 0.6, target=0.5, delta=0.03, coef_min=0.0, coef_max=1.0) == pytest.approx(0.07)
+    assert adapt_entropy_coef(0.99, 0.1, target=0.5, delta=0.03, coef_min=0.0, coef_max=1.0) == 1.0
+    assert adapt_entropy_coef(0.01, 0.9, target=0.5, delta=0.03, coef_min=0.0, coef_max=1.0) == 0.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    coef=st.floats(0.0, 1.0), entropy=st.floats(0.0, 10.0), target=st.floats(0.0, 10.0),
+    delta=st.floats(0.0, 0.5), low=st.floats(0.0, 0.5), width=st.floats(0.0, 0.5),
+)
+def test_adaptive_entropy_coefficient_moves_the_right_way_and_stays_in_bounds(coef, entropy, target, delta, low,
+                                                                               width):
+    from grpo_tutorial.objectives import adapt_entropy_coef
+
+    high = low + width
+    coef = min(max(coef, low), high)  # the controller starts inside its bounds
+    new = adapt_entropy_coef(coef, entropy, target=target, delta=delta, coef_min=low, coef_max=high)
+    assert low <= new <= high
+    if entropy <= target:
+        assert new >= coef  # too little entropy: push harder for exploration
+    else:
+        assert new <= coef
+
+
+# -- GDPO: TRL's own advantage computation, in _generate_and_score_completions ------------------------------
+
+_G, _P = 4, 3
+
+
+def _column_reward(column):
+    def reward(completions, **kwargs):
+        return list(kwargs[column])
+
+    reward.__name__ = f"reward_{column}"
+    return reward
+
+
+def _trl_advantages(tmp_path, per_function, weights, aggregation, scale_rewards="group") -> torch.Tensor:
+    """The advantages TRL's _generate_and_score_completions computes for these rewards (None = cannot score)."""
+    import datasets
+
+    from grpo_tutorial.models import build_tiny_policy
+
+    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    k = len(per_function[0])
+    columns = [f"r{j}" for j in range(k)]
+    rows = [{"prompt": f"{i // _G}+1=", **{c: values[j] for j, c in enumerate(columns)}}
+            for i, values in enumerate(per_function)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = trl.GRPOConfig(
+            output_dir=str(tmp_path / "trl"), use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True,
+            per_device_train_batch_size=len(rows), num_generations=_G, max_completion_length=2, beta=0.0,
+            multi_objective_aggregation=aggregation, reward_weights=weights, scale_rewards=scale_rewards,
+        )
+        trainer = trl.GRPOTrainer(
+            model=model, reward_funcs=[_column_reward(c) for c in columns], args=args,
+            train_dataset=datasets.Dataset.from_list([{"prompt": r["prompt"], **{c: 0.0 for c in columns}}
+                                                      for r in rows]),
+            processing_class=tok,
+        )
+        trainer.model.train()
+        out = trainer._generate_and_score_completions(rows)
+    return out["advantages"].double()
+
+
+_REWARDS = [  # [N = 3 groups * 4, K = 2]: a 0/1 correctness and a length-like score on a 10x larger scale
+    [1, 10], [0, 30], [1, 20], [0, 0],
+    [1, 5], [1, 5], [1, 6], [1, 5],  # the first function is silent here
+    [0.5, 0], [None, 0], [0, 0], [1, None],  # unscorable entries
+]
+
+
+def _as_matrix(per_function) -> torch.Tensor:
+    return torch.tensor([[math.nan if v is None else float(v) for v in row] for row in per_function])
+
+
+def _our_stage_2(per_function, weights):
+    """The package's stage 2 on the same reward functions: (weighted total [N], per-function rewards [N, K])."""
+    from grpo_tutorial.rewards import compute_rewards
+
+    k = len(per_function[0])
+    columns = {f"r{j}": [row[j] for row in per_function] for j in range(k)}
+    n = len(per_function)
+    total, per_fn = compute_rewards(
+        [_column_reward(c) for c in columns], weights, ["p"] * n, ["c"] * n, [None] * n, **columns
+    )
+    return total, torch.stack(list(per_fn.values()), dim=1)
+
+
+@pytest.mark.parametrize("weights", [[1.0, 1.0], [1.0, 0.25]])
+def test_normalize_then_sum_agrees_with_trl(tmp_path, weights):
+    from grpo_tutorial.advantages import normalize_then_sum
+
+    theirs = _trl_advantages(tmp_path, _REWARDS, weights, "normalize_then_sum")
+    _, per_function = _our_stage_2(_REWARDS, weights)
+    ours = normalize_then_sum(per_function, _G, weights).double()
+    torch.testing.assert_close(ours, theirs, atol=TOL, rtol=TOL)
+    assert ours.abs().max() > 0.5
+
+
+@pytest.mark.parametrize("weights", [[1.0, 1.0], [1.0, 0.25]])
+def test_sum_then_normalize_agrees_with_trl(tmp_path, weights):
+    """The default path: the weighted sum (None counts as 0 unless every function is None), then group z-scores."""
+    from grpo_tutorial.advantages import group_advantages
+
+    theirs = _trl_advantages(tmp_path, _REWARDS, weights, "sum_then_normalize")
+    total, _ = _our_stage_2(_REWARDS, weights)
+    ours = group_advantages(total, _G, nan="skip").double()
+    torch.testing.assert_close(ours, theirs, atol=TOL, rtol=TOL)
+    gdpo = _trl_advantages(tmp_path, _REWARDS, weights, "normalize_then_sum")
+    assert (gdpo - theirs).abs().max() > 0.1  # the two aggregations differ on these rewards
+
+
+def test_normalize_then_sum_keeps_a_small_scale_reward_that_summing_drowns():
+    """Scaling one reward function by 100 changes GRPO's advantages but not GDPO's."""
+    from grpo_tutorial.advantages import group_advantages, normalize_then_sum
+
+    base = _as_matrix(_REWARDS[:4] * 2)  # two groups, all scorable
+    scaled = base * torch.tensor([100.0, 1.0])  # the 0/1 reward now outweighs the 0-30 one
+    # exactly scale-free without the eps guard (eps = 1e-4 shifts each z-score by ~eps / std)
+    torch.testing.assert_close(normalize_then_sum(scaled, _G, eps=0.0), normalize_then_sum(base, _G, eps=0.0))
+    torch.testing.assert_close(normalize_then_sum(scaled, _G), normalize_then_sum(base, _G), atol=1e-3, rtol=0)
+    grpo_base = group_advantages(base.sum(dim=1), _G)
+    grpo_scaled = group_advantages(scaled.sum(dim=1), _G)
+    assert (grpo_base - grpo_scaled).abs().max() > 0.1
+    # with one function, GDPO is GRPO's group z-scores, z-scored once more over the batch
+    one = base[:, :1]
+    z = group_advantages(one.view(-1), _G)
+    expected = (z - z.mean()) / (z.std() + 1e-4)
+    torch.testing.assert_close(normalize_then_sum(one, _G), expected, atol=1e-6, rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------
@@ -317,14 +628,16 @@ def test_kl_penalty_differs_from_trl_bias_correction_by_design(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"])
 @pytest.mark.parametrize("steps", [2, 3])
 def test_accumulated_micro_batches_agree_with_trl(tmp_path, loss_type, steps):
     """K micro-batches of one update: TRL's _compute_loss with gradient_accumulation_steps = K and
     num_items_in_batch = the update's tokens, against ours with the same two normalisers."""
     logp0, old, adv, mask, _, _ = _tensors(3, 0.5)
+    level = "sequence" if loss_type == "luspo" else "token"
     extra = {"epsilon_high": 1.2} if loss_type == "cispo" else {}
-    args = _trl_args(tmp_path, loss_type=loss_type, beta=0.0, gradient_accumulation_steps=steps, **extra)
+    args = _trl_args(tmp_path, loss_type=loss_type, beta=0.0, gradient_accumulation_steps=steps,
+                     importance_sampling_level=level, **extra)
     assert args.steps_per_generation == steps  # one generation batch per optimizer update
     trainer = _trl_trainer(args, accumulation_steps=steps)
     tokens = mask.sum()
@@ -335,7 +648,7 @@ def test_accumulated_micro_batches_agree_with_trl(tmp_path, loss_type, steps):
         theirs = trl_loss(trainer, a[part], old[part], adv[part], mask[part], num_items_in_batch=tokens)
         ours, _ = grpo_loss(
             b[part], old[part], adv[part], mask[part], loss_type=loss_type, max_completion_length=T,
-            gradient_accumulation_steps=steps, num_items_in_batch=tokens, **clip,
+            gradient_accumulation_steps=steps, num_items_in_batch=tokens, importance_sampling_level=level, **clip,
         )
         assert ours.item() == pytest.approx(theirs.item(), abs=TOL)
         theirs.backward()
@@ -380,6 +693,8 @@ def _update_gradient(loss_type: str, micro_batch_size: int | None, **options) ->
         ("dapo", {"importance_sampling_level": "sequence"}),
         ("cispo", {}),
         ("sapo", {}),
+        ("luspo", {"importance_sampling_level": "sequence"}),
+        ("vespo", {}),
     ],
 )
 def test_micro_batches_give_the_whole_update_gradient(loss_type, options):

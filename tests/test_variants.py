@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import grpo_tutorial.trainer as trainer_module
 from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
 from grpo_tutorial.advantages import group_advantages
-from grpo_tutorial.loss import grpo_loss
+from grpo_tutorial.loss import OPTION_NAMES, LossOptions, grpo_loss
 from grpo_tutorial.objectives import (
     clipped_surrogate,
     high_entropy_mask,
@@ -243,25 +243,117 @@ def test_batch_baseline_skips_unscorable_completions():
 # ---------------------------------------------------------------------------
 
 
+#: Options of the loss: one validator (LossOptions), reached from the config and from grpo_loss's keywords.
+LOSS_OPTION_CASES = [
+    (dict(delta=1.1), "delta must be None or a number > 1 + clip_eps_high = 1.2, got 1.1"),
+    (dict(delta=2.0, loss_type="cispo"), "delta must be None with loss_type='cispo', got 2.0"),
+    (dict(delta=2.0, loss_type="sapo"), "delta must be None with loss_type='sapo', got 2.0"),
+    (dict(importance_sampling_level="seq"), "importance_sampling_level must be one of ['token', 'sequence']"),
+    (dict(sapo_temperature_neg=0.0), "sapo_temperature_neg must be a number > 0, got 0.0"),
+    (dict(loss_type="sapo", sapo_temperature_pos=0.0), "sapo_temperature_pos must be a number > 0, got 0.0"),
+    (dict(mask_truncated_completions=1), "mask_truncated_completions must be True or False, got 1"),
+    (dict(top_entropy_quantile=1.5), "top_entropy_quantile must be a number in [0, 1]"),
+    (dict(off_policy_mask_threshold=-1.0), "off_policy_mask_threshold must be None or a number >= 0"),
+    (dict(clip_eps=1.5), "clip_eps must be a number in (0, 1), e.g. 0.2, got 1.5"),
+    (dict(beta=-0.1), "beta must be a number >= 0 (0 = no KL penalty), got -0.1"),
+    (dict(kl_kind="k4"), "kl_kind must be one of ['k1', 'k2', 'k3'], got 'k4'"),
+    (dict(loss_type="luspo"), "importance_sampling_level must be 'sequence' with loss_type='luspo', got 'token'"),
+    (dict(loss_type="vespo", importance_sampling_level="sequence"),
+     "importance_sampling_level must be 'token' with loss_type='vespo', got 'sequence'"),
+    (dict(loss_type="vespo", delta=2.0), "delta must be None with loss_type='vespo', got 2.0"),
+    (dict(use_bias_correction_kl=1), "use_bias_correction_kl must be True or False, got 1"),
+    (dict(loss_type="vespo", vespo_k_neg=-1.0), "vespo_k_neg must be a number >= 0"),
+    (dict(loss_type="vespo", vespo_lambda_pos=0.0), "vespo_lambda_pos must be a number > 0"),
+]
+
+
+@pytest.mark.parametrize("kwargs, message", LOSS_OPTION_CASES)
+def test_the_config_and_grpo_loss_refuse_a_bad_loss_option_with_one_message(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(f"GRPOConfig.{message}")):
+        GRPOConfig(**kwargs)
+    with pytest.raises(ValueError, match=re.escape(f"LossOptions.{message}")):
+        grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), **kwargs)
+    with pytest.raises(ValueError, match=re.escape(f"LossOptions.{message}")):
+        LossOptions(**kwargs)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(delta=1.1), "delta must be None or a number > 1 + clip_eps_high = 1.2"),
-        (dict(delta=2.0, loss_type="cispo"), "delta must be None with loss_type='cispo'"),
-        (dict(importance_sampling_level="seq"), "importance_sampling_level must be one of"),
-        (dict(sapo_temperature_neg=0.0), "sapo_temperature_neg must be a number > 0"),
-        (dict(mask_truncated_completions=1), "mask_truncated_completions must be True or False"),
-        (dict(top_entropy_quantile=1.5), "top_entropy_quantile must be a number in [0, 1]"),
-        (dict(off_policy_mask_threshold=-1.0), "off_policy_mask_threshold must be None or a number >= 0"),
         (dict(advantage_baseline="mean"), "advantage_baseline must be one of"),
         (dict(advantage_baseline="batch"), "scale_rewards must be 'batch' or 'none'"),
         (dict(max_sampling_rounds=0), "max_sampling_rounds must be an int >= 1"),
         (dict(clip_eps_high=4.0), "clip_eps_high must be None or a number in (0, 1)"),
+        (dict(multi_objective_aggregation="sum"), "multi_objective_aggregation must be one of"),
+        (dict(multi_objective_aggregation="normalize_then_sum", scale_rewards="batch"),
+         "scale_rewards must be 'group' with multi_objective_aggregation='normalize_then_sum', got 'batch'"),
+        (dict(multi_objective_aggregation="normalize_then_sum", advantage_baseline="rloo"),
+         "advantage_baseline must be 'group' with multi_objective_aggregation='normalize_then_sum'"),
+        (dict(use_adaptive_entropy="yes"), "use_adaptive_entropy must be True or False"),
+        (dict(use_adaptive_entropy=True, entropy_coef=0.5, entropy_coef_max=0.1),
+         "entropy_coef must be in [entropy_coef_min, entropy_coef_max] = [0, 0.1]"),
+        (dict(entropy_coef_min=0.2, entropy_coef_max=0.1), "entropy_coef_max must be a number >= entropy_coef_min"),
+        (dict(entropy_target=-1.0), "entropy_target must be a number >= 0"),
+        (dict(entropy_coef_delta=-0.1), "entropy_coef_delta must be a number >= 0"),
+        (dict(log_completions=1), "log_completions must be True or False, got 1"),
+        (dict(num_completions_to_print=0), "num_completions_to_print must be None or an int >= 1"),
     ],
 )
 def test_config_rejects_bad_variant_options(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         GRPOConfig(**kwargs)
+
+
+def test_loss_options_are_one_frozen_object_shared_by_config_grpo_loss_and_trainer():
+    """Every LossOptions field is a GRPOConfig field and a grpo_loss keyword, with one default."""
+    import dataclasses
+    import inspect
+
+    config_defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    keyword_defaults = {k: p.default for k, p in inspect.signature(grpo_loss).parameters.items()}
+    for name in OPTION_NAMES:
+        default = getattr(LossOptions(), name)
+        assert keyword_defaults[name] == default, name
+        if name != "max_completion_length":
+            assert config_defaults[name] == default, name
+    options = GRPOConfig(loss_type="dapo", max_new_tokens=7, delta=1.5, entropy_coef=0.1).loss_options()
+    assert options == LossOptions(loss_type="dapo", max_completion_length=7, delta=1.5, entropy_coef=0.1)
+    assert options.needs_entropy and options.eps_high == 0.2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.beta = 1.0  # type: ignore[misc]
+    with pytest.raises(TypeError, match="options must be a LossOptions"):
+        grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), options={"delta": 2.0})
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(),
+        dict(loss_type="dapo", clip_eps_high=0.28, beta=0.1, kl_kind="k2"),
+        dict(loss_type="dr_grpo", max_completion_length=6, importance_sampling_level="sequence"),
+        dict(loss_type="cispo", clip_eps_high=4.0, mask_truncated_completions=True),
+        dict(loss_type="sapo", sapo_temperature_pos=0.7, top_entropy_quantile=0.5, entropy_coef=0.05),
+        dict(delta=1.6, off_policy_mask_threshold=0.1),
+    ],
+)
+def test_grpo_loss_gives_the_same_bits_with_options_or_keywords(settings):
+    gen = torch.Generator().manual_seed(0)
+    logp = -torch.rand(4, 5, generator=gen, dtype=torch.float64)
+    old = logp + 0.3 * torch.randn(4, 5, generator=gen, dtype=torch.float64)
+    ref = logp + 0.1 * torch.randn(4, 5, generator=gen, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]], dtype=torch.float64)
+    adv = torch.tensor([1.0, -0.5, 0.25, -1.0], dtype=torch.float64)
+    tensors = dict(ref_logp=ref, truncated=torch.tensor([False, True, False, False]),
+                   entropies=torch.rand(4, 5, generator=gen, dtype=torch.float64))
+    results = []
+    for how in ("keywords", "options"):
+        x = logp.clone().requires_grad_(True)
+        kwargs = settings if how == "keywords" else {"options": LossOptions(**settings)}
+        loss, stats = grpo_loss(x, old, adv, mask, **tensors, **kwargs)
+        loss.backward()
+        results.append((loss.detach(), x.grad, stats))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert results[0][2] == results[1][2]
 
 
 def test_cispo_accepts_a_cap_above_two():
@@ -289,6 +381,11 @@ def _length_reward(completions, **kwargs):
         dict(off_policy_mask_threshold=0.01, num_iterations=2),
         dict(advantage_baseline="rloo", scale_rewards="none"),
         dict(advantage_baseline="batch", scale_rewards="batch"),
+        dict(loss_type="luspo", importance_sampling_level="sequence"),
+        dict(loss_type="vespo", num_iterations=2),
+        dict(beta=0.04, use_bias_correction_kl=True, num_iterations=2),
+        dict(use_adaptive_entropy=True, entropy_target=5.0, entropy_coef=0.01, micro_batch_size=4),
+        dict(multi_objective_aggregation="normalize_then_sum"),
     ],
 )
 def test_trainer_steps_with_each_option(options):
@@ -320,6 +417,105 @@ def test_trainer_entropy_options_use_the_gradient_pass_entropy(monkeypatch):
         warnings.simplefilter("ignore")
         GRPOTrainer(model, tok, partial_credit_reward, cfg).train_step(make_arithmetic_dataset(8, seed=2, digits=1)[:2])
     assert len(seen) == 2 and all(e is not None and e.requires_grad for e in seen)
+
+
+# ---------------------------------------------------------------------------
+# GDPO and adaptive entropy control in the trainer (issue 24)
+# ---------------------------------------------------------------------------
+
+
+def _correct_reward(completions, answer, **kwargs):
+    return [1.0 if c.strip().startswith(str(a)) else 0.0 for c, a in zip(completions, answer)]
+
+
+def _spy_losses(monkeypatch):
+    seen = []
+    real = trainer_module.grpo_loss
+
+    def spy(*args, **kwargs):
+        loss, stats = real(*args, **kwargs)
+        seen.append({"advantages": args[2].detach().clone(), "options": kwargs["options"], "stats": stats})
+        return loss, stats
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    return seen
+
+
+def test_trainer_uses_normalize_then_sum_on_the_reward_functions(monkeypatch):
+    """With GDPO the advantages are normalize_then_sum of the per-function rewards (weighted), not of their sum."""
+    from grpo_tutorial.advantages import normalize_then_sum
+    from grpo_tutorial.rewards import compute_rewards
+
+    seen = _spy_losses(monkeypatch)
+    recorded = []
+    real_rewards = trainer_module.compute_rewards
+
+    def spy_rewards(*args, **kwargs):
+        out = real_rewards(*args, **kwargs)
+        recorded.append(out)
+        return out
+
+    monkeypatch.setattr(trainer_module, "compute_rewards", spy_rewards)
+    model, tok = build_tiny_policy(seed=4)
+    weights = [1.0, 0.1]
+    cfg = GRPOConfig(prompts_per_step=2, group_size=4, seed=1, max_new_tokens=3, reward_weights=weights,
+                     multi_objective_aggregation="normalize_then_sum")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        GRPOTrainer(model, tok, [_length_reward, _correct_reward], cfg).train_step(
+            make_arithmetic_dataset(8, seed=2, digits=1)[:2])
+    assert compute_rewards is real_rewards and len(recorded) == 1
+    total, per_fn = recorded[0]
+    expected = normalize_then_sum(torch.stack(list(per_fn.values()), dim=1), 4, weights)
+    # one update of all 8 completions, in the minibatch's shuffled order
+    torch.testing.assert_close(seen[0]["advantages"].sort().values, expected.sort().values)
+    summed = group_advantages(total, 4)
+    assert (summed - expected).abs().max() > 1e-3  # GDPO's advantages are not GRPO's of the sum
+
+
+def test_trainer_adaptive_entropy_follows_the_controller_and_resumes_exactly(monkeypatch, tmp_path):
+    """Each update applies the controller's coefficient only below the target (none before the first
+    measurement), the coefficient follows adapt_entropy_coef of each update's entropy, stays in its bounds,
+    reaches the history and survives a checkpoint."""
+    from grpo_tutorial.objectives import adapt_entropy_coef, applied_entropy_coef
+
+    seen = _spy_losses(monkeypatch)
+    data = make_arithmetic_dataset(64, seed=5, digits=1)
+    options = dict(prompts_per_step=2, group_size=4, seed=2, max_new_tokens=4, learning_rate=1e-2, num_iterations=2,
+                   micro_batch_size=4, use_adaptive_entropy=True, entropy_coef=0.05, entropy_target=2.65,
+                   entropy_coef_delta=0.02, entropy_coef_max=0.08)
+
+    def trainer(**extra):
+        model, tok = build_tiny_policy(seed=4)
+        return GRPOTrainer(model, tok, _length_reward, GRPOConfig(**options, **extra))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        straight = trainer().train(data, 4, progress=False)
+    # replay the controller on the measured entropies: 4 steps x 2 updates x 2 micro-batches
+    assert len(seen) == 16
+    coef, last = 0.05, math.inf
+    applied = []
+    for update in range(8):
+        parts = seen[2 * update : 2 * update + 2]
+        applied.append(applied_entropy_coef(coef, last, 2.65))
+        assert all(p["options"].entropy_coef == applied[-1] for p in parts)
+        last = sum(p["stats"]["entropy_sum"] for p in parts) / sum(p["stats"]["entropy_tokens"] for p in parts)
+        coef = adapt_entropy_coef(coef, last, target=2.65, delta=0.02, coef_min=0.0, coef_max=0.08)
+        assert 0.0 <= coef <= 0.08
+        if update % 2 == 1:
+            assert straight[update // 2]["entropy_coef"] == coef
+    assert applied[0] == 0.0 and any(a > 0 for a in applied)  # no bonus before a measurement; then some
+    assert len({r["entropy_coef"] for r in straight}) > 1  # the coefficient moved
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer(output_dir=str(tmp_path), checkpoint_every=1).train(data, 2, progress=False)
+        resumed = trainer(output_dir=str(tmp_path), checkpoint_every=1).train(data, 4, resume=True, progress=False)
+    drop = trainer_module.TIMING_KEYS
+    assert [{k: v for k, v in r.items() if k not in drop} for r in resumed] == [
+        {k: v for k, v in r.items() if k not in drop} for r in straight
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -400,13 +596,8 @@ def test_dynamic_sampling_resumes_exactly(tmp_path):
         (dict(mask_truncated_completions=True, truncated=torch.tensor([1, 0])), "bool tensor of shape (2,)"),
         (dict(top_entropy_quantile=0.2), "need entropies"),
         (dict(entropy_coef=0.1), "need entropies"),
-        (dict(top_entropy_quantile=1.2, entropies=torch.zeros(2, 3)), "top_entropy_quantile must lie in [0, 1]"),
         (dict(entropy_coef=0.1, entropies=torch.zeros(2, 4)), "shape mismatch"),
-        (dict(delta=1.1), "delta must be None or > 1 + clip_eps_high = 1.2"),
-        (dict(delta=2.0, loss_type="sapo"), "loss_type='sapo' has none"),
-        (dict(importance_sampling_level="group"), "importance_sampling_level must be one of"),
-        (dict(loss_type="sapo", sapo_temperature_pos=0.0), "sapo_temperature_pos must be > 0"),
-        (dict(off_policy_mask_threshold=-0.1), "off_policy_mask_threshold must be None or >= 0"),
+        (dict(options=LossOptions(), delta=2.0), "got options and also the keyword(s) ['delta']"),
     ],
 )
 def test_grpo_loss_refuses_bad_variant_arguments(kwargs, message):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .presets import get_preset
-from .recipes import evaluate_heldout, paired_gain
+from .recipes import paired_gain
 from ..rewards import correctness_reward
 from ..tasks import DatasetUnavailableError, gsm8k_rows, load_gsm8k, train_test_split_arithmetic
 from ..trainer import GRPOConfig, GRPOTrainer
@@ -144,7 +144,8 @@ def gsm8k_run(
 
     Returns:
         ``config``, ``history`` (one row per step), ``before`` and ``after``
-        (:func:`~grpo_tutorial.chapters.recipes.evaluate_heldout`'s dicts, or None without
+        (:meth:`GRPOTrainer.evaluate <grpo_tutorial.trainer.GRPOTrainer.evaluate>`'s dicts:
+        the same prompt, template and budget as training; or None without
         ``eval_rows``), ``gain`` and ``gain_se`` (paired; NaN without
         ``eval_rows``), ``train_seconds`` and ``trainer``.
     """
@@ -171,11 +172,11 @@ def gsm8k_run(
             )
         enable()  # active in train mode only: generation (eval mode) keeps its KV cache
     trainer = GRPOTrainer(model, tokenizer, reward_fns, config)
-    before = evaluate_heldout(trainer, eval_rows) if eval_rows else None
+    before = trainer.evaluate(eval_rows) if eval_rows else None
     start = time.perf_counter()
     history = trainer.train(train_rows, steps, progress=progress)
     train_seconds = time.perf_counter() - start
-    after = evaluate_heldout(trainer, eval_rows) if eval_rows else None
+    after = trainer.evaluate(eval_rows) if eval_rows else None
     gain, gain_se = paired_gain(before["correct"], after["correct"]) if eval_rows else (float("nan"), float("nan"))
     return {
         "config": config,

@@ -30,8 +30,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .._checks import is_int
-from .._progress import progress_bar
-from .recipes import TinyAdditionRecipe, build_recipe_model, heldout_accuracy, make_recipe_data, warm_start
+from ..run.progress import progress_bar
+from .recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, warm_start
+from ..evaluation import evaluate_policy
 from ..rewards import answers_match, correctness_reward, extract_answer
 from ..rollout import generate_rollouts
 from ..sft import encode_sft_batch
@@ -292,11 +293,6 @@ class LabSettings:
 # ---------------------------------------------------------------------------
 
 
-def _heldout(model, tokenizer, rows: Sequence[dict], recipe: TinyAdditionRecipe) -> dict:
-    """Greedy held-out accuracy with its standard error and the per-problem outcomes."""
-    return heldout_accuracy(
-        model, tokenizer, rows, max_new_tokens=recipe.grpo.max_new_tokens, batch_size=recipe.grpo.eval_batch_size
-    )
 
 
 def correct_counts(
@@ -434,7 +430,9 @@ def run_method(
         raise ValueError(f"method must be one of {list(LAB_METHODS)}, got {method!r}")
     recipe = settings.recipe
     model = copy.deepcopy(start_model)
-    first = _heldout(model, tokenizer, data["test"], recipe)
+    # every method is evaluated with the config it trains with (RFT: the recipe's GRPO config)
+    config = recipe.grpo_config(seed) if method == RFT else settings.grpo_config(method, seed)
+    first = evaluate_policy(model, tokenizer, data["test"], config)
     heldout_curve = [[0, first["accuracy"], first["se"]]]
     history: list[dict] = []
     seconds = 0.0
@@ -442,7 +440,7 @@ def run_method(
     if method == RFT:
         trainer: Any = RejectionSamplingFT(model, tokenizer, recipe, seed)
     else:
-        trainer = GRPOTrainer(model, tokenizer, correctness_reward, settings.grpo_config(method, seed))
+        trainer = GRPOTrainer(model, tokenizer, correctness_reward, config)
     while trainer.step < recipe.grpo_steps:
         target = min(recipe.grpo_steps, trainer.step + chunk)
         before = len(trainer.history)
@@ -455,7 +453,7 @@ def run_method(
         if on_step is not None:
             for row in trainer.history[before:]:
                 on_step(row)
-        point = _heldout(model, tokenizer, data["test"], recipe)
+        point = evaluate_policy(model, tokenizer, data["test"], config)
         heldout_curve.append([trainer.step, point["accuracy"], point["se"]])
     rows = trainer.history
     curve = [{k: _float(r.get(k, math.nan)) for k in _CURVE_KEYS} for r in rows]

@@ -14,6 +14,8 @@ on a laptop CPU, and the scale-up values for a GPU, written down once.
   pure float16 weights would not train. The B*G = 32 completions go through the
   model 8 at a time (``micro_batch_size``), with their gradients accumulated into
   ONE optimizer update per generation batch: on-policy, as with a bigger GPU.
+  Every 10 steps it prints 4 of the step's completions with their rewards
+  (``log_completions``), and saves them in ``output_dir/completions.jsonl``.
 
 :func:`get_preset` returns a fresh copy, with any fields overridden.
 """
@@ -79,6 +81,9 @@ PRESETS: dict[str, GRPOConfig] = {
         system_prompt=QWEN_SYSTEM_PROMPT,
         checkpoint_every=10,
         eval_batch_size=32,
+        log_completions=True,  # show what the model writes: 4 of the 32 completions every 10 steps
+        num_completions_to_print=4,
+        log_every=10,
     ),
 }
 

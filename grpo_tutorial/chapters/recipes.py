@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from grpo_tutorial.models import build_tiny_policy
-from grpo_tutorial.rewards import answers_match, correctness_reward, extract_answer
+from grpo_tutorial.rewards import correctness_reward
 from grpo_tutorial.sft import SFTConfig, supervised_warmup
 from grpo_tutorial.tasks import train_test_split_arithmetic
 from grpo_tutorial.config import GRPOConfig
@@ -45,7 +45,6 @@ __all__ = [
     "accuracy_with_se",
     "build_recipe_model",
     "evaluate_heldout",
-    "heldout_accuracy",
     "make_recipe_data",
     "make_recipe_trainer",
     "paired_gain",
@@ -360,40 +359,17 @@ def make_recipe_trainer(model, tokenizer, recipe: TinyAdditionRecipe, seed: int,
 
 
 def evaluate_heldout(trainer: GRPOTrainer, rows: Sequence[dict]) -> dict:
-    """:func:`heldout_accuracy` of a trainer's model, with its token budget and batch size."""
+    """Greedy held-out accuracy of a trainer's model: :meth:`GRPOTrainer.evaluate`, nothing added.
+
+    The prompt, chat template, token budget and batch size all come from the
+    trainer's config (:func:`~grpo_tutorial.evaluation.evaluate_policy`), so the
+    evaluation sees what training sees. Returns ``accuracy``, ``se``, ``n``,
+    ``correct`` (one bool per row, in order, for :func:`paired_gain`),
+    ``completions``, ``seconds`` and the rest of ``evaluate_policy``'s dict.
+    """
     if not isinstance(trainer, GRPOTrainer):
         raise TypeError(f"trainer must be a GRPOTrainer, got {type(trainer).__name__}")
-    return heldout_accuracy(
-        trainer.model, trainer.tokenizer, rows,
-        max_new_tokens=trainer.config.max_new_tokens, batch_size=trainer.config.eval_batch_size,
-    )
-
-
-def heldout_accuracy(model, tokenizer, rows: Sequence[dict], *, max_new_tokens: int, batch_size: int = 64) -> dict:
-    """Greedy accuracy on ``rows`` with its standard error, and every completion.
-
-    Uses :func:`~grpo_tutorial.evaluation.evaluate_policy` (one greedy completion
-    per prompt, batched; no RNG consumed, the model's train/eval mode restored),
-    so no trainer has to be built just to evaluate.
-
-    Returns ``accuracy``, ``se``, ``n``, ``correct`` (one bool per row, in order,
-    for paired comparisons), ``completions`` and ``seconds``.
-    """
-    start = time.perf_counter()
-    result = evaluate_policy(model, tokenizer, list(rows), max_new_tokens=max_new_tokens, batch_size=batch_size)
-    completions = [r["completion"] for r in result["records"]]
-    correct = [answers_match(extract_answer(c), row["answer"]) for c, row in zip(completions, rows)]
-    accuracy, se = accuracy_with_se(correct)
-    if abs(accuracy - result["accuracy"]) > 1e-12:  # the two scorings must agree
-        raise RuntimeError(f"evaluate_policy() says {result['accuracy']} but the per-problem scores say {accuracy}")
-    return {
-        "accuracy": accuracy,
-        "se": se,
-        "n": len(rows),
-        "correct": correct,
-        "completions": completions,
-        "seconds": time.perf_counter() - start,
-    }
+    return trainer.evaluate(rows)
 
 
 def warm_start(
@@ -414,10 +390,8 @@ def warm_start(
     checks: list[tuple[int, float]] = []
     grpo = recipe.grpo_config(seed)
 
-    def stop_when(m) -> bool:
-        accuracy = heldout_accuracy(
-            m, tokenizer, data["probe"], max_new_tokens=grpo.max_new_tokens, batch_size=grpo.eval_batch_size
-        )["accuracy"]
+    def stop_when(m) -> bool:  # the probe is evaluated as the GRPO phase will evaluate
+        accuracy = evaluate_policy(m, tokenizer, data["probe"], grpo)["accuracy"]
         checks.append(((len(checks) + 1) * recipe.sft_check_every, accuracy))
         return accuracy >= recipe.sft_target_accuracy
 

@@ -5,12 +5,20 @@
 * Jupyter without ipywidgets (CI executing the book's notebooks): no bar. A text
   bar there would be stored as hundreds of carriage-return updates in the cell
   output and render as a wall of text in the book; callers print a summary instead.
+
+:func:`quiet_tqdm_auto` imports ``tqdm.auto`` once with its "IProgress not found"
+warning silenced (transformers imports it, and the warning means only that the
+widget bar is unavailable, which :func:`progress_bar` handles). The silence is
+scoped to that import: the process's warning filters are left as they were.
 """
 
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
+
+__all__ = ["postfix", "progress_bar", "quiet_tqdm_auto"]
 
 
 def _in_jupyter_kernel() -> bool:
@@ -29,6 +37,13 @@ def _has_widgets() -> bool:
     return True
 
 
+def quiet_tqdm_auto() -> None:
+    """Import ``tqdm.auto`` (as transformers does) without its widget warning; later imports are cached."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        import tqdm.auto  # noqa: F401
+
+
 def progress_bar(*, total: int, desc: str, enabled: bool = True, **kwargs: Any):
     """A tqdm bar suited to where the code runs (disabled where it would be noise)."""
     if _in_jupyter_kernel():
@@ -41,3 +56,17 @@ def progress_bar(*, total: int, desc: str, enabled: bool = True, **kwargs: Any):
     else:
         from tqdm.std import tqdm
     return tqdm(total=total, desc=desc, disable=not enabled, **kwargs)
+
+
+def postfix(row: dict, formats: dict[str, str]) -> dict[str, str]:
+    """The progress bar's fields from a history row: only those the step computed.
+
+    A value that does not exist (NaN: ``kl`` with beta = 0, ``accuracy`` without
+    answers) is left out rather than shown as ``nan``.
+    """
+    shown = {}
+    for key, fmt in formats.items():
+        value = row.get(key)
+        if isinstance(value, (int, float)) and value == value:
+            shown[key] = format(value, fmt)
+    return shown

@@ -1,0 +1,145 @@
+"""Completions shown while training: a few prompts, what the model wrote, and what it earned.
+
+A reward curve alone hides what the model actually writes. With
+``GRPOConfig.log_completions`` (TRL's name), every ``log_every`` steps the
+trainer picks ``num_completions_to_print`` of the step's completions (all of
+them when it is None, TRL's default), prints them (with the progress bar's
+``write`` when there is a bar, so the bar stays below them) and appends them to
+``output_dir/completions.jsonl``, one JSON object per completion::
+
+    {"step": 12, "prompt": "3+4=", "completion": "7", "reward": 1.0,
+     "rewards": {"correctness_reward": 1.0}, "advantage": 0.87}
+
+``reward`` is the weighted total the advantages were computed from, ``rewards``
+each function's own value (``null`` where it could not score the completion).
+The sample is drawn with a generator seeded by the run's seed and the step, so
+it is the same on every run and after a resume, and it touches no global RNG.
+Resuming cuts the file back to the checkpoint's step, as the history is cut, so
+an interrupted and resumed run leaves the same file as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+__all__ = ["COMPLETIONS_FILE", "append_completions", "format_completions", "read_completions", "sample_completions",
+           "truncate_completions"]
+
+COMPLETIONS_FILE = "completions.jsonl"
+
+
+def _number(value: Any) -> float | None:
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def sample_completions(
+    step: int,
+    prompts: Sequence,
+    completions: Sequence[str],
+    rewards: Sequence[float],
+    per_function: Mapping[str, Sequence[float]],
+    advantages: Sequence[float],
+    *,
+    count: int | None,
+    seed: int,
+) -> list[dict]:
+    """The rows to log for ``step``: ``count`` completions drawn without replacement (None = all), in batch order.
+
+    Every sequence has one entry per completion (N of them); ``per_function``
+    maps each reward function's name to its N values. The draw depends only on
+    ``seed`` and ``step``.
+    """
+    n = len(completions)
+    for name, values in (("prompts", prompts), ("rewards", rewards), ("advantages", advantages),
+                         *((f"per_function[{k!r}]", v) for k, v in per_function.items())):
+        if len(values) != n:
+            raise ValueError(f"{name} has {len(values)} entries but there are {n} completions")
+    if count is None or count >= n:
+        chosen = list(range(n))
+    else:
+        chosen = sorted(random.Random(f"completions:{seed}:{step}").sample(range(n), count))
+    return [
+        {
+            "step": int(step),
+            "prompt": prompts[i],
+            "completion": completions[i],
+            "reward": _number(rewards[i]),
+            "rewards": {name: _number(values[i]) for name, values in per_function.items()},
+            "advantage": _number(advantages[i]),
+        }
+        for i in chosen
+    ]
+
+
+def append_completions(file, rows: Sequence[dict]) -> None:
+    """Append ``rows`` to an open ``completions.jsonl``, one line each, and flush."""
+    for row in rows:
+        file.write(json.dumps(row, ensure_ascii=False) + "\n")
+    file.flush()
+
+
+def read_completions(path: str | os.PathLike) -> list[dict]:
+    """The rows of a ``completions.jsonl`` ([] if there is none). A last line cut off by a kill is dropped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    for number, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines) - 1 and not line.endswith("\n"):
+                break  # the line being written when the run was killed
+            raise ValueError(f"{path}: line {number + 1} is not JSON; the file is damaged") from None
+    return rows
+
+
+def truncate_completions(path: str | os.PathLike, step: int) -> None:
+    """Keep the rows of steps <= ``step`` (the checkpoint's), atomically; the later steps are redone on resume."""
+    path = Path(path)
+    if not path.exists():
+        return
+    kept = [row for row in read_completions(path) if row["step"] <= step]
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as file:
+        append_completions(file, kept)
+        os.fsync(file.fileno())
+    os.replace(tmp, path)
+
+
+def _short(value: Any, width: int) -> str:
+    if isinstance(value, list) and value and isinstance(value[-1], Mapping):  # chat messages: the last one
+        value = value[-1].get("content", "")
+    text = " ".join(str(value).split())  # one line
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def format_completions(rows: Sequence[dict], *, total: int | None = None, width: int = 48) -> str:
+    """A few lines of text for the console: the step, then one line per completion.
+
+    ``total`` is the number of completions in the step (shown as "3 of 128").
+    """
+    if not rows:
+        return ""
+    step = rows[0]["step"]
+    head = f"step {step}: {len(rows)}" + (f" of {total}" if total is not None else "") + " completions"
+    lines = [head]
+    for row in rows:
+        reward = "  n/a" if row["reward"] is None else f"{row['reward']:5.2f}"
+        parts = ""
+        if len(row["rewards"]) > 1:
+            parts = " (" + ", ".join(
+                f"{name.removesuffix('_reward')} {'n/a' if v is None else f'{v:g}'}" for name, v in row["rewards"].items()
+            ) + ")"
+        lines.append(
+            f"  reward {reward}{parts}  adv {row['advantage']:+.2f}  "
+            f"{_short(row['prompt'], width)!s} -> {_short(row['completion'], width)!r}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,140 @@
+"""An atomic ``checkpoint/``: weights, optimizer, scheduler, reference and RNG states, and where the run stands.
+
+``state.pt`` holds the tensors (:func:`write_checkpoint`'s ``state``),
+``trainer_state.json`` the rest (``meta``: the step, the data position, the
+config; see :class:`~grpo_tutorial.run.state.RunState`). The write is atomic
+(see :mod:`~grpo_tutorial.run.layout`): at every instant a complete checkpoint
+exists, so a kill mid-save loses at most the new one. A full disk raises
+:class:`~grpo_tutorial.run.disk.RunDirectoryError` naming the last good
+checkpoint, which is left as it was.
+
+The global RNGs (Python, NumPy, torch, CUDA) go into every checkpoint
+(:func:`capture_rng_state`): the package's own randomness comes from named seed
+streams (:mod:`grpo_tutorial.seeding`), but a reward function may draw from the
+global ones, and a resumed run must draw what the uninterrupted one drew.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .disk import disk_errors, fsync_dir, write_durably
+from .layout import CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP, FORMAT_VERSION, META_FILE, STATE_FILE, find_checkpoint, read_meta
+
+__all__ = [
+    "RESUME_FREE_FIELDS",
+    "capture_rng_state",
+    "config_changes",
+    "load_model_state",
+    "read_checkpoint",
+    "restore_rng_state",
+    "write_checkpoint",
+]
+
+
+def read_checkpoint(path: Path) -> tuple[dict, dict]:
+    """``(state, meta)`` of the checkpoint at ``path`` (state tensors on the CPU)."""
+    meta = read_meta(path)
+    state = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+    return state, meta
+
+
+def load_model_state(model: torch.nn.Module, checkpoint: str | os.PathLike) -> dict:
+    """Load a trainer checkpoint's policy weights into ``model``; return its metadata."""
+    path = find_checkpoint(checkpoint)
+    if path is None:
+        raise FileNotFoundError(
+            f"no checkpoint found in {os.fspath(checkpoint)!r}; expected {CHECKPOINT}/{STATE_FILE} "
+            f"and {CHECKPOINT}/{META_FILE} (written by GRPOTrainer.train with checkpoint_every > 0)"
+        )
+    state, meta = read_checkpoint(path)
+    model.load_state_dict(state["model"])
+    return meta
+
+
+def write_checkpoint(root: Path, state: dict, meta: dict) -> Path:
+    """Write ``root/checkpoint/`` atomically (see :mod:`~grpo_tutorial.run.layout`); return its path."""
+    root = Path(root)
+    final, tmp, old = root / CHECKPOINT, root / CHECKPOINT_TMP, root / CHECKPOINT_OLD
+    with disk_errors(tmp, root):
+        root.mkdir(parents=True, exist_ok=True)
+        # recover from an earlier save killed between its renames, then clear leftovers
+        if not final.exists() and old.exists():
+            os.replace(old, final)
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+        try:
+            tmp.mkdir()
+            with open(tmp / STATE_FILE, "wb") as fh:  # a Python file, so a full disk is an OSError
+                try:
+                    torch.save(state, fh)
+                except RuntimeError as err:  # torch's zip writer hides a failed write's OSError behind its own
+                    if isinstance(err.__context__, OSError):
+                        raise err.__context__ from None
+                    raise
+                fh.flush()
+                os.fsync(fh.fileno())
+            write_durably(tmp / META_FILE, json.dumps({"format": FORMAT_VERSION, **meta}, indent=1).encode("utf-8"))
+            fsync_dir(tmp)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # give back the space; the last checkpoint is untouched
+            raise
+
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        fsync_dir(root)
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+#: Fields that may change between a run and its resumption without changing its numbers.
+RESUME_FREE_FIELDS = frozenset(
+    {"output_dir", "log_every", "checkpoint_every", "eval_batch_size", "log_completions", "num_completions_to_print"}
+)
+
+
+def config_changes(saved: dict, current: dict, defaults: dict) -> str:
+    """The fields (other than :data:`RESUME_FREE_FIELDS`) whose values differ, as ``"name: old -> new, ..."``.
+
+    A field the saved config lacks (added to the package since) counts as having
+    its value in ``defaults`` (today's defaults), so an old checkpoint does not
+    look changed.
+    """
+    changed = [
+        f"{k}: {saved.get(k, defaults.get(k))!r} -> {v!r}"
+        for k, v in current.items()
+        if k not in RESUME_FREE_FIELDS and saved.get(k, defaults.get(k)) != v
+    ]
+    return ", ".join(changed)
+
+
+def capture_rng_state() -> dict:
+    """Every global RNG a reward function might touch, in a ``torch.save``-safe form."""
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    """Undo :func:`capture_rng_state`: put every global RNG back where it was."""
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

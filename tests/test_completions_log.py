@@ -1,0 +1,184 @@
+"""Completions shown and saved while training (``log_completions``, issue 24)."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import pytest
+
+from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
+from grpo_tutorial.completions_log import (
+    COMPLETIONS_FILE,
+    append_completions,
+    format_completions,
+    read_completions,
+    sample_completions,
+    truncate_completions,
+)
+from grpo_tutorial.rewards import partial_credit_reward
+
+N = 8
+PROMPTS = [f"{i // 4}+1=" for i in range(N)]
+COMPLETIONS = [f"c{i}" for i in range(N)]
+REWARDS = [0.5 * i for i in range(N)]
+PER_FN = {"a_reward": [0.5 * i for i in range(N)], "b_reward": [math.nan] + [1.0] * (N - 1)}
+ADV = [0.1 * i - 0.3 for i in range(N)]
+
+
+def _sample(step=3, count=3, seed=0):
+    return sample_completions(step, PROMPTS, COMPLETIONS, REWARDS, PER_FN, ADV, count=count, seed=seed)
+
+
+def test_sample_draws_count_rows_in_batch_order_with_their_values():
+    rows = _sample(count=3)
+    assert len(rows) == 3
+    index = [int(r["completion"][1:]) for r in rows]
+    assert index == sorted(index) and len(set(index)) == 3
+    for i, row in zip(index, rows):
+        assert row == {
+            "step": 3, "prompt": PROMPTS[i], "completion": COMPLETIONS[i], "reward": REWARDS[i],
+            "rewards": {"a_reward": PER_FN["a_reward"][i], "b_reward": None if i == 0 else 1.0},
+            "advantage": pytest.approx(ADV[i]),
+        }
+    assert len(_sample(count=None)) == N and len(_sample(count=50)) == N  # None (TRL's default): all
+
+
+def test_sample_depends_only_on_seed_and_step():
+    assert _sample() == _sample()
+    draws = {tuple(r["completion"] for r in _sample(step=s)) for s in range(10)}
+    assert len(draws) > 3  # another step, another draw
+    assert _sample(seed=1) != _sample(seed=0) or _sample(step=4, seed=1) != _sample(step=4, seed=0)
+
+
+def test_sample_refuses_lists_of_other_lengths():
+    with pytest.raises(ValueError, match="advantages has 7 entries but there are 8 completions"):
+        sample_completions(1, PROMPTS, COMPLETIONS, REWARDS, PER_FN, ADV[:7], count=2, seed=0)
+
+
+def test_file_round_trip_truncation_and_a_line_cut_by_a_kill(tmp_path):
+    path = tmp_path / COMPLETIONS_FILE
+    with open(path, "w", encoding="utf-8") as f:
+        for step in (2, 4, 6):
+            append_completions(f, _sample(step=step, count=2))
+    assert [r["step"] for r in read_completions(path)] == [2, 2, 4, 4, 6, 6]
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"step": 8, "prom')  # the write a SIGKILL interrupted
+    assert [r["step"] for r in read_completions(path)] == [2, 2, 4, 4, 6, 6]
+    truncate_completions(path, 4)
+    assert [r["step"] for r in read_completions(path)] == [2, 2, 4, 4]
+    assert path.read_text(encoding="utf-8").endswith("\n")
+    path.write_text('{"step": 1}\nnot json\n{"step": 2}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="line 2 is not JSON"):
+        read_completions(path)
+    truncate_completions(tmp_path / "absent.jsonl", 3)  # nothing to cut
+    assert read_completions(tmp_path / "absent.jsonl") == []
+
+
+def test_format_shows_the_step_rewards_advantages_and_short_texts():
+    rows = _sample(count=2)
+    text = format_completions(rows, total=N)
+    lines = text.splitlines()
+    assert lines[0] == "step 3: 2 of 8 completions" and len(lines) == 3
+    first = rows[0]
+    assert f"adv {first['advantage']:+.2f}" in lines[1] and "(a " in lines[1] and f"-> '{first['completion']}'" in lines[1]
+    long = [{**rows[0], "prompt": [{"role": "user", "content": "x " * 100}], "completion": "y\n" * 100}]
+    line = format_completions(long, width=20).splitlines()[1]
+    assert "…" in line and "\n" not in line and len(line) < 120
+    assert format_completions([]) == ""
+
+
+# ---------------------------------------------------------------------------
+# in the trainer
+# ---------------------------------------------------------------------------
+
+
+class _Crash(BaseException):  # like a kill: no handler of Exception catches it
+    pass
+
+
+def _crashing(after_calls: int):
+    calls = []
+
+    def partial_credit(completions, answer, **kwargs):
+        calls.append(1)
+        if len(calls) > after_calls:
+            raise _Crash("killed")
+        return partial_credit_reward(completions, answer=answer)
+
+    partial_credit.__name__ = "partial_credit_reward"  # the same column name as the uninterrupted run's
+    return partial_credit
+
+
+def _trainer(out=None, reward=partial_credit_reward, **extra):
+    model, tok = build_tiny_policy(seed=4)
+    settings = dict(prompts_per_step=2, group_size=4, seed=6, max_new_tokens=4, learning_rate=1e-2,
+                    log_completions=True, log_every=2, num_completions_to_print=3)
+    cfg = GRPOConfig(**{**settings, **extra}, output_dir=None if out is None else str(out))
+    return GRPOTrainer(model, tok, reward, cfg)
+
+
+def test_trainer_logs_a_sample_every_log_every_steps_and_shows_it(tmp_path, capsys):
+    data = make_arithmetic_dataset(64, seed=5, digits=1)
+    trainer = _trainer(tmp_path)
+    seen = []
+    real = trainer.train_step
+
+    def spy(batch, **kwargs):
+        row = real(batch, **kwargs)
+        prompts, completions, rewards, per_fn, advantages = trainer._last_batch
+        seen.append({c: (float(r), float(a)) for c, r, a in zip(completions, rewards, advantages)})
+        return row
+
+    trainer.train_step = spy
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train(data, 5, progress=True)
+    rows = read_completions(tmp_path / COMPLETIONS_FILE)
+    assert [r["step"] for r in rows] == [2, 2, 2, 4, 4, 4]
+    for row in rows:  # each row is one of that step's completions, with its reward and advantage
+        reward, advantage = seen[row["step"] - 1][row["completion"]]
+        assert row["reward"] == pytest.approx(reward) and row["advantage"] == pytest.approx(advantage)
+        assert row["rewards"] == {"partial_credit_reward": pytest.approx(reward)}
+    shown = capsys.readouterr()
+    assert "step 2: 3 of 8 completions" in shown.out and "step 4: 3 of 8 completions" in shown.out
+    assert "step 1:" not in shown.out
+
+
+def test_shown_without_a_bar_too_and_no_file_without_output_dir(tmp_path, capsys):
+    data = make_arithmetic_dataset(64, seed=5, digits=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trainer(None).train(data, 2, progress=False)
+        assert capsys.readouterr().out.startswith("step 2: 3 of 8 completions\n")
+        _trainer(tmp_path, log_completions=False).train(data, 2, progress=False)
+    assert capsys.readouterr().out == "" and not (tmp_path / COMPLETIONS_FILE).exists()
+
+
+def test_interrupted_and_resumed_run_leaves_the_same_file_as_an_uninterrupted_one(tmp_path):
+    """Crash in step 6 with the last checkpoint at step 4 (rows of step 5 already written, and half a line
+    of step 6), resume to step 8: the file equals the uninterrupted run's, byte for byte."""
+    data = make_arithmetic_dataset(64, seed=5, digits=1)
+    straight, broken = tmp_path / "straight", tmp_path / "broken"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trainer(straight, log_every=1).train(data, 8, progress=False)
+        with pytest.raises(_Crash):
+            _trainer(broken, reward=_crashing(5), log_every=1, checkpoint_every=2).train(data, 8, progress=False)
+        assert [r["step"] for r in read_completions(broken / COMPLETIONS_FILE)][-1] == 5  # past the checkpoint
+        with open(broken / COMPLETIONS_FILE, "a", encoding="utf-8") as f:
+            f.write('{"step": 6, "prompt": "1+')
+        _trainer(broken, log_every=1, checkpoint_every=2).train(data, 8, resume=True, progress=False)
+    expected = (straight / COMPLETIONS_FILE).read_text(encoding="utf-8")
+    assert (broken / COMPLETIONS_FILE).read_text(encoding="utf-8") == expected
+    assert [json.loads(line)["step"] for line in expected.splitlines()] == [s for s in range(1, 9) for _ in range(3)]
+
+
+def test_a_new_run_in_the_directory_starts_a_new_file(tmp_path):
+    data = make_arithmetic_dataset(64, seed=5, digits=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trainer(tmp_path, checkpoint_every=2).train(data, 4, progress=False)
+        _trainer(tmp_path, checkpoint_every=2).train(data, 2, progress=False)  # resume=False: from step 0
+    assert [r["step"] for r in read_completions(tmp_path / COMPLETIONS_FILE)] == [2, 2, 2]
