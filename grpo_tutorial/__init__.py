@@ -31,6 +31,7 @@ from .rewards import (
     extract_answer,
     format_reward,
     partial_credit_reward,
+    soft_overlong_punishment,
 )
 from .rollout import Rollout, generate_rollouts
 from .sft import SFTConfig, supervised_warmup
@@ -39,6 +40,9 @@ from .tasks import (
     load_gsm8k,
     make_arithmetic_dataset,
     make_countdown_dataset,
+    make_long_addition_dataset,
+    parse_worked,
+    worked_addition,
     train_test_split_arithmetic,
     validate_dataset,
 )
@@ -66,6 +70,7 @@ __all__ = [
     "correctness_reward",
     "format_reward",
     "partial_credit_reward",
+    "soft_overlong_punishment",
     "combined_reward",
     "compute_rewards",
     "RewardFunctionError",
@@ -74,6 +79,9 @@ __all__ = [
     "train_test_split_arithmetic",
     "make_countdown_dataset",
     "countdown_reward",
+    "make_long_addition_dataset",
+    "worked_addition",
+    "parse_worked",
     "load_gsm8k",
     "validate_dataset",
     # models, rollout, training

@@ -119,7 +119,10 @@ def evaluate_policy(
         )
         answers = [row.get("answer") for row in chunk]
         columns = extra_columns(chunk, 1)
-        total, _ = compute_rewards(fns, config.reward_weights, rollout.prompts, rollout.completions, answers, **columns)
+        total, _ = compute_rewards(
+            fns, config.reward_weights, rollout.prompts, rollout.completions, answers,
+            completion_ids=rollout.completion_id_lists(), **columns,
+        )
         judged = judge_correct(accuracy_fn, rollout.prompts, rollout.completions, answers, columns)
         judged_all = judged_all and judged is not None
         lengths = rollout.completion_lengths.cpu().tolist()

@@ -48,6 +48,7 @@ __all__ = [
     "partial_credit_reward",
     "reward_function_means",
     "reward_function_name",
+    "soft_overlong_punishment",
 ]
 
 RewardFn = Callable[..., Sequence]
@@ -115,6 +116,77 @@ def partial_credit_reward(completions: Sequence, *, answer: Sequence, **kwargs) 
         else:
             scores.append(0.0)
     return scores
+
+
+class soft_overlong_punishment:  # noqa: N801 - used like a function that returns a reward function
+    r"""DAPO's soft overlong punishment (Yu et al. 2025, Eq. 13) as a reward function.
+
+    ``soft_overlong_punishment(max_completion_len, soft_punish_cache)`` returns a
+    reward function with TRL's signature that scores a completion by its length
+    alone, in tokens (EOS included), :math:`|y|`, with
+    :math:`L_{\max}` = ``max_completion_len`` and :math:`L_c` = ``soft_punish_cache``:
+
+    .. math::
+
+        R(y) = \begin{cases} 0 & |y| \le L_{\max} - L_c \\
+        \dfrac{(L_{\max} - L_c) - |y|}{L_c} & L_{\max} - L_c < |y| \le L_{\max} \\
+        -1 & |y| > L_{\max} \end{cases}
+
+    so nothing changes below the buffer, the penalty grows linearly inside it,
+    and a completion that uses the whole budget (``max_completion_len`` equal to
+    ``max_new_tokens``, so every truncated one) gets -1. Add it to a
+    correctness reward (a list of reward functions). It never rewards a short
+    completion. TRL ships the same function as
+    ``trl.rewards.get_soft_overlong_punishment``; ``tests/test_rewards.py``
+    compares the two.
+
+    The lengths come from ``completion_ids``, the token ids of each completion
+    up to and including its EOS, which both :class:`~grpo_tutorial.GRPOTrainer`
+    and TRL's trainer pass to every reward function. It is a class rather than a
+    closure so that it pickles (TRL's reason too); ``__name__`` is the logged name.
+
+    >>> reward = soft_overlong_punishment(max_completion_len=100, soft_punish_cache=20)
+    >>> reward(["..."], completion_ids=[[1] * 90])
+    [-0.5]
+    """
+
+    __name__ = "soft_overlong_punishment_reward"
+
+    def __init__(self, max_completion_len: int, soft_punish_cache: int) -> None:
+        for name, value, low in (("max_completion_len", max_completion_len, 1), ("soft_punish_cache", soft_punish_cache, 0)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if soft_punish_cache > max_completion_len:
+            raise ValueError(
+                f"soft_punish_cache={soft_punish_cache} must not exceed max_completion_len={max_completion_len}; "
+                "it is the buffer below the budget in which the penalty grows"
+            )
+        self.max_completion_len = int(max_completion_len)
+        self.soft_punish_cache = int(soft_punish_cache)
+
+    def __repr__(self) -> str:
+        return f"soft_overlong_punishment(max_completion_len={self.max_completion_len}, soft_punish_cache={self.soft_punish_cache})"
+
+    def penalty(self, length: int) -> float:
+        """The reward of one completion of ``length`` tokens (EOS included)."""
+        budget, cache = self.max_completion_len, self.soft_punish_cache
+        if length <= budget - cache:
+            return 0.0
+        if length <= budget:
+            return (budget - cache - length) / cache
+        return -1.0
+
+    def __call__(self, completions: Sequence | None = None, *, completion_ids: Sequence | None = None, **kwargs) -> list[float]:
+        if completion_ids is None:
+            raise TypeError(
+                "soft_overlong_punishment needs completion_ids=[[token ids], ...] (each completion's tokens up "
+                "to and including its EOS); GRPOTrainer, evaluate_policy and TRL's GRPOTrainer pass them"
+            )
+        if completions is not None and len(completions) != len(completion_ids):
+            raise ValueError(
+                f"got {len(completions)} completions but {len(completion_ids)} completion_ids; expected one each"
+            )
+        return [self.penalty(len(ids)) for ids in completion_ids]
 
 
 _NAMED_REWARDS: dict[str, RewardFn] = {
@@ -329,13 +401,17 @@ def compute_rewards(
     answers: Sequence,
     *,
     dtype: torch.dtype = torch.float32,
+    completion_ids: Sequence[Sequence[int]] | None = None,
     **columns,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Stage 2: call every reward function on a batch, check what comes back, weight and sum.
 
     Each function is called TRL-style as
     ``fn(prompts=..., completions=..., answer=answers, **columns)``, where
-    ``columns`` are further dataset columns (one value per completion).
+    ``columns`` are further dataset columns (one value per completion). When
+    ``completion_ids`` is given (each completion's token ids up to and including
+    its EOS, as the trainer and ``evaluate_policy`` pass them, and as TRL does),
+    every function also gets ``completion_ids=...``.
 
     Args:
         reward_fns: a reward function or a list of them.
@@ -385,6 +461,10 @@ def compute_rewards(
         )
     if "answer" in columns:
         raise ValueError("pass the references as answers=..., not as an extra 'answer' column")
+    if completion_ids is not None:
+        if isinstance(completion_ids, (str, Mapping)) or not isinstance(completion_ids, Sequence) or len(completion_ids) != n:
+            raise ValueError(f"completion_ids must be a list of {n} token-id lists, one per completion")
+        columns = {**columns, "completion_ids": [list(ids) for ids in completion_ids]}
     prompts, completions, answers = list(prompts), list(completions), list(answers)
 
     names = _unique_names(fns)

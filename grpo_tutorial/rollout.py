@@ -75,6 +75,16 @@ class Rollout:
         """[N] number of completion tokens (including the EOS, if any)."""
         return self.completion_mask.sum(dim=1)
 
+    def completion_id_lists(self) -> list[list[int]]:
+        """Each completion's token ids up to and including its first EOS (all of them if truncated).
+
+        The ``completion_ids`` that reward functions receive, in TRL's format: one
+        plain list per row, padding removed, so ``len(ids)`` is the completion's length.
+        """
+        ids = self.completion_ids.cpu().tolist()  # [N][Tc]
+        lengths = self.completion_lengths.long().cpu().tolist()  # [N]
+        return [row[:length] for row, length in zip(ids, lengths)]
+
     @property
     def num_prompts(self) -> int:
         """B, the number of distinct prompts."""

@@ -41,13 +41,6 @@ import torch
 
 from ._checks import is_int
 from .advantages import group_advantages, normalize_then_sum, zero_std_groups
-from .completions_log import (
-    COMPLETIONS_FILE,
-    append_completions,
-    format_completions,
-    sample_completions,
-    truncate_completions,
-)
 from .config import GRPOConfig
 from .evaluation import evaluate_policy
 from .logprobs import completion_logprobs
@@ -59,6 +52,13 @@ from .optim import make_optimizer, trainable_parameters
 from .rewards import compute_rewards, extra_columns, judge_correct, reward_function_list, reward_function_means
 from .rollout import Rollout, concat_groups, generate_rollouts
 from .run.checkpoint import capture_rng_state, config_changes, load_model_state, read_checkpoint, restore_rng_state, write_checkpoint
+from .run.completions import (
+    COMPLETIONS_FILE,
+    append_completions,
+    format_completions,
+    sample_completions,
+    truncate_completions,
+)
 from .run.disk import disk_errors
 from .run.history import append_history, history_until, read_history, write_history
 from .run.interrupt import StopAfterStep
@@ -299,7 +299,8 @@ class GRPOTrainer:
         answers = [row.get("answer") for row in batch for _ in range(G)]
         columns = extra_columns(batch, G)
         rewards, per_fn = compute_rewards(
-            self.reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers, **columns
+            self.reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers,
+            completion_ids=rollout.completion_id_lists(), **columns,
         )  # [N], {name: [N]}
         correct = judge_correct(self.accuracy_fn, rollout.prompts, rollout.completions, answers, columns)
         self._warn_unscorable(rewards)

@@ -67,7 +67,6 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # Notebooks whose prose is still being converted to the rule (issue 25). This list
 # must end EMPTY; the coordinator checks it. Each entry names who converts it.
 NOT_YET_CONVERTED: dict[str, str] = {
-    "08_tiny_transformer.ipynb": "E25b, issue 25",
     "09_real_llm.ipynb": "E21, issue 21/25",
 }
 

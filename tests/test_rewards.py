@@ -486,3 +486,89 @@ def test_rewards_plug_into_trl_signature():
     assert correctness_reward(**kwargs) == [1.0, 0.0]
     assert format_reward(**kwargs) == [1.0, 0.0]
     assert combined_reward({"correctness": 1.0, "format": 0.5})(**kwargs) == [1.5, 0.0]
+
+
+# ---------------------------------------------------------------------------
+# DAPO's soft overlong punishment, against TRL's own function
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget, cache", [(100, 20), (40, 10), (64, 0), (8, 8), (1, 1)])
+def test_soft_overlong_punishment_matches_trl(budget, cache):
+    from trl.rewards import get_soft_overlong_punishment
+
+    from grpo_tutorial.rewards import soft_overlong_punishment
+
+    theirs = get_soft_overlong_punishment(max_completion_len=budget, soft_punish_cache=cache)
+    ours = soft_overlong_punishment(max_completion_len=budget, soft_punish_cache=cache)
+    ids = [[7] * n for n in range(0, budget + 6)]  # every length from 0 to past the budget
+    texts = ["x" * len(row) for row in ids]
+    assert ours(texts, completion_ids=ids) == theirs(ids)
+    assert ours.__name__ == theirs.__name__ == "soft_overlong_punishment_reward"
+
+
+def test_soft_overlong_punishment_exact_values_and_errors():
+    from grpo_tutorial.rewards import soft_overlong_punishment
+
+    reward = soft_overlong_punishment(max_completion_len=40, soft_punish_cache=10)
+    # no penalty up to 30 tokens, then -1/10 per token, -1 at the budget and past it
+    assert reward(None, completion_ids=[[1] * n for n in (1, 30, 31, 35, 40, 41)]) == [0.0, 0.0, -0.1, -0.5, -1.0, -1.0]
+    with pytest.raises(TypeError, match="needs completion_ids"):
+        reward(["12"])
+    with pytest.raises(ValueError, match="2 completions but 1 completion_ids"):
+        reward(["1", "2"], completion_ids=[[1]])
+    with pytest.raises(ValueError, match="soft_punish_cache=50 must not exceed max_completion_len=40"):
+        soft_overlong_punishment(40, 50)
+    with pytest.raises(ValueError, match="max_completion_len must be an int >= 1"):
+        soft_overlong_punishment(0, 0)
+    import pickle
+
+    assert pickle.loads(pickle.dumps(reward)).penalty(35) == -0.5  # picklable, as TRL's is
+
+
+def test_compute_rewards_passes_completion_ids_to_every_function():
+    from grpo_tutorial.rewards import soft_overlong_punishment
+
+    seen = {}
+
+    def spy(completions, *, completion_ids, **kwargs):
+        seen["ids"] = completion_ids
+        return [float(len(ids)) for ids in completion_ids]
+
+    ids = [[5, 6, 2], [5] * 10]
+    total, per_fn = compute_rewards(
+        [spy, soft_overlong_punishment(10, 4)], [1.0, 1.0], ["p", "p"], ["56", "5555555555"], ["1", "1"],
+        completion_ids=ids,
+    )
+    assert seen["ids"] == ids
+    assert per_fn["soft_overlong_punishment_reward"].tolist() == [0.0, -1.0]
+    assert total.tolist() == [3.0, 9.0]
+    with pytest.raises(ValueError, match="completion_ids must be a list of 2"):
+        compute_rewards(spy, None, ["p", "p"], ["a", "b"], ["1", "1"], completion_ids=[[1]])
+
+
+def test_trainer_and_evaluation_pass_each_completions_tokens():
+    """The trainer and evaluate_policy hand reward functions TRL's completion_ids: up to and including EOS."""
+    from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, evaluate_policy, make_arithmetic_dataset
+
+    model, tokenizer = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=3)
+    calls = []
+
+    def spy(completions, *, completion_ids, **kwargs):
+        calls.append((list(completions), completion_ids))
+        return [0.0] * len(completions)
+
+    config = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=6, seed=0)
+    trainer = GRPOTrainer(model, tokenizer, spy, config)
+    row = trainer.train_step(make_arithmetic_dataset(2, seed=0))
+    texts, ids = calls[-1]
+    assert len(ids) == 8
+    assert sum(map(len, ids)) / 8 == pytest.approx(row["completion_len_mean"])
+    eos = tokenizer.eos_token_id
+    for text, one in zip(texts, ids):
+        ended = eos in one
+        assert len(one) == (one.index(eos) + 1 if ended else config.max_new_tokens)
+        assert tokenizer.decode(one, skip_special_tokens=True) == text
+    assert any(eos not in one for one in ids), "the untrained model should run out of budget somewhere"
+    result = evaluate_policy(model, tokenizer, make_arithmetic_dataset(3, seed=1), config, reward_fns=spy)
+    assert [len(one) for one in calls[-1][1]] == [r["length"] for r in result["records"]]
