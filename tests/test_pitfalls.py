@@ -370,7 +370,9 @@ def test_correct_step_is_the_trainer_step_for_every_setting_it_takes(warm, case)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GRPOWarning)
         expected = GRPOTrainer(m1, tokenizer, fns, cfg, ref_model=ref).train(rows, 2, progress=False)
-        got = train_with_bug(m2, tokenizer, fns, rows, cfg, 2, ref_model=None if ref is None else copy.deepcopy(m2))
+        # the gallery scores the reference it is given; frozen as the trainer freezes its own
+        frozen = None if ref is None else copy.deepcopy(m2).eval().requires_grad_(False)
+        got = train_with_bug(m2, tokenizer, fns, rows, cfg, 2, ref_model=frozen)
     for a, b in zip(expected, got):
         assert set(b) - set(a) == EXTRA_KEYS
         for key in a:

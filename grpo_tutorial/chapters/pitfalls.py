@@ -275,9 +275,6 @@ def gallery_step(
         raise ValueError(f"bug={bug!r} with beta={config.beta} needs ref_model (a frozen copy of the start policy)")
     check_rows(batch, "batch")  # the trainer's own check: the same bad batch raises the same error
     cfg, G, started = config, config.group_size, time.perf_counter()
-    if ref_model is not None:  # frozen, as the trainer freezes its reference
-        ref_model.eval()
-        ref_model.requires_grad_(False)
     if cfg.disable_dropout:  # as the trainer does when it is built
         for m in (model, ref_model):
             if m is not None:
