@@ -58,6 +58,18 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((values * mask).sum() / mask.sum().clamp(min=1.0))
 
 
+def measured_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    """:func:`masked_mean` over the rows that were measured: a row of NaN (never scored) is left out.
+
+    NaN if no row was measured. With every row measured it is ``masked_mean``, bit for bit.
+    """
+    measured = ~torch.isnan(values).any(dim=1, keepdim=True)  # [N, 1]
+    kept = mask * measured  # [N, T]
+    if not bool(measured.any()):
+        return math.nan
+    return masked_mean(torch.where(measured, values, torch.zeros_like(values)), kept)
+
+
 def nanmean(values: Sequence[float]) -> float:
     """Mean of the non-NaN values (NaN if there are none)."""
     kept = [v for v in values if not math.isnan(v)]
@@ -136,7 +148,7 @@ def step_row(
             "clip_frac": nanmean([s["clip_frac"] for s in update_stats]),
             "ratio_mean": nanmean([s["ratio_mean"] for s in update_stats]),
             "ratio_max": nanmax([s["ratio_max"] for s in update_stats]),
-            "entropy": masked_mean(entropy, mask),
+            "entropy": measured_mean(entropy, mask),
             "completion_len_mean": float(lengths.mean()),
             "completion_len_max": float(lengths.max()),
             "frac_zero_std": float(zero_std.float().mean()),

@@ -327,8 +327,8 @@ class GRPOTrainer:
         out: dict[str, Any] = {"stats": [], "losses": [], "grad_norms": [], "entropy": None}
         out["seconds"] = {"forward_seconds": 0.0, "backward_seconds": 0.0, "optimizer_seconds": 0.0}
         out["lr"] = float(self.optimizer.param_groups[0]["lr"])
-        if old_logp is None:
-            out["entropy"] = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)  # [N, Tc]
+        if old_logp is None:  # filled by each micro-batch's pass; NaN: a row no pass reached (skipped update)
+            out["entropy"] = torch.full(mask.shape, math.nan, dtype=torch.float32, device=mask.device)  # [N, Tc]
         was_training = self.model.training
         self.model.train()
         try:
