@@ -172,12 +172,13 @@ def _advantages_skipping_nan(
     values = torch.where(valid, grouped, torch.zeros_like(grouped))  # [P, G]
     mean = values.sum(dim=1, keepdim=True) / count.clamp(min=1)  # [P, 1]
     centred = torch.where(valid, grouped - mean, torch.zeros_like(grouped))  # [P, G]
+    ddof = 1 if std == "sample" else 0
+    # the group's std, of the rewards themselves (before RLOO's factor, as without NaN)
+    group_spread = torch.sqrt((centred**2).sum(dim=1, keepdim=True) / (count - ddof).clamp(min=1))  # [P, 1]
     if baseline == "rloo":  # the mean of the other scorable members
         centred = centred * (count / (count - 1).clamp(min=1))  # [P, G]
-    ddof = 1 if std == "sample" else 0
     if scale == "group":
-        spread = torch.sqrt((centred**2).sum(dim=1, keepdim=True) / (count - ddof).clamp(min=1))  # [P, 1]
-        advantages = centred / (spread + eps)  # [P, G]
+        advantages = centred / (group_spread + eps)  # [P, G]
     elif scale == "batch":
         kept = grouped[valid]  # [K]
         spread = kept.std(unbiased=ddof == 1) if kept.numel() > 1 else kept.new_zeros(())

@@ -179,7 +179,7 @@ class GRPOConfig:
             completions, their rewards and advantages (with the progress bar,
             which stays below them) and append them to
             ``output_dir/completions.jsonl`` (TRL's name;
-            :mod:`grpo_tutorial.completions_log`).
+            :mod:`grpo_tutorial.run.completions`).
         num_completions_to_print: how many completions to log each time,
             drawn at random (seeded by ``seed`` and the step) from the step's
             batch; None = all of them (TRL's default).

@@ -362,3 +362,65 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     log_z = torch.logsumexp(logits, dim=-1, keepdim=True)  # [N, T, 1]
     probs = torch.exp(logits - log_z)  # [N, T, V]
     return (log_z.squeeze(-1) - (probs * logits).sum(dim=-1))  # [N, T]
+
+
+def rollout_logprobs(
+    model,
+    rollout,
+    rows: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    entropy_grad: bool = False,
+    share_prompts: bool = False,
+):
+    """:func:`completion_logprobs` of a :class:`~grpo_tutorial.rollout.Rollout`'s completions.
+
+    ``rows`` (``[M]`` indices, default all N) picks the completions: a
+    micro-batch of the gradient pass. Same return value as
+    :func:`completion_logprobs`, ``[M, Tc]`` (and the entropy).
+    """
+    input_ids, attention_mask = rollout.input_ids, rollout.attention_mask  # [N, Tp+Tc] x2
+    if rows is not None:
+        input_ids, attention_mask = input_ids[rows], attention_mask[rows]  # [M, Tp+Tc] x2
+    return completion_logprobs(
+        model, input_ids, attention_mask, rollout.completion_ids.shape[1], temperature=temperature,
+        return_entropy=return_entropy, entropy_grad=entropy_grad, share_prompts=share_prompts,
+    )
+
+
+@torch.no_grad()
+def score_rollout(
+    model,
+    rollout,
+    *,
+    temperature: float = 1.0,
+    chunk: int | None = None,
+    return_entropy: bool = False,
+    share_prompts: bool = False,
+):
+    """Stages 4 and 5: log-probs (and entropy) of all N completions, in eval mode, without gradient.
+
+    The old policy's log-probs and the reference's are scored this way: ``chunk``
+    completions at a time (the micro-batch size; None = all at once), with
+    dropout off (the model's train/eval mode is restored afterwards).
+
+    Returns ``[N, Tc]`` log-probs, or ``(logp, entropy)`` when ``return_entropy``.
+    """
+    n = len(rollout)
+    chunk = n if chunk is None else chunk
+    was_training = model.training
+    model.eval()
+    try:
+        parts = [
+            rollout_logprobs(
+                model, rollout, torch.arange(i, min(i + chunk, n)), temperature=temperature,
+                return_entropy=return_entropy, share_prompts=share_prompts,
+            )
+            for i in range(0, n, chunk)
+        ]
+    finally:
+        model.train(was_training)
+    if return_entropy:
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])  # [N, Tc] x2
+    return torch.cat(parts)  # [N, Tc]

@@ -58,6 +58,18 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((values * mask).sum() / mask.sum().clamp(min=1.0))
 
 
+def measured_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    """:func:`masked_mean` over the rows that were measured: a row of NaN (never scored) is left out.
+
+    NaN if no row was measured. With every row measured it is ``masked_mean``, bit for bit.
+    """
+    measured = ~torch.isnan(values).any(dim=1, keepdim=True)  # [N, 1]
+    kept = mask * measured  # [N, T]
+    if not bool(measured.any()):
+        return math.nan
+    return masked_mean(torch.where(measured, values, torch.zeros_like(values)), kept)
+
+
 def nanmean(values: Sequence[float]) -> float:
     """Mean of the non-NaN values (NaN if there are none)."""
     kept = [v for v in values if not math.isnan(v)]
@@ -94,12 +106,30 @@ def step_row(
     skipped_updates: int,
     seconds: dict[str, float],
 ) -> dict[str, Any]:
-    """The history row of one step: plain numbers, documented in ``GRPOTrainer.train_step``.
+    """The history row of one step: plain numbers.
 
-    ``rewards`` is ``[N]`` with NaN for completions no reward function could
-    score; ``update_stats`` holds one ``grpo_loss`` stats dict per optimizer
-    update; ``entropy`` and ``mask`` are ``[N, T]``; ``seconds`` holds
-    ``step_seconds``, ``rollout_seconds`` and the per-stage timings.
+    Its fields: ``step``; ``reward_mean``, ``reward_std`` and
+    ``reward/<function name>``; ``accuracy`` (NaN if rows have no answer);
+    ``kl`` (NaN when beta = 0: no reference is kept); ``clip_frac_low``,
+    ``clip_frac_high``, ``clip_frac``, ``ratio_mean``, ``ratio_max`` (means over
+    the step's micro-batches, the max for ``ratio_max``); ``entropy`` (mean per
+    completion token, under the sampling policy); ``completion_len_mean``,
+    ``completion_len_max``; ``frac_zero_std`` (groups whose rewards are all
+    equal); ``frac_truncated``; ``grad_norm`` (before clipping) and ``loss``
+    (means over the step's updates that were finite; NaN/inf only if none
+    was); ``lr``; ``skipped_updates`` (cumulative); and the timing fields
+    (:data:`TIMING_KEYS`): ``step_seconds``, ``tokens_per_s``, and seconds per
+    stage (``generate``, ``reward``, ``score``, ``reference``, ``update``,
+    ``other``; ``rollout_seconds`` = ``generate_seconds``). The trainer adds
+    ``groups_drawn`` (groups sampled this step: ``prompts_per_step``, more with
+    dynamic sampling) and, with an entropy bonus, ``entropy_coef``.
+
+    Args: ``rewards`` is ``[N]`` with NaN for completions no reward function
+    could score; ``update_stats`` holds one ``grpo_loss`` stats dict per
+    micro-batch (of every update of the step); ``losses`` and ``grad_norms``
+    one value per optimizer update; ``entropy`` and ``mask`` are ``[N, T]``;
+    ``seconds`` holds ``step_seconds``, ``rollout_seconds`` and the per-stage
+    timings.
     """
     lengths = mask.sum(dim=1)  # [N]
     scored = rewards[~torch.isnan(rewards)]  # [K]
@@ -118,7 +148,7 @@ def step_row(
             "clip_frac": nanmean([s["clip_frac"] for s in update_stats]),
             "ratio_mean": nanmean([s["ratio_mean"] for s in update_stats]),
             "ratio_max": nanmax([s["ratio_max"] for s in update_stats]),
-            "entropy": masked_mean(entropy, mask),
+            "entropy": measured_mean(entropy, mask),
             "completion_len_mean": float(lengths.mean()),
             "completion_len_max": float(lengths.max()),
             "frac_zero_std": float(zero_std.float().mean()),

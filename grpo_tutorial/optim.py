@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -9,7 +10,7 @@ import torch
 from .config import GRPOConfig
 from .run.warn import GRPOWarning
 
-__all__ = ["fastest_adamw_kwargs", "make_optimizer", "trainable_parameters"]
+__all__ = ["clip_and_step", "fastest_adamw_kwargs", "make_optimizer", "trainable_parameters"]
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -64,3 +65,24 @@ def make_optimizer(
         optimizer, lambda update: min(1.0, (update + 1) / (warmup + 1)) if warmup else 1.0
     )
     return optimizer, scheduler
+
+
+def clip_and_step(
+    params: list[torch.nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    max_grad_norm: float | None,
+) -> float:
+    """One optimizer update from the accumulated gradients; returns their norm before clipping.
+
+    The gradients are clipped to ``max_grad_norm`` (None: measured, not clipped).
+    A non-finite norm skips the update (the weights stay as they are): the caller
+    counts the skip. The gradients are zeroed either way.
+    """
+    max_norm = max_grad_norm if max_grad_norm is not None else math.inf
+    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    if math.isfinite(norm):
+        optimizer.step()
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm

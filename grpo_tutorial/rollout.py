@@ -27,7 +27,7 @@ import torch
 from .logprobs import completion_mask
 from .onednn import onednn_linears, use_onednn
 
-__all__ = ["Rollout", "concat_groups", "generate_rollouts", "render_prompts"]
+__all__ = ["Rollout", "concat_groups", "generate_rollouts", "keep_signal_groups", "render_prompts"]
 
 
 @dataclass
@@ -459,3 +459,30 @@ def concat_groups(parts: Sequence[tuple[Rollout, Sequence[int]]], pad_id: int) -
         prompts=[r.prompts[j] for r, i in rows for j in i.tolist()],
         group_size=G,
     )
+
+
+def keep_signal_groups(rounds: Sequence[dict], group_size: int, size: int, pad_id: int) -> dict:
+    """DAPO's dynamic sampling: ``size`` groups from several sampling rounds, those with a learning signal first.
+
+    Each round is a dict with ``rollout``, ``rewards`` (``[N]``), ``per_fn``
+    (``{name: [N]}``), ``correct`` (a list of N, or None) and ``zero_std``
+    (``[B]``, True for a group whose rewards are all equal). The groups with a
+    signal are taken in the order drawn; if there are fewer than ``size``, the
+    first zero-std groups fill the step up. Returns one dict of the same keys
+    (without ``zero_std``), the groups joined by :func:`concat_groups`.
+    """
+    G = group_size
+    order = [(k, g) for k, r in enumerate(rounds) for g in range(len(r["zero_std"])) if not r["zero_std"][g]]
+    order += [(k, g) for k, r in enumerate(rounds) for g in range(len(r["zero_std"])) if r["zero_std"][g]]
+    picked = [(rounds[k], g) for k, g in order[:size]]  # signal groups first, group by group
+    rollout = concat_groups([(r["rollout"], [g]) for r, g in picked], pad_id)
+
+    def rows(values: Sequence[tuple[torch.Tensor, int]]) -> torch.Tensor:
+        return torch.cat([v[g * G : (g + 1) * G] for v, g in values])
+
+    rewards = rows([(r["rewards"], g) for r, g in picked])  # [N]
+    per_fn = {name: rows([(r["per_fn"][name], g) for r, g in picked]) for name in rounds[0]["per_fn"]}
+    correct = None
+    if all(r["correct"] is not None for r in rounds):
+        correct = [c for r, g in picked for c in r["correct"][g * G : (g + 1) * G]]
+    return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct}

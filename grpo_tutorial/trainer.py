@@ -1,6 +1,6 @@
 """The GRPO trainer: the one stateful piece of the package.
 
-:meth:`GRPOTrainer.train_step` is the pipeline of DESIGN.md, one call per stage:
+:meth:`GRPOTrainer.train_step` is one GRPO step, one call per stage:
 
 1. rollout: B prompts x G completions, one batched ``generate``  (rollout.py)
 2. rewards: TRL-signature reward functions, weighted and summed    (rewards.py)
@@ -9,19 +9,19 @@
    on-policy: then they are the gradient pass's own, detached)     (logprobs.py)
 5. reference log-probs, only when beta > 0                         (logprobs.py)
 6. mu passes over shuffled minibatches, one optimizer update each,
-   accumulated over micro-batches: clipped surrogate + beta*KL      (loss.py)
+   accumulated over micro-batches: ``grpo_loss`` with the config's
+   :class:`~grpo_tutorial.loss.LossOptions`                         (loss.py)
 7. the history row and the failure-mode warnings                   (metrics.py)
 
 With ``dynamic_sampling`` (DAPO), stages 1-2 run again on the next prompts of
 the data stream until ``prompts_per_step`` groups have a learning signal (or
-``max_sampling_rounds`` is reached); the step then trains on those groups.
-The loss options of TRL (GSPO, ``delta``, CISPO, SAPO, truncation masking, the
-entropy options, the off-policy mask) are :class:`GRPOConfig` fields that stage 6
-passes to ``grpo_loss``.
+``max_sampling_rounds`` is reached); the step then trains on those groups
+(:func:`~grpo_tutorial.rollout.keep_signal_groups`).
 
-:meth:`GRPOTrainer.train` loops over a dataset, appends to ``history.jsonl`` and
-saves atomic checkpoints (run/checkpoint.py), so a run killed at any moment and
-resumed gives the same history as one never interrupted (on CPU, same seed).
+:meth:`GRPOTrainer.train` loops over a dataset with the run machinery of
+:mod:`grpo_tutorial.run`: it appends to ``history.jsonl``, saves atomic
+checkpoints and holds the output directory's lock, so a run killed at any moment
+and resumed gives the same history as one never interrupted (on CPU, same seed).
 Only wall-clock fields (:data:`TIMING_KEYS`) differ. Randomness comes from named
 seed streams (seeding.py); building a trainer touches no global RNG.
 """
@@ -41,32 +41,28 @@ import torch
 
 from ._checks import is_int
 from .advantages import group_advantages, normalize_then_sum, zero_std_groups
-from .completions_log import (
-    COMPLETIONS_FILE,
-    append_completions,
-    format_completions,
-    sample_completions,
-    truncate_completions,
-)
 from .config import GRPOConfig
 from .evaluation import evaluate_policy
-from .logprobs import completion_logprobs
+from .logprobs import rollout_logprobs, score_rollout
 from .loss import grpo_loss
 from .metrics import TIMING_KEYS, StageClock, check_failure_modes, step_row
-from .objectives import adapt_entropy_coef, applied_entropy_coef
 from .models import disable_dropout
-from .optim import make_optimizer, trainable_parameters
+from .objectives import adapt_entropy_coef, applied_entropy_coef
+from .optim import clip_and_step, make_optimizer, trainable_parameters
 from .rewards import compute_rewards, extra_columns, judge_correct, reward_function_list, reward_function_means
-from .rollout import Rollout, concat_groups, generate_rollouts
-from .run.checkpoint import capture_rng_state, config_changes, load_model_state, read_checkpoint, restore_rng_state, write_checkpoint
+from .rollout import Rollout, generate_rollouts, keep_signal_groups
+from .run.checkpoint import (
+    config_changes, load_model_state, read_checkpoint, restore_training_state, training_state, write_checkpoint,
+)
+from .run.completions import CompletionsWriter, sample_completions
 from .run.disk import disk_errors
-from .run.history import append_history, history_until, read_history, write_history
+from .run.history import HistoryWriter, history_until, read_history, write_history
 from .run.interrupt import StopAfterStep
 from .run.layout import HISTORY_FILE, find_checkpoint, read_meta
 from .run.lock import run_lock
-from .run.progress import progress_bar
-from .run.state import dataset_fingerprint
-from .run.warn import GRPOWarning, WarnOnce
+from .run.progress import postfix, progress_bar
+from .run.state import RunState, dataset_fingerprint
+from .run.warn import GRPOWarning, caller_stacklevel
 from .seeding import MINIBATCHES, RESAMPLING, SAMPLING, derive_seed, next_batch, stream_generator, stream_seed
 from .tasks import as_rows, check_rows, validate_for_model
 
@@ -80,6 +76,9 @@ __all__ = [
     "load_model_state",
     "read_history",
 ]
+
+#: The progress bar's fields: label -> (history key, format). A value the step did not compute is not shown.
+PROGRESS_FIELDS = {"reward": ("reward_mean", ".3f"), "acc": ("accuracy", ".2f"), "kl": ("kl", ".4f")}
 
 
 class GRPOTrainer:
@@ -100,8 +99,12 @@ class GRPOTrainer:
             Countdown, whose answer is an expression, not a number.
 
     Attributes:
-        step: completed training steps.
-        history: one dict per completed step (see :meth:`train_step`).
+        step: completed training steps (``state.step``).
+        state: where the run stands (:class:`~grpo_tutorial.run.state.RunState`):
+            the step, the data position, the dataset's fingerprint, the skipped
+            updates and the warnings given; its checkpoint form is part of every
+            checkpoint.
+        history: one dict per completed step (see :func:`~grpo_tutorial.metrics.step_row`).
     """
 
     def __init__(
@@ -132,16 +135,12 @@ class GRPOTrainer:
         self.reward_fns = list(fns)
         self.accuracy_fn = accuracy_fn
         self.config = config
-        self.step = 0
+        self.state = RunState()
         self.history: list[dict] = []
-        self.skipped_updates = 0
         # adaptive entropy control (Skywork-OR1): the coefficient, and the entropy of the last update (none yet)
         self._entropy_coef = float(config.entropy_coef)
         self._last_entropy = math.inf
-        self._epoch = 0  # data position: epoch and index into its permutation
-        self._index = 0
-        self._warn = WarnOnce()
-        self._dataset_fingerprint: str | None = None
+        self._writers: tuple[HistoryWriter, CompletionsWriter] | None = None  # while train() appends
         #: Reuse the gradient pass's log-probs as the old policy's when a step makes
         #: exactly one update (stage 4 is then skipped). Tests switch it off to
         #: check that both paths give the same numbers.
@@ -160,73 +159,56 @@ class GRPOTrainer:
         self._params = trainable_parameters(model)
         self.optimizer, self.scheduler = make_optimizer(self._params, config)
 
-    # ------------------------------------------------------------------ scoring
-    def _logprobs(
-        self, model: torch.nn.Module, rollout: Rollout, rows: torch.Tensor, *, entropy: bool = False,
-        entropy_grad: bool = False,
-    ) -> Any:
-        """Per-token log-probs (and entropy) of the completions in ``rows`` under ``model``."""
-        return completion_logprobs(
-            model,
-            rollout.input_ids[rows],  # [M, Tp+Tc]
-            rollout.attention_mask[rows],  # [M, Tp+Tc]
-            rollout.completion_ids.shape[1],
-            temperature=self.config.temperature,
-            return_entropy=entropy,
-            entropy_grad=entropy_grad,
-            share_prompts=self.config.share_prompt_cache,
-        )
+    @property
+    def step(self) -> int:
+        """Completed training steps."""
+        return self.state.step
 
-    @torch.no_grad()
-    def _score_no_grad(self, model: torch.nn.Module, rollout: Rollout, *, entropy: bool) -> Any:
-        """Stages 4/5: log-probs (and entropy) of all N completions, eval mode, no gradient."""
-        n = len(rollout)
-        chunk = self.config.micro_size
-        was_training = model.training
-        model.eval()
-        try:
-            parts = [
-                self._logprobs(model, rollout, torch.arange(i, min(i + chunk, n)), entropy=entropy)
-                for i in range(0, n, chunk)
-            ]
-        finally:
-            model.train(was_training)
-        if entropy:
-            return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])  # [N, Tc] x2
-        return torch.cat(parts)  # [N, Tc]
+    @property
+    def skipped_updates(self) -> int:
+        """Optimizer updates skipped for a non-finite loss or gradient, since the start."""
+        return self.state.skipped_updates
 
     # ------------------------------------------------------------------ one step
     def train_step(self, batch: Sequence[dict], more_rows: Callable[[], list[dict]] | None = None) -> dict:
-        """One GRPO step on ``batch`` (a list of rows with ``prompt`` and ``answer``).
+        """One GRPO step on ``batch`` (rows with ``prompt`` and ``answer``); returns its history row.
 
         ``more_rows`` (used by ``dynamic_sampling``) returns the next
         ``prompts_per_step`` rows of the data stream; :meth:`train` passes it.
-        Without it only ``batch`` is sampled.
-
-        Returns the history row, also appended to :attr:`history`. Its fields are
-        plain numbers: ``step``; ``reward_mean``, ``reward_std`` and
-        ``reward/<function name>``; ``accuracy`` (NaN if rows have no answer);
-        ``kl`` (NaN when beta = 0: no reference is kept); ``clip_frac_low``,
-        ``clip_frac_high``, ``clip_frac``, ``ratio_mean``, ``ratio_max`` (means
-        over the step's micro-batches, max for ratio_max); ``entropy`` (mean per
-        completion token, under the sampling policy); ``completion_len_mean``,
-        ``completion_len_max``; ``frac_zero_std`` (groups whose rewards are all
-        equal); ``frac_truncated``; ``grad_norm`` (before clipping) and ``loss``
-        (means over the step's updates that were finite; NaN/inf only if
-        none was); ``lr``; ``skipped_updates`` (cumulative); ``groups_drawn``
-        (groups sampled this step: ``prompts_per_step``, more with dynamic
-        sampling); and the timing
-        fields (:data:`TIMING_KEYS`): ``step_seconds``, ``tokens_per_s``, and
-        seconds per stage (``generate``, ``reward``, ``score``, ``reference``,
-        ``update``, ``other``; ``rollout_seconds`` = ``generate_seconds``).
-        The rewards, accuracy and lengths describe the groups the step trains on.
+        The row (its fields: :func:`~grpo_tutorial.metrics.step_row`) is also
+        appended to :attr:`history`; it describes the groups the step trains on.
         """
         check_rows(batch, "batch")
-        cfg, G = self.config, self.config.group_size
-        clock = StageClock()
+        cfg, clock = self.config, StageClock()
+        # stages 1-2: rollout and rewards (with dynamic sampling, more rounds until enough groups have a signal)
+        sample = self._sample(batch, more_rows, clock)
+        rollout = sample["rollout"]
+        # stage 3: group-relative advantages, [N]
+        advantages = self._advantages(sample).to(rollout.completion_ids.device)
+        self._last_batch = (rollout.prompts, rollout.completions, sample["rewards"], sample["per_fn"], advantages)
+        # stage 4: old log-probs (the policy that sampled), unless this step is exactly on-policy
+        on_policy = self.reuse_on_policy_logprobs and cfg.updates_per_step == 1
+        old_logp, entropy = (None, None) if on_policy else self._score(self.model, rollout, entropy=True)
+        clock.lap("score")
+        # stage 5: reference log-probs, only with a KL penalty, [N, Tc]
+        ref_logp = None if self.ref_model is None else self._score(self.ref_model, rollout, entropy=False)
+        clock.lap("reference")
+        # stage 6: mu passes over shuffled minibatches, one optimizer update each
+        update = self._update(rollout, old_logp, ref_logp, advantages, rollout.completion_mask)
+        entropy = update["entropy"] if entropy is None else entropy  # [N, Tc]
+        self.state.step += 1
+        if self.ref_model is not None and cfg.ref_sync_every and self.step % cfg.ref_sync_every == 0:
+            self.ref_model.load_state_dict(self.model.state_dict())
+        clock.lap("update")
+        # stage 7: the history row, and warnings about failure modes
+        row = self._history_row(sample, update, entropy, clock)
+        self.history.append(row)
+        return row
 
-        # stages 1-2: rollout and rewards; with dynamic sampling, more rounds
-        # until prompts_per_step groups have a learning signal (or the cap)
+    def _sample(self, batch: Sequence[dict], more_rows: Callable[[], list[dict]] | None, clock: StageClock) -> dict:
+        """Stages 1-2, one round; with ``dynamic_sampling``, more rounds until the step has
+        ``prompts_per_step`` groups with a learning signal (or ``max_sampling_rounds``)."""
+        cfg = self.config
         rounds = [self._sample_round(batch, 0, clock)]
         while (
             cfg.dynamic_sampling and more_rows is not None and len(rounds) < cfg.max_sampling_rounds
@@ -235,55 +217,10 @@ class GRPOTrainer:
             extra = more_rows()
             check_rows(extra, "more_rows()")
             rounds.append(self._sample_round(extra, len(rounds), clock))
-        groups_drawn = sum(len(r["zero_std"]) for r in rounds)
-        chosen = rounds[0] if len(rounds) == 1 else self._keep_signal_groups(rounds)
-        rollout, rewards, per_fn, correct = chosen["rollout"], chosen["rewards"], chosen["per_fn"], chosen["correct"]
-
-        # stage 3: group-relative advantages (GDPO: of each reward function, then of their weighted sum)
-        if cfg.multi_objective_aggregation == "normalize_then_sum":
-            per_function = torch.stack(list(per_fn.values()), dim=1)  # [N, K]
-            advantages = normalize_then_sum(per_function, G, cfg.reward_weights, std=cfg.std)  # [N]
-        else:
-            advantages = group_advantages(
-                rewards, G, scale=cfg.scale_rewards, std=cfg.std, nan="skip", baseline=cfg.advantage_baseline
-            )  # [N]
-        advantages = advantages.to(rollout.completion_ids.device)  # [N]
-        self._last_batch = (rollout.prompts, rollout.completions, rewards, per_fn, advantages)  # for log_completions
-        mask = rollout.completion_mask  # [N, Tc]
-
-        # stage 4: old log-probs (the policy that sampled), unless this step is exactly on-policy
-        on_policy = self.reuse_on_policy_logprobs and cfg.updates_per_step == 1
-        old_logp, entropy = (None, None) if on_policy else self._score_no_grad(self.model, rollout, entropy=True)
-        clock.lap("score")
-
-        # stage 5: reference log-probs, only with a KL penalty, [N, Tc]
-        ref_logp = None if self.ref_model is None else self._score_no_grad(self.ref_model, rollout, entropy=False)
-        clock.lap("reference")
-
-        # stage 6: mu passes over shuffled minibatches, one optimizer update each
-        update = self._update(rollout, old_logp, ref_logp, advantages, mask)
-        entropy = update["entropy"] if entropy is None else entropy  # [N, Tc]
-        self.step += 1
-        if self.ref_model is not None and cfg.ref_sync_every and self.step % cfg.ref_sync_every == 0:
-            self.ref_model.load_state_dict(self.model.state_dict())
-        clock.lap("update")
-
-        # stage 7: the history row, and warnings about failure modes
-        row = step_row(
-            step=self.step, rewards=rewards, per_function=reward_function_means(per_fn), correct=correct,
-            update_stats=update["stats"], losses=update["losses"], grad_norms=update["grad_norms"],
-            entropy=entropy, mask=mask, zero_std=zero_std_groups(rewards, G), truncated=rollout.truncated,
-            lr=update["lr"], skipped_updates=self.skipped_updates, seconds={**clock.done(), **update["seconds"]},
+        chosen = rounds[0] if len(rounds) == 1 else keep_signal_groups(
+            rounds, cfg.group_size, cfg.prompts_per_step, self._pad_id()
         )
-        row["groups_drawn"] = groups_drawn
-        if cfg.use_adaptive_entropy or cfg.entropy_coef != 0.0:
-            row["entropy_coef"] = self._entropy_coef  # after the step's last update, as TRL logs it
-        check_failure_modes(
-            row, self.history, group_size=G, learning_rate=cfg.learning_rate,
-            max_new_tokens=cfg.max_new_tokens, warn=self._warn,
-        )
-        self.history.append(row)
-        return row
+        return {**chosen, "groups_drawn": sum(len(r["zero_std"]) for r in rounds)}
 
     def _sample_round(self, batch: Sequence[dict], round_: int, clock: StageClock) -> dict:
         """Stages 1 and 2 for one sampling round: the rollout, its rewards and which groups carry no signal."""
@@ -308,24 +245,43 @@ class GRPOTrainer:
         clock.lap("reward")
         return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct, "zero_std": zero_std}
 
-    def _keep_signal_groups(self, rounds: list[dict]) -> dict:
-        """Dynamic sampling: the first prompts_per_step groups with a learning signal, in the order drawn,
-        filled up with the first zero-std groups if there are not enough."""
-        G, B = self.config.group_size, self.config.prompts_per_step
-        order = [(k, g) for k, r in enumerate(rounds) for g in range(len(r["zero_std"])) if not r["zero_std"][g]]
-        order += [(k, g) for k, r in enumerate(rounds) for g in range(len(r["zero_std"])) if r["zero_std"][g]]
-        picked = [(rounds[k], g) for k, g in order[:B]]  # signal groups first, group by group
-        rollout = concat_groups([(r["rollout"], [g]) for r, g in picked], self._pad_id())
+    def _advantages(self, sample: dict) -> torch.Tensor:
+        """Stage 3: group-relative advantages, [N] (GDPO: of each reward function, then of their weighted sum)."""
+        cfg = self.config
+        if cfg.multi_objective_aggregation == "normalize_then_sum":
+            per_function = torch.stack(list(sample["per_fn"].values()), dim=1)  # [N, K]
+            return normalize_then_sum(per_function, cfg.group_size, cfg.reward_weights, std=cfg.std)  # [N]
+        return group_advantages(
+            sample["rewards"], cfg.group_size, scale=cfg.scale_rewards, std=cfg.std, nan="skip",
+            baseline=cfg.advantage_baseline,
+        )  # [N]
 
-        def rows(values: torch.Tensor) -> torch.Tensor:
-            return torch.cat([v[g * G : (g + 1) * G] for v, g in values])
+    def _score(self, model: torch.nn.Module, rollout: Rollout, *, entropy: bool) -> Any:
+        """Stages 4/5: log-probs (and entropy) of all N completions, eval mode, no gradient."""
+        cfg = self.config
+        return score_rollout(
+            model, rollout, temperature=cfg.temperature, chunk=cfg.micro_size, return_entropy=entropy,
+            share_prompts=cfg.share_prompt_cache,
+        )
 
-        rewards = rows([(r["rewards"], g) for r, g in picked])  # [N]
-        per_fn = {name: rows([(r["per_fn"][name], g) for r, g in picked]) for name in rounds[0]["per_fn"]}
-        correct = None
-        if all(r["correct"] is not None for r in rounds):
-            correct = [c for r, g in picked for c in r["correct"][g * G : (g + 1) * G]]
-        return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct}
+    def _history_row(self, sample: dict, update: dict, entropy: torch.Tensor, clock: StageClock) -> dict:
+        """Stage 7: the step's history row, checked for failure modes."""
+        cfg, rollout, rewards = self.config, sample["rollout"], sample["rewards"]
+        row = step_row(
+            step=self.step, rewards=rewards, per_function=reward_function_means(sample["per_fn"]),
+            correct=sample["correct"], update_stats=update["stats"], losses=update["losses"],
+            grad_norms=update["grad_norms"], entropy=entropy, mask=rollout.completion_mask,
+            zero_std=zero_std_groups(rewards, cfg.group_size), truncated=rollout.truncated, lr=update["lr"],
+            skipped_updates=self.skipped_updates, seconds={**clock.done(), **update["seconds"]},
+        )
+        row["groups_drawn"] = sample["groups_drawn"]
+        if cfg.use_adaptive_entropy or cfg.entropy_coef != 0.0:
+            row["entropy_coef"] = self._entropy_coef  # after the step's last update, as TRL logs it
+        check_failure_modes(
+            row, self.history, group_size=cfg.group_size, learning_rate=cfg.learning_rate,
+            max_new_tokens=cfg.max_new_tokens, warn=self.state.warn,
+        )
+        return row
 
     def _pad_id(self) -> int:
         pad = getattr(self.tokenizer, "pad_token_id", None)
@@ -334,24 +290,15 @@ class GRPOTrainer:
     def _rollout(self, prompts: list, generator_seed: int) -> Rollout:
         cfg = self.config
         return generate_rollouts(
-            self.model,
-            self.tokenizer,
-            prompts,
-            group_size=cfg.group_size,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            do_sample=True,
-            system_prompt=cfg.system_prompt,
-            use_chat_template=cfg.use_chat_template,
-            generator_seed=generator_seed,
-            onednn=cfg.onednn_generation,
+            self.model, self.tokenizer, prompts, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature, top_p=cfg.top_p, do_sample=True, system_prompt=cfg.system_prompt,
+            use_chat_template=cfg.use_chat_template, generator_seed=generator_seed, onednn=cfg.onednn_generation,
         )
 
     def _warn_unscorable(self, rewards: torch.Tensor) -> None:
         unscorable = int(torch.isnan(rewards).sum())
         if unscorable:
-            self._warn(
+            self.state.warn(
                 "unscorable",
                 f"{unscorable} of {len(rewards)} completions could not be scored (every reward function "
                 "returned None); they are left out of their group's baseline and of reward_mean, "
@@ -377,12 +324,11 @@ class GRPOTrainer:
         cfg = self.config
         N, size, micro = len(rollout), cfg.update_size, cfg.micro_size
         shuffle = stream_generator(cfg.seed, MINIBATCHES, self.step)
-        max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
         out: dict[str, Any] = {"stats": [], "losses": [], "grad_norms": [], "entropy": None}
         out["seconds"] = {"forward_seconds": 0.0, "backward_seconds": 0.0, "optimizer_seconds": 0.0}
         out["lr"] = float(self.optimizer.param_groups[0]["lr"])
-        if old_logp is None:
-            out["entropy"] = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)  # [N, Tc]
+        if old_logp is None:  # filled by each micro-batch's pass; NaN: a row no pass reached (skipped update)
+            out["entropy"] = torch.full(mask.shape, math.nan, dtype=torch.float32, device=mask.device)  # [N, Tc]
         was_training = self.model.training
         self.model.train()
         try:
@@ -400,14 +346,10 @@ class GRPOTrainer:
                         self._skip_update(f"the loss is {loss}")
                         continue
                     started = time.perf_counter()
-                    norm = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm))
+                    norm = clip_and_step(self._params, self.optimizer, self.scheduler, cfg.max_grad_norm)
                     out["grad_norms"].append(norm)
-                    if math.isfinite(norm):
-                        self.optimizer.step()
-                        self.scheduler.step()
-                    else:
+                    if not math.isfinite(norm):
                         self._skip_update(f"the gradient norm is {norm}")
-                    self.optimizer.zero_grad(set_to_none=True)
                     out["seconds"]["optimizer_seconds"] += time.perf_counter() - started
         finally:
             self.model.train(was_training)
@@ -437,15 +379,14 @@ class GRPOTrainer:
         for start in range(0, len(rows), micro):
             started = time.perf_counter()
             part = rows[start : start + micro]  # [m]
-            entropies = None
-            if old_logp is None or measure:
-                logp, entropies = self._logprobs(
-                    self.model, rollout, part, entropy=True, entropy_grad=options.needs_entropy
-                )  # [m, Tc] x2
-                if old_logp is None:
-                    out["entropy"][part] = entropies.detach().float()
-            else:
-                logp = self._logprobs(self.model, rollout, part)  # [m, Tc]
+            with_entropy = old_logp is None or measure
+            scored = rollout_logprobs(
+                self.model, rollout, part, temperature=cfg.temperature, return_entropy=with_entropy,
+                entropy_grad=options.needs_entropy, share_prompts=cfg.share_prompt_cache,
+            )
+            logp, entropies = scored if with_entropy else (scored, None)  # [m, Tc] x2
+            if old_logp is None:
+                out["entropy"][part] = entropies.detach().float()
             old = logp.detach() if old_logp is None else old_logp[part]  # [m, Tc]
             loss, stats = grpo_loss(
                 logp, old, advantages[part], mask[part], options=options,
@@ -473,8 +414,8 @@ class GRPOTrainer:
         return total
 
     def _skip_update(self, reason: str) -> None:
-        self.skipped_updates += 1
-        self._warn(
+        self.state.skipped_updates += 1
+        self.state.warn(
             "nonfinite",
             f"step {self.step + 1}: {reason}; skipped this optimizer update (gradients zeroed). "
             "Training continues and history['skipped_updates'] counts the skips. If it keeps "
@@ -486,33 +427,25 @@ class GRPOTrainer:
         """Write ``output_dir/checkpoint/`` atomically and return its path.
 
         The history is not stored in the checkpoint: it lives in
-        ``output_dir/history.jsonl`` (rewritten here unless :meth:`train` is
-        appending to it right now).
+        ``output_dir/history.jsonl`` (rewritten here, unless :meth:`train` is
+        appending to it right now: then it is synced).
         """
         root = Path(output_dir if output_dir is not None else self._require_output_dir("save_checkpoint"))
-        if root != getattr(self, "_appending_to", None):
+        if self._writers is not None and self._writers[0].output_dir == root:
+            for writer in self._writers:
+                writer.sync()  # the rows the checkpoint's step covers are on disk before it
+        else:
             with disk_errors(root, root):
                 root.mkdir(parents=True, exist_ok=True)
             write_history(root / HISTORY_FILE, self.history)
-        state = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "ref_model": None if self.ref_model is None else self.ref_model.state_dict(),
-            "rng": capture_rng_state(),
-        }
+        state = training_state(self.model, self.optimizer, self.scheduler, self.ref_model)
         meta = {
-            "step": self.step,
-            "epoch": self._epoch,
-            "index": self._index,
+            **self.state.to_meta(),
             "data_seed": self.config.seed,
-            "dataset_fingerprint": self._dataset_fingerprint,
-            "skipped_updates": self.skipped_updates,
             "entropy_control": {  # adaptive entropy control's state (None: no entropy measured yet)
                 "coef": self._entropy_coef,
                 "last_entropy": None if math.isinf(self._last_entropy) else self._last_entropy,
             },
-            "warned": sorted(self._warn.issued),
             "config": self.config.to_dict(),
         }
         return write_checkpoint(root, state, meta)
@@ -530,36 +463,22 @@ class GRPOTrainer:
         state, meta = read_checkpoint(path)
         changed = config_changes(meta["config"], self.config.to_dict(), GRPOConfig().to_dict())
         if changed:
-            warnings.warn(
-                f"resuming from {path} with a different config ({changed}); the resumed run will not "
-                "match an uninterrupted one",
-                GRPOWarning,
-                stacklevel=2,
-            )
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.ref_model is not None:
-            if state["ref_model"] is not None:
-                self.ref_model.load_state_dict(state["ref_model"])
-            else:
-                warnings.warn(
-                    f"checkpoint {path} holds no reference model (it was saved with beta=0); "
-                    "the reference stays as it is now",
-                    GRPOWarning,
-                    stacklevel=2,
-                )
-        restore_rng_state(state["rng"])
-        self.step = int(meta["step"])
-        self._epoch, self._index = int(meta["epoch"]), int(meta["index"])
-        self._dataset_fingerprint = meta["dataset_fingerprint"]
-        self.skipped_updates = int(meta["skipped_updates"])
+            self._warn_now(f"resuming from {path} with a different config ({changed}); the resumed run will not "
+                           "match an uninterrupted one")
+        if not restore_training_state(state, self.model, self.optimizer, self.scheduler, self.ref_model):
+            self._warn_now(f"checkpoint {path} holds no reference model (it was saved with beta=0); "
+                           "the reference stays as it is now")
+        self.state = RunState.from_meta(meta)
         control = meta.get("entropy_control") or {"coef": self.config.entropy_coef, "last_entropy": None}
         self._entropy_coef = float(control["coef"])
         self._last_entropy = math.inf if control["last_entropy"] is None else float(control["last_entropy"])
-        self._warn = WarnOnce(meta["warned"])
         self.history = history_until(root, meta)
         return True
+
+    @staticmethod
+    def _warn_now(message: str) -> None:
+        """A :class:`GRPOWarning` that is not limited to once per run, pointed at the caller's line."""
+        warnings.warn(message, GRPOWarning, stacklevel=caller_stacklevel())
 
     def _require_output_dir(self, what: str) -> str:
         if self.config.output_dir is None:
@@ -567,21 +486,6 @@ class GRPOTrainer:
         return self.config.output_dir
 
     # ------------------------------------------------------------------ the loop
-    def _prepare_resume(self, out: Path | None, fingerprint: str) -> None:
-        """Load the checkpoint for ``train(resume=True)``, refusing a different dataset."""
-        if out is None:
-            raise ValueError("train(resume=True) needs GRPOConfig.output_dir, where the checkpoint lives")
-        saved = find_checkpoint(out)
-        if saved is not None:  # refuse a different dataset before touching any state
-            saved_fingerprint = read_meta(saved).get("dataset_fingerprint")
-            if saved_fingerprint not in (None, fingerprint):
-                raise ValueError(
-                    f"the dataset differs from the one the checkpoint in {str(out)!r} was trained on "
-                    f"(fingerprint {fingerprint} vs {saved_fingerprint}); resume with the same dataset"
-                )
-        if not self.load_checkpoint(out):
-            warnings.warn(f"resume=True but no checkpoint in {str(out)!r}; starting from step 0", GRPOWarning, stacklevel=4)
-
     def train(
         self,
         dataset: Sequence[dict],
@@ -605,7 +509,8 @@ class GRPOTrainer:
             resume: load ``output_dir/checkpoint`` first (if there is none,
                 start from scratch with a warning). ``history.jsonl`` is cut back
                 to the checkpoint's step, and the later steps are redone exactly.
-            progress: show a tqdm bar with the reward and KL.
+            progress: show a tqdm bar with the reward, the batch accuracy and the
+                KL (each only when the step computed it).
 
         Ctrl-C: the current step finishes, a checkpoint is saved (if output_dir
         is set), and ``KeyboardInterrupt`` is raised. The trainer is then
@@ -616,106 +521,94 @@ class GRPOTrainer:
             return self._train(dataset, steps, resume=resume, progress=progress)
 
     def _train(self, dataset: Sequence[dict], steps: int, *, resume: bool, progress: bool) -> list[dict]:
+        dataset = self._begin(dataset, steps, resume=resume)
+        cfg = self.config
+        out = Path(cfg.output_dir) if cfg.output_dir is not None else None
+        with HistoryWriter(out, self.history) as history, \
+                CompletionsWriter(out, self.step, enabled=cfg.log_completions) as completions:
+            self._writers = (history, completions)
+            bar = progress_bar(total=steps, desc="GRPO", initial=min(self.step, steps), unit="step",
+                               dynamic_ncols=True) if progress else None
+            saved_at = self.step  # nothing new to save unless a step runs
+            try:
+                with StopAfterStep() as stop:
+                    while self.step < steps:
+                        row = self._next_step(dataset)
+                        history.append(row)
+                        if bar is not None:  # every step's numbers: on a GPU a step takes seconds to minutes
+                            bar.update(1)
+                            bar.set_postfix(postfix(row, PROGRESS_FIELDS))
+                        if cfg.log_completions and self.step % cfg.log_every == 0:
+                            self._log_completions(completions, bar)
+                        if out is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                            self.save_checkpoint(out)
+                            saved_at = self.step
+                        if stop.requested:
+                            saved = f"checkpoint saved to {self.save_checkpoint(out)}" if out is not None else (
+                                "no output_dir, nothing saved")
+                            raise KeyboardInterrupt(f"training interrupted after step {self.step}; {saved}")
+                if out is not None and cfg.checkpoint_every and saved_at != self.step:
+                    self.save_checkpoint(out)
+            finally:
+                self._writers = None
+                if bar is not None:
+                    bar.close()
+        return self.history
+
+    def _begin(self, dataset: Sequence[dict], steps: int, *, resume: bool) -> list[dict]:
+        """Check the arguments, load the checkpoint for ``resume``, and tie the run to this dataset."""
         dataset = as_rows(dataset)
         validate_for_model(dataset, self.model, self.tokenizer, self.config.max_new_tokens)
         if not is_int(steps) or steps < 1:
             raise ValueError(f"steps must be a positive int, got {steps!r}")
-        cfg = self.config
-        out = Path(cfg.output_dir) if cfg.output_dir is not None else None
+        out = self.config.output_dir
         fingerprint = dataset_fingerprint(dataset)
         if resume:
-            self._prepare_resume(out, fingerprint)
+            if out is None:
+                raise ValueError("train(resume=True) needs GRPOConfig.output_dir, where the checkpoint lives")
+            saved = find_checkpoint(out)
+            if saved is not None:  # refuse a different dataset before touching any state
+                self._check_dataset(fingerprint, read_meta(saved).get("dataset_fingerprint"), f"the checkpoint in {out!r}")
+            if not self.load_checkpoint(out):
+                self._warn_now(f"resume=True but no checkpoint in {out!r}; starting from step 0")
         elif out is not None and self.step == 0 and find_checkpoint(out) is not None:
-            warnings.warn(
-                f"{str(out)!r} already holds a checkpoint; starting a new run from step 0 that will "
-                "replace it at its first save (pass resume=True to continue the old run instead)",
-                GRPOWarning,
-                stacklevel=3,
-            )
-        if self._dataset_fingerprint not in (None, fingerprint):
+            self._warn_now(f"{out!r} already holds a checkpoint; starting a new run from step 0 that will "
+                           "replace it at its first save (pass resume=True to continue the old run instead)")
+        where = f"the checkpoint in {out!r}" if out is not None else "this trainer's earlier train() calls"
+        self._check_dataset(fingerprint, self.state.dataset_fingerprint, where)
+        self.state.dataset_fingerprint = fingerprint
+        return dataset
+
+    @staticmethod
+    def _check_dataset(fingerprint: str, trained_on: str | None, where: str) -> None:
+        if trained_on not in (None, fingerprint):
             raise ValueError(
-                f"the dataset differs from the one the checkpoint in {str(out)!r} was trained on "
-                f"(fingerprint {fingerprint} vs {self._dataset_fingerprint}); resume with the same dataset"
+                f"the dataset differs from the one {where} trained on (fingerprint {fingerprint} vs "
+                f"{trained_on}); train on the same dataset, or start a new trainer (and output_dir) for a new one"
             )
-        self._dataset_fingerprint = fingerprint
 
-        history_file = completions_file = None
-        if out is not None:
-            write_history(out / HISTORY_FILE, self.history)
-            with disk_errors(out / HISTORY_FILE, out):
-                history_file = open(out / HISTORY_FILE, "a", encoding="utf-8")
-                truncate_completions(out / COMPLETIONS_FILE, self.step)  # like the history: to the checkpoint's step
-                if cfg.log_completions:
-                    completions_file = open(out / COMPLETIONS_FILE, "a", encoding="utf-8")
-            self._appending_to = out
+    def _next_step(self, dataset: list[dict]) -> dict:
+        """One step on the next rows of the data stream; the data position moves only after a good step."""
+        cfg = self.config
+        position = [self.state.epoch, self.state.index]
 
-        def save() -> Path:
-            with disk_errors(out / HISTORY_FILE, out):
-                os.fsync(history_file.fileno())
-                if completions_file is not None:
-                    os.fsync(completions_file.fileno())
-            return self.save_checkpoint(out)
+        def draw() -> list[dict]:  # the next rows of the data stream; every draw advances it
+            rows, position[0], position[1] = next_batch(dataset, cfg.prompts_per_step, cfg.seed, *position)
+            return rows
 
-        bar = None
-        if progress:
-            bar = progress_bar(total=steps, desc="GRPO", initial=min(self.step, steps), unit="step", dynamic_ncols=True)
-        saved_at = self.step  # nothing new to save unless a step runs
-        try:
-            with StopAfterStep() as stop:
-                while self.step < steps:
-                    position = [self._epoch, self._index]
+        # more_rows only when used, so a wrapped train_step(batch) keeps working
+        row = self.train_step(draw(), more_rows=draw) if cfg.dynamic_sampling else self.train_step(draw())
+        self.state.epoch, self.state.index = position
+        return row
 
-                    def draw() -> list[dict]:  # the next rows of the data stream; every draw advances it
-                        rows, position[0], position[1] = next_batch(dataset, cfg.prompts_per_step, cfg.seed, *position)
-                        return rows
-
-                    # more_rows only when used, so a wrapped train_step(batch) keeps working
-                    row = self.train_step(draw(), more_rows=draw) if cfg.dynamic_sampling else self.train_step(draw())
-                    self._epoch, self._index = position  # the data position moves only after a good step
-                    if history_file is not None:
-                        append_history(history_file, row)
-                    if bar is not None:  # every step's reward: on a GPU a step takes seconds to minutes
-                        bar.update(1)
-                        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row['kl']:.4f}")
-                    if cfg.log_completions and self.step % cfg.log_every == 0:
-                        self._log_completions(completions_file, bar)
-                    if out is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-                        save()
-                        saved_at = self.step
-                    if stop.requested:
-                        where = f"checkpoint saved to {save()}" if out is not None else "no output_dir, nothing saved"
-                        raise KeyboardInterrupt(f"training interrupted after step {self.step}; {where}")
-            if out is not None and cfg.checkpoint_every and saved_at != self.step:
-                save()
-        finally:
-            self._appending_to = None
-            if bar is not None:
-                bar.close()
-            if history_file is not None:
-                history_file.close()
-            if completions_file is not None:
-                completions_file.close()
-        return self.history
-
-    def _log_completions(self, file, bar) -> None:
-        """``log_completions``: this step's sample of completions, to ``completions.jsonl`` and the console.
-
-        They are printed with the progress bar's ``write`` (the bar stays at the bottom), or plainly
-        without a bar, as TRL prints its sample whatever the progress setting.
-        """
+    def _log_completions(self, writer: CompletionsWriter, bar: Any) -> None:
+        """``log_completions``: this step's sample of completions, to ``completions.jsonl`` and the console."""
         prompts, completions, rewards, per_fn, advantages = self._last_batch
         rows = sample_completions(
             self.step, prompts, completions, rewards.tolist(), {k: v.tolist() for k, v in per_fn.items()},
             advantages.tolist(), count=self.config.num_completions_to_print, seed=self.config.seed,
         )
-        if file is not None:
-            with disk_errors(Path(file.name), Path(file.name).parent):
-                append_completions(file, rows)
-        text = format_completions(rows, total=len(completions))
-        if bar is not None:
-            bar.write(text)
-        else:
-            print(text, flush=True)
+        writer.show(rows, total=len(completions), bar=bar)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, dataset: Sequence[dict], *, batch_size: int | None = None, num_samples: int = 3) -> dict:

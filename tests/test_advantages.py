@@ -154,3 +154,24 @@ def test_nan_skip_leaves_unscorable_completions_out_of_their_group():
         group_advantages(r, 3)  # the default still refuses NaN
     with pytest.raises(ValueError, match="NaN or inf"):
         group_advantages(torch.tensor([1.0, float("inf"), 2.0]), 3, nan="skip")  # inf is never "unscorable"
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+@pytest.mark.parametrize("std", ["sample", "population"])
+def test_rloo_with_an_unscorable_reward_is_rloo_without_it(scale, std):
+    """One NaN anywhere in the batch sends every group through the NaN-aware path; RLOO's factor
+    G'/(G'-1) must survive it (it once cancelled against a std taken after the factor)."""
+    nan = float("nan")
+    rewards = torch.tensor([[1.0, 2.0, nan, 4.0], [0.0, 1.0, 1.0, 3.0]])
+    got = group_advantages(rewards, scale=scale, std=std, nan="skip", baseline="rloo")
+    if scale != "batch":  # the batch std depends on which rewards are in the batch: compare group by group
+        first = group_advantages(torch.tensor([[1.0, 2.0, 4.0]]), scale=scale, std=std, baseline="rloo")[0]
+        second = group_advantages(torch.tensor([[0.0, 1.0, 1.0, 3.0]]), scale=scale, std=std, baseline="rloo")[0]
+        torch.testing.assert_close(got[0, [0, 1, 3]], first)
+        torch.testing.assert_close(got[1], second)
+    # by hand: A = G'/(G'-1) * (r - mean) / (std + eps), G' the scorable members of the group
+    r = torch.tensor([1.0, 2.0, 4.0])
+    scorable = {"group": r, "batch": torch.tensor([1.0, 2.0, 4.0, 0.0, 1.0, 1.0, 3.0])}
+    divide = 1.0 if scale == "none" else scorable[scale].std(unbiased=std == "sample") + 1e-4
+    torch.testing.assert_close(got[0, [0, 1, 3]], 1.5 * (r - r.mean()) / divide)
+    assert got[0, 2] == 0.0

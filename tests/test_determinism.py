@@ -67,7 +67,7 @@ def _record(out: Path) -> dict:
     state = torch.load(out / "checkpoint" / "state.pt", map_location="cpu", weights_only=True)
     return {
         "history": [_without_timing(r) for r in read_history(out)],
-        "eval_after": json.dumps(evals["after"], sort_keys=True),
+        "eval_after": json.dumps({k: v for k, v in evals["after"].items() if k != "seconds"}, sort_keys=True),
         "sft_steps": evals["sft"]["steps"],
         "weights": state["model"],
     }

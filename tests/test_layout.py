@@ -99,7 +99,7 @@ NO_RUN_IMPORTS = {
     "tasks", "rollout", "onednn", "rewards", "answers", "advantages", "logprobs", "kl", "objectives", "loss",
     "config", "metrics", "evaluation", "seeding", "models", "presets", "_checks", "env",
 }
-MAY_IMPORT_RUN = {"__init__", "__main__", "trainer", "sft", "optim", "plotting", "completions_log"}
+MAY_IMPORT_RUN = {"__init__", "__main__", "trainer", "sft", "optim", "plotting"}
 
 
 def _module_name(path: Path) -> str:

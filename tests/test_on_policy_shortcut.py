@@ -79,14 +79,14 @@ class _CountScoring:
 
     def __init__(self, trainer: GRPOTrainer):
         self.policy_passes = 0
-        real = trainer._score_no_grad
+        real = trainer._score
 
         def counting(model, rollout, *, entropy):
             if model is trainer.model:
                 self.policy_passes += 1
             return real(model, rollout, entropy=entropy)
 
-        trainer._score_no_grad = counting
+        trainer._score = counting
 
 
 @pytest.mark.parametrize(
@@ -101,7 +101,9 @@ def test_old_logprobs_are_scored_exactly_when_the_step_is_not_on_policy(override
         warnings.simplefilter("ignore")
         row = trainer.train_step(make_arithmetic_dataset(8, seed=2, digits=1)[:4])
     assert counter.policy_passes == (1 if explicit else 0)
-    assert (row["score_seconds"] > 0) if explicit else (row["score_seconds"] < 1e-3)
+    # no scoring pass is booked on-policy: stage 3's few tensor ops are all that lie between the laps
+    # (relative to the update, so that a loaded machine's scheduling jitter does not decide it)
+    assert (row["score_seconds"] > 0) if explicit else (row["score_seconds"] < 0.1 * row["update_seconds"])
 
 
 def test_the_shortcut_is_what_makes_the_ratio_one(monkeypatch):

@@ -11,15 +11,19 @@ import torch
 from grpo_tutorial import completion_logprobs, generate_rollouts, grpo_loss
 from grpo_tutorial.chapters.pitfalls import (
     BUGS,
+    GALLERY_IGNORES,
+    GALLERY_IMPLEMENTS,
+    GALLERY_REFUSES,
     captured_logs,
     gallery_step,
     generate_right_padded,
-    make_optimizer,
     sequence_level_inputs,
     token_weights,
     train_with_bug,
 )
 from grpo_tutorial.models import build_tiny_policy
+from grpo_tutorial.optim import make_optimizer as make_optimizer_and_schedule
+from grpo_tutorial.optim import trainable_parameters
 from grpo_tutorial.sft import SFTConfig, supervised_warmup
 from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.trainer import TIMING_KEYS, GRPOConfig, GRPOTrainer, GRPOWarning
@@ -65,6 +69,11 @@ def config(**kwargs):
 
 def params(model):
     return [p.detach().clone() for p in model.parameters()]
+
+
+def make_optimizer(model, cfg):
+    """The package's optimizer and schedule, as the trainer builds them."""
+    return make_optimizer_and_schedule(trainable_parameters(model), cfg)
 
 
 def same(a, b):
@@ -222,8 +231,8 @@ def test_sequence_ratio_is_invisible_at_mu_1_and_pushes_harder(warm):
     m1, tokenizer, rows = fresh(warm)
     m2, _, _ = fresh(warm)
     opt1, opt2 = make_optimizer(m1, cfg), make_optimizer(m2, cfg)
-    ok = gallery_step(m1, tokenizer, length_reward, rows[:4], cfg, opt1, step=0)
-    bug = gallery_step(m2, tokenizer, length_reward, rows[:4], cfg, opt2, step=0, bug="sequence_ratio")
+    ok = gallery_step(m1, tokenizer, length_reward, rows[:4], cfg, *opt1, step=0)
+    bug = gallery_step(m2, tokenizer, length_reward, rows[:4], cfg, *opt2, step=0, bug="sequence_ratio")
     assert ok["ratio_max"] == bug["ratio_max"] == pytest.approx(1.0, abs=1e-6)
     assert ok["clip_frac"] == bug["clip_frac"] == 0.0
     # no mean over each completion's tokens: the gradient is longer by about the completion length
@@ -269,14 +278,108 @@ def test_gallery_step_rejects_bad_arguments(warm, kwargs, match):
     args = dict(step=0)
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
-        gallery_step(model, tokenizer, length_reward, rows[:4], cfg, make_optimizer(model, cfg), **args)
+        gallery_step(model, tokenizer, length_reward, rows[:4], cfg, *make_optimizer(model, cfg), **args)
 
 
-@pytest.mark.parametrize("cfg_kwargs, match", [(dict(minibatch_size=4), "minibatch_size"), (dict(warmup_steps=2), "warmup")])
-def test_gallery_rejects_unsupported_configs(warm, cfg_kwargs, match):
+#: A value other than the default for every field the gallery refuses (a new refused field needs one here).
+REFUSED_VALUES = {
+    "minibatch_size": 4, "micro_batch_size": 4, "top_entropy_quantile": 0.5, "entropy_coef": 0.1,
+    "use_adaptive_entropy": True, "dynamic_sampling": True, "multi_objective_aggregation": "normalize_then_sum",
+    "ref_sync_every": 2, "log_completions": True,
+}
+
+
+@pytest.mark.parametrize("field", sorted(GALLERY_REFUSES))
+def test_gallery_refuses_each_setting_it_does_not_implement_naming_the_field(warm, field):
     model, tokenizer, rows = fresh(warm)
-    with pytest.raises(ValueError, match=match):
-        train_with_bug(model, tokenizer, length_reward, rows, config(**cfg_kwargs), 1)
+    cfg = config(**{field: REFUSED_VALUES[field]})
+    with pytest.raises(ValueError, match=rf"config\.{field}=.*the bug gallery's step needs {field}="):
+        train_with_bug(model, tokenizer, length_reward, rows, cfg, 1)
+    with pytest.raises(ValueError, match=rf"config\.{field}="):
+        gallery_step(model, tokenizer, length_reward, rows[:4], cfg, *make_optimizer(model, cfg), step=0)
+
+
+def test_whole_batch_minibatch_and_micro_batch_sizes_are_accepted(warm):
+    model, tokenizer, rows = fresh(warm)
+    train_with_bug(model, tokenizer, length_reward, rows, config(minibatch_size=16, micro_batch_size=16), 1)
+
+
+def test_every_config_field_is_implemented_refused_or_loop_only():
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    groups = (GALLERY_IMPLEMENTS, set(GALLERY_REFUSES), GALLERY_IGNORES)
+    assert set().union(*groups) == fields
+    assert sum(len(g) for g in groups) == len(fields)  # disjoint
+
+
+def half_length_reward(completions, **kwargs):
+    return [0.5 * len(c) + (1.0 if c[:1] == "1" else 0.0) for c in completions]
+
+
+def column_reward(completions, offset, completion_ids, **kwargs):
+    """Reads an extra dataset column and the token ids: the trainer passes both to reward functions, so must the gallery."""
+    return [float(len(ids)) + float(o) for ids, o in zip(completion_ids, offset)]
+
+
+#: Settings the gallery takes, each checked against the trainer (non-default values; mu = 2 throughout).
+IMPLEMENTED_CASES = {
+    "bnpo": dict(loss_type="bnpo"),
+    "dapo_clip_higher": dict(loss_type="dapo", clip_eps=0.1, clip_eps_high=0.3),
+    "dr_grpo": dict(loss_type="dr_grpo", scale_rewards="none"),
+    "cispo_sequence": dict(loss_type="cispo", clip_eps_high=2.0, importance_sampling_level="sequence"),
+    "sapo": dict(loss_type="sapo", sapo_temperature_pos=0.7, sapo_temperature_neg=1.3),
+    "luspo": dict(loss_type="luspo", importance_sampling_level="sequence"),
+    "vespo": dict(loss_type="vespo", vespo_k_pos=1.5, vespo_lambda_pos=2.0, vespo_k_neg=2.5, vespo_lambda_neg=1.5),
+    "delta": dict(delta=1.3),
+    "kl_k2": dict(beta=0.05, kl_kind="k2"),
+    "kl_bias_corrected": dict(beta=0.05, use_bias_correction_kl=True),
+    "rloo_population": dict(advantage_baseline="rloo", std="population"),
+    "reinforce_pp": dict(advantage_baseline="batch", scale_rewards="batch"),
+    "truncation_mask": dict(mask_truncated_completions=True, max_new_tokens=2, loss_type="dapo"),
+    "off_policy_mask": dict(off_policy_mask_threshold=0.0),
+    "warmup_decay": dict(warmup_steps=2, weight_decay=0.1, learning_rate=2e-2),
+    "no_clip_full_pass": dict(max_grad_norm=None, share_prompt_cache=False, onednn_generation=False),
+    "sampling": dict(temperature=0.7, seed=5, group_size=2, prompts_per_step=6, disable_dropout=False),
+    "prompting": dict(use_chat_template=False, system_prompt=None, num_iterations=3),
+    "weights": dict(reward_weights=[1.0, 0.5]),
+    "extra_column": dict(),
+}
+#: Implemented fields whose only legal value is the default (top_p must be 1.0 to train).
+ONLY_DEFAULT = {"top_p"}
+
+
+def test_every_implemented_field_has_a_case_against_the_trainer():
+    covered = set().union(*IMPLEMENTED_CASES.values())
+    base_changed = {k for k, v in config().to_dict().items() if GRPOConfig().to_dict()[k] != v}  # in every case
+    assert GALLERY_IMPLEMENTS - covered - base_changed - ONLY_DEFAULT == set()
+
+
+@pytest.mark.parametrize("case", sorted(IMPLEMENTED_CASES))
+def test_correct_step_is_the_trainer_step_for_every_setting_it_takes(warm, case):
+    cfg = config(**IMPLEMENTED_CASES[case])
+    m1, tokenizer, rows = fresh(warm)
+    m2, _, _ = fresh(warm)
+    fns = [length_reward]
+    if case == "weights":
+        fns = [length_reward, half_length_reward]
+    if case == "extra_column":
+        fns = [column_reward]
+        rows = [{**row, "offset": i % 3} for i, row in enumerate(rows)]
+    ref = copy.deepcopy(m1) if cfg.beta > 0 else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GRPOWarning)
+        expected = GRPOTrainer(m1, tokenizer, fns, cfg, ref_model=ref).train(rows, 2, progress=False)
+        # the gallery scores the reference it is given; frozen as the trainer freezes its own
+        frozen = None if ref is None else copy.deepcopy(m2).eval().requires_grad_(False)
+        got = train_with_bug(m2, tokenizer, fns, rows, cfg, 2, ref_model=frozen)
+    for a, b in zip(expected, got):
+        assert set(b) - set(a) == EXTRA_KEYS
+        for key in a:
+            if key in TIMING_KEYS or key in ("lr", "skipped_updates", "groups_drawn"):
+                continue
+            assert a[key] == b[key] or (math.isnan(a[key]) and math.isnan(b[key])), (case, key, a[key], b[key])
+    assert same(params(m1), params(m2)), case
 
 
 def test_train_with_bug_checks_steps_and_dataset(warm):
@@ -349,13 +452,11 @@ def test_captured_logs_collects_and_restores():
 
 @pytest.mark.parametrize("bad, kind", [("1+1=", TypeError), ([], ValueError), ([{"answer": "2"}], ValueError), (["1+1="], TypeError)])
 def test_a_malformed_batch_raises_the_same_error_in_the_gallery_and_the_trainer(bad, kind):
-    from grpo_tutorial.chapters.pitfalls import gallery_step, make_optimizer
-
     model, tok = build_tiny_policy(seed=0)
     cfg = GRPOConfig(prompts_per_step=1, group_size=2)
     errors = []
     for run in (lambda: GRPOTrainer(model, tok, length_reward, cfg).train_step(bad),
-                lambda: gallery_step(model, tok, length_reward, bad, cfg, make_optimizer(model, cfg), step=0)):
+                lambda: gallery_step(model, tok, length_reward, bad, cfg, *make_optimizer(model, cfg), step=0)):
         with pytest.raises(Exception) as err:
             run()
         errors.append((type(err.value), str(err.value)))

@@ -125,16 +125,19 @@ def test_rl_step_cost_exact_counts():
     grpo = rl_step_cost("grpo", 1000)
     assert grpo == {
         "algorithm": "grpo", "trained": ["policy"], "frozen": ["reference"], "models_held": 2,
-        "forward_passes": 3, "backward_passes": 1, "forward_equivalents": 5,
+        "forward_passes": 2, "backward_passes": 1, "forward_equivalents": 4,
         "state_bytes": 16_000 + 4_000,
     }
     ppo = rl_step_cost("ppo", 1000)
     assert ppo == {
         "algorithm": "ppo", "trained": ["policy", "critic"], "frozen": ["reference"], "models_held": 3,
-        "forward_passes": 5, "backward_passes": 2, "forward_equivalents": 9,
+        "forward_passes": 4, "backward_passes": 2, "forward_equivalents": 8,
         "state_bytes": 2 * 16_000 + 4_000,
     }
-    # mu epochs multiply the trained passes only; beta=0 drops the reference
+    # mu epochs multiply the trained passes, and from mu = 2 the old policy needs its own
+    # no-grad pass (at mu = 1 the update's log-probs are the old ones); beta=0 drops the reference
+    assert rl_step_cost("grpo", 1000, mu=1, beta=0.0)["forward_passes"] == 1
+    assert rl_step_cost("grpo", 1000, mu=2, beta=0.0)["forward_passes"] == 1 + 2
     assert rl_step_cost("grpo", 1000, mu=4, beta=0.0)["forward_passes"] == 1 + 4
     assert rl_step_cost("ppo", 1000, mu=4)["forward_passes"] == 3 + 8
     assert rl_step_cost("ppo", 1000, mu=4)["backward_passes"] == 8
@@ -142,7 +145,7 @@ def test_rl_step_cost_exact_counts():
     rm = rl_step_cost("ppo", 1000, reward_model=True, weights="bf16", master_weights=True)
     assert rm["frozen"] == ["reference", "reward_model"]
     assert rm["state_bytes"] == 2 * 16_000 + 2 * 2_000
-    assert rm["forward_passes"] == 6
+    assert rm["forward_passes"] == 5
 
 
 def test_rl_step_cost_bad_input():

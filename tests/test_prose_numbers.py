@@ -67,10 +67,6 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # Notebooks whose prose is still being converted to the rule (issue 25). This list
 # must end EMPTY; the coordinator checks it. Each entry names who converts it.
 NOT_YET_CONVERTED: dict[str, str] = {
-    "00_grpo_at_a_glance.ipynb": "E25a, issue 25",
-    "01_policy_gradients.ipynb": "E25a, issue 25",
-    "02_group_advantages.ipynb": "E25a, issue 25",
-    "04_clipped_objective.ipynb": "E25a, issue 25",
 }
 
 # Constants of the method that prose may name without a code cell typing them.

@@ -642,3 +642,48 @@ def test_sixteen_bit_weights_warn_that_updates_may_vanish():
     with warnings.catch_warnings():
         warnings.simplefilter("error", GRPOWarning)
         GRPOTrainer(model, tok, length_reward, config())  # float32: no warning
+
+
+def test_logged_entropy_averages_only_the_rows_the_step_scored(monkeypatch):
+    """On-policy, the entropy comes from the gradient pass, micro-batch by micro-batch. A non-finite loss
+    ends that pass early (the update is skipped); the rows it never reached must not count as entropy 0."""
+    import copy
+
+    from grpo_tutorial.logprobs import completion_logprobs
+    from grpo_tutorial.rollout import generate_rollouts
+    from grpo_tutorial.seeding import MINIBATCHES, SAMPLING, stream_generator, stream_seed
+
+    cfg = config(micro_batch_size=4)  # 8 completions: two micro-batches, one update (on-policy)
+    batch = data()[:2]
+    model, tok = tiny()
+    start = copy.deepcopy(model.state_dict())
+    real = trainer_module.grpo_loss
+    calls = []
+
+    def nan_on_the_first_micro_batch(*args, **kwargs):
+        loss, stats = real(*args, **kwargs)
+        calls.append(1)
+        return loss * float("nan"), stats
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", nan_on_the_first_micro_batch)
+    trainer = GRPOTrainer(model, tok, length_reward, cfg)
+    with pytest.warns(GRPOWarning, match="skipped this optimizer update"):
+        row = trainer.train_step(batch)
+    assert len(calls) == 1  # the second micro-batch was never scored
+
+    # the same rollout, scored here: the entropy of the first micro-batch's rows only
+    model.load_state_dict(start)  # unchanged anyway: the update was skipped
+    rollout = generate_rollouts(
+        model, tok, [r["prompt"] for r in batch], group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+        do_sample=True, generator_seed=stream_seed(cfg.seed, SAMPLING, 0), onednn=cfg.onednn_generation,
+    )
+    reached = torch.randperm(len(rollout), generator=stream_generator(cfg.seed, MINIBATCHES, 0))[:4]
+    with torch.no_grad():
+        _, entropy = completion_logprobs(
+            model.eval(), rollout.input_ids[reached], rollout.attention_mask[reached],
+            rollout.completion_ids.shape[1], return_entropy=True,
+        )
+    mask = rollout.completion_mask[reached]
+    expected = float((entropy * mask).sum() / mask.sum())
+    assert row["entropy"] == pytest.approx(expected, rel=1e-5)
+    assert math.isfinite(row["entropy"]) and row["entropy"] > 0

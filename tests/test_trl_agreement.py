@@ -14,6 +14,8 @@ Deliberate differences are pinned here and explained in the docstrings:
   (:func:`grpo_tutorial.objectives.cispo_objective`).
 * The default of ``use_bias_correction_kl``: TRL's is True, ours False (see
   :class:`grpo_tutorial.GRPOConfig`). Both settings agree with TRL's.
+* LUSPO needs ``importance_sampling_level="sequence"`` and VESPO ``"token"``: ours refuses
+  the other level (``LossOptions``), TRL warns and runs.
 * Where a reward function gives a whole group one value, our advantages are exactly
   0; TRL's can carry float noise divided by 1e-4 (the tests use rewards that are
   exact in binary, so that the two agree to 1e-6).

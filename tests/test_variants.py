@@ -561,7 +561,7 @@ def test_dynamic_sampling_trains_only_on_groups_with_signal_and_logs_the_count(m
     for row in dynamic:
         for _ in range(row["groups_drawn"] // 4):
             _, *position = next_batch(data, 4, 3, *position)
-    assert (dynamic_trainer._epoch, dynamic_trainer._index) == tuple(position)
+    assert (dynamic_trainer.state.epoch, dynamic_trainer.state.index) == tuple(position)
 
 
 def test_dynamic_sampling_stops_at_the_cap_and_fills_with_zero_std_groups():

@@ -12,8 +12,8 @@ Chapter  Module                What it holds
 5        ``kl_estimators``     exact KLs, estimator bias and spread, the KL-regularised optimum
 6        ``reward_design``     reward-hacking audits, format and monitor rewards
 7        ``inspection``        per-token tables and heatmaps of one training step
-8        ``recipes``           the tiny-addition recipe (warm start + GRPO), held-out evaluation
-9        ``presets``           named GRPOConfig presets for real models, memory estimates
+0, 8     ``recipes``           the tiny-addition recipe (warm start + GRPO), held-out evaluation
+0, 9     ``presets``           named GRPOConfig presets, memory estimates, PPO vs GRPO counts
 9        ``gsm8k``             the GPU run (Qwen2.5 on GSM8K) as one function, T4 step estimate
 10       ``pitfalls``          the bug gallery: a written-out step with bug switches
 11       ``trl_multiprocess``  TRL's GRPOTrainer in two CPU processes (torchrun)

@@ -13,6 +13,7 @@ import torch
 
 from grpo_tutorial._checks import one_of, require_tensor
 from grpo_tutorial.kl import KL_KINDS, kl_estimate
+from grpo_tutorial.objectives import importance_weighted_kl
 
 PENALTY_FORMS = ("k1", "k2", "k3", "k3_ratio", "k1_reward")
 
@@ -176,7 +177,7 @@ def expected_penalty_grad(logits: torch.Tensor, ref_logp: torch.Tensor, form: st
         term = kl_estimate(logp, ref, form)  # [..., V]
     elif form == "k3_ratio":
         ratio = torch.exp(logp - logp.detach())  # [..., V], value 1, gradient d log pi
-        term = ratio * kl_estimate(logp, ref, "k3")
+        term = importance_weighted_kl(kl_estimate(logp, ref, "k3"), ratio)  # the package's use_bias_correction_kl
     else:  # "k1_reward"
         advantage = -kl_estimate(logp, ref, "k1").detach()  # [..., V], reward -k1, no gradient
         term = -advantage * logp

@@ -22,12 +22,20 @@ page. Seams for these bugs inside ``GRPOTrainer`` would put switches that no
 real run wants into the core trainer. So the page stays, and the duplication is
 limited to the order of the calls: every stage is the core function itself
 (``generate_rollouts``, ``compute_rewards``, ``group_advantages``,
-``completion_logprobs``, ``grpo_loss``, ``derive_seed``; :func:`train_with_bug`
-visits prompts with ``epoch_permutation``), and the equality test ties the page
-to the real step, so a change to the trainer that the page does not follow
-fails a test. The
-page supports whole-batch updates without warmup only; the trainer's
-minibatching, warmup, checkpoints and timing are not repeated here.
+``score_rollout`` and ``rollout_logprobs``, ``grpo_loss`` with the config's
+``LossOptions``, ``clip_and_step``; the seed streams of
+:mod:`grpo_tutorial.seeding`; :func:`train_with_bug` draws its batches with
+``next_batch`` and builds the optimizer with ``optim.make_optimizer``), and
+tests tie the page to the real step for every setting it takes, so a change to
+the trainer that the page does not follow fails a test.
+
+The page makes one update per pass over the whole batch. A setting it does not
+implement is refused with an error that names the field
+(:data:`GALLERY_REFUSES`): minibatches and micro-batches, the entropy options,
+dynamic sampling, GDPO's aggregation, reference syncing and logged completions.
+Every other field of :class:`~grpo_tutorial.config.GRPOConfig` either acts here
+as in the trainer (:data:`GALLERY_IMPLEMENTS`) or only concerns the loop around
+a step (:data:`GALLERY_IGNORES`: logging, checkpoints, evaluation).
 
 The bugs:
 
@@ -54,40 +62,45 @@ Padding the prompts on the wrong side is a bug of generation, not of the step:
 :func:`generate_right_padded` (also WRONG on purpose) shows it, and
 :func:`captured_logs` catches the warning ``transformers`` prints about it.
 
-Every row :func:`gallery_step` returns has the trainer's history keys, plus the
-first-pass statistics (``ratio_first_mean``, ``ratio_first_max``,
+Every row :func:`gallery_step` returns is the trainer's history row
+(:func:`~grpo_tutorial.metrics.step_row`, with lengths and entropy read from the
+loss mask), plus the first-pass statistics (``ratio_first_mean``, ``ratio_first_max``,
 ``clip_frac_first``), ``grad_after_eos`` (how many padding positions after an
 EOS received gradient) and ``loss_has_grad_fn``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
-import numpy as np
 import torch
 
 from grpo_tutorial._checks import one_of, require_tensor
-from grpo_tutorial.advantages import group_advantages
+from grpo_tutorial.advantages import group_advantages, zero_std_groups
 from grpo_tutorial.config import GRPOConfig
-from grpo_tutorial.logprobs import completion_logprobs
+from grpo_tutorial.logprobs import rollout_logprobs, score_rollout
 from grpo_tutorial.loss import LOSS_TYPES, grpo_loss
-from grpo_tutorial.optim import make_optimizer as build_optimizer
-from grpo_tutorial.optim import trainable_parameters
-from grpo_tutorial.rewards import answers_match, compute_rewards, extract_answer, reward_function_means
-from grpo_tutorial.rollout import Rollout, generate_rollouts
-from grpo_tutorial.seeding import derive_seed, epoch_permutation
+from grpo_tutorial.metrics import step_row
+from grpo_tutorial.models import disable_dropout
+from grpo_tutorial.optim import clip_and_step, make_optimizer, trainable_parameters
+from grpo_tutorial.rewards import compute_rewards, extra_columns, judge_correct, reward_function_means
+from grpo_tutorial.rollout import generate_rollouts
+from grpo_tutorial.seeding import MINIBATCHES, SAMPLING, next_batch, stream_generator, stream_seed
 from grpo_tutorial.tasks import check_rows
 
 __all__ = [
     "BUGS",
+    "GALLERY_IGNORES",
+    "GALLERY_IMPLEMENTS",
+    "GALLERY_REFUSES",
     "captured_logs",
     "gallery_step",
     "generate_right_padded",
-    "make_optimizer",
     "sequence_level_inputs",
     "token_weights",
     "train_with_bug",
@@ -154,43 +167,42 @@ def token_weights(
 # ---------------------------------------------------------------------------
 
 
+#: GRPOConfig fields the gallery step does not implement: it refuses any value but the one given here.
+GALLERY_REFUSES: dict[str, str] = {
+    "minibatch_size": "None (the gallery step makes one update per pass over the whole batch)",
+    "micro_batch_size": "None (the gallery step scores the whole batch in one pass)",
+    "top_entropy_quantile": "1.0 (the entropy options need the gradient pass's entropies; use GRPOTrainer)",
+    "entropy_coef": "0.0 (the entropy options need the gradient pass's entropies; use GRPOTrainer)",
+    "use_adaptive_entropy": "False (adaptive entropy control lives in GRPOTrainer)",
+    "dynamic_sampling": "False (resampling draws from the data stream; use GRPOTrainer)",
+    "multi_objective_aggregation": "'sum_then_normalize' (GDPO's per-function advantages live in GRPOTrainer)",
+    "ref_sync_every": "None (the gallery's reference stays the model it was given)",
+    "log_completions": "False (the gallery shows no completions while it trains)",
+}
+#: Fields that change nothing in one step: they drive the loop, the files and the evaluation around it.
+GALLERY_IGNORES = frozenset({
+    "log_every", "num_completions_to_print", "checkpoint_every", "output_dir", "eval_batch_size",
+    "max_sampling_rounds", "entropy_target", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
+})
+#: Fields the gallery step uses as the trainer does (tests/test_pitfalls.py checks each against the trainer).
+GALLERY_IMPLEMENTS = frozenset(
+    {f.name for f in dataclasses.fields(GRPOConfig)} - set(GALLERY_REFUSES) - GALLERY_IGNORES
+)
+
+
 def _check_step_config(config: Any) -> None:
+    """Refuse a config the gallery step would not follow, naming the field."""
     if not isinstance(config, GRPOConfig):
         raise TypeError(f"config must be a GRPOConfig, got {type(config).__name__}")
-    if config.minibatch_size not in (None, config.batch_completions):
-        raise ValueError(
-            f"config.minibatch_size={config.minibatch_size}: the gallery step updates on the whole batch; "
-            "use minibatch_size=None"
-        )
-    if config.warmup_steps != 0:
-        raise ValueError(f"config.warmup_steps={config.warmup_steps}: the gallery step has no warmup; use 0")
-
-
-def make_optimizer(model: torch.nn.Module, config: GRPOConfig) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters, built exactly as :class:`GRPOTrainer` builds it."""
-    if not isinstance(config, GRPOConfig):
-        raise TypeError(f"config must be a GRPOConfig, got {type(config).__name__}")
-    optimizer, _ = build_optimizer(trainable_parameters(model), config)
-    return optimizer
-
-
-@torch.no_grad()
-def _score(model: torch.nn.Module, rollout: Rollout, temperature: float, *, entropy: bool, share: bool) -> Any:
-    """Log-probs (and entropy) of every completion, eval mode, no gradient (prompts encoded once if ``share``)."""
-    was_training = model.training
-    model.eval()
-    try:
-        return completion_logprobs(
-            model,
-            rollout.input_ids,
-            rollout.attention_mask,
-            rollout.completion_ids.shape[1],
-            temperature=temperature,
-            return_entropy=entropy,
-            share_prompts=share,
-        )
-    finally:
-        model.train(was_training)
+    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    for name, expected in GALLERY_REFUSES.items():
+        value = getattr(config, name)
+        if name == "minibatch_size" and value == config.batch_completions:
+            continue  # one minibatch of all B*G completions is the whole batch
+        if name == "micro_batch_size" and value == config.update_size:
+            continue
+        if value != defaults[name]:
+            raise ValueError(f"config.{name}={value!r}: the bug gallery's step needs {name}={expected}")
 
 
 def _masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -221,12 +233,6 @@ def sequence_level_inputs(
     return _masked_sum(logp, mask), _masked_sum(old_logp, mask), ones
 
 
-def _accuracy(completions: Sequence[str], answers: Sequence[Any]) -> float:
-    if any(a is None for a in answers):
-        return math.nan
-    return float(np.mean([answers_match(extract_answer(c), a) for c, a in zip(completions, answers)]))
-
-
 def gallery_step(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -234,6 +240,7 @@ def gallery_step(
     batch: Sequence[dict],
     config: GRPOConfig,
     optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
     *,
     step: int,
     bug: str = "none",
@@ -242,17 +249,17 @@ def gallery_step(
     """One GRPO step on ``batch``, correct (``bug="none"``) or with one bug switched on.
 
     Same stages, seeds and numbers as ``GRPOTrainer.train_step`` for a trainer
-    at step ``step`` (whole-batch updates, no warmup). See the module docstring
-    for the bugs.
+    at step ``step`` (one update per pass over the whole batch; the settings it
+    refuses are in :data:`GALLERY_REFUSES`). See the module docstring for the bugs.
 
     Args:
         model: the policy, updated in place.
         tokenizer: its tokenizer.
         reward_fns: reward function(s), TRL signature.
-        batch: rows with ``prompt`` and ``answer``.
-        config: the run's settings (``minibatch_size=None``, ``warmup_steps=0``).
-        optimizer: from :func:`make_optimizer`.
-        step: steps already taken (seeds the sampling as the trainer does).
+        batch: rows with ``prompt`` and ``answer`` (other columns reach the reward functions).
+        config: the run's settings.
+        optimizer, scheduler: from :func:`grpo_tutorial.optim.make_optimizer`, as the trainer builds them.
+        step: steps already taken (seeds the sampling and the shuffles as the trainer does).
         bug: one of :data:`BUGS`.
         ref_model: a frozen reference policy. Required for ``"ref_as_old"`` and
             for ``beta > 0``; when given, ``kl`` is logged even with ``beta = 0``.
@@ -267,40 +274,47 @@ def gallery_step(
     if (bug == "ref_as_old" or config.beta > 0) and ref_model is None:
         raise ValueError(f"bug={bug!r} with beta={config.beta} needs ref_model (a frozen copy of the start policy)")
     check_rows(batch, "batch")  # the trainer's own check: the same bad batch raises the same error
-    cfg, G = config, config.group_size
+    cfg, G, started = config, config.group_size, time.perf_counter()
+    if cfg.disable_dropout:  # as the trainer does when it is built
+        for m in (model, ref_model):
+            if m is not None:
+                disable_dropout(m)
 
-    # stage 1: rollout, seeded as the trainer seeds it
+    # stage 1: rollout, seeded from the trainer's sampling stream
     rollout = generate_rollouts(
         model, tokenizer, [row["prompt"] for row in batch], group_size=G,
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
         do_sample=True, system_prompt=cfg.system_prompt, use_chat_template=cfg.use_chat_template,
-        generator_seed=derive_seed(cfg.seed, 0, step), onednn=cfg.onednn_generation,
+        generator_seed=stream_seed(cfg.seed, SAMPLING, step), onednn=cfg.onednn_generation,
     )
-    N, Tc = len(rollout), rollout.completion_ids.shape[1]
+    N = len(rollout)
 
     # stage 2-3: rewards and group-relative advantages
     answers = [row.get("answer") for row in batch for _ in range(G)]
+    columns = extra_columns(batch, G)
     rewards, per_fn = compute_rewards(
-        reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers
+        reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers,
+        completion_ids=rollout.completion_id_lists(), **columns,
     )  # [N]
     if torch.isnan(rewards).any():
         raise ValueError("a completion got no reward (every function returned None); the gallery step needs one each")
-    advantages = group_advantages(rewards, G, scale=cfg.scale_rewards, std=cfg.std)  # [N]
-    grouped = rewards.view(-1, G)  # [P, G]
+    advantages = group_advantages(
+        rewards, G, scale=cfg.scale_rewards, std=cfg.std, baseline=cfg.advantage_baseline
+    )  # [N]
 
-    # stage 4-5: old (and reference) log-probs, no gradient
+    # stage 4-5: old (and reference) log-probs, no gradient (prompts encoded once if share_prompt_cache)
     real_mask = rollout.completion_mask  # [N, Tc]: 1 up to and including the first EOS
-    share = cfg.share_prompt_cache  # each prompt encoded once per pass, as the trainer does
-    old_logp, entropy = _score(model, rollout, cfg.temperature, entropy=True, share=share)  # [N, Tc] x2
-    ref_logp = None if ref_model is None else _score(ref_model, rollout, cfg.temperature, entropy=False, share=share)
+    score = dict(temperature=cfg.temperature, share_prompts=cfg.share_prompt_cache)
+    old_logp, entropy = score_rollout(model, rollout, return_entropy=True, **score)  # [N, Tc] x2
+    ref_logp = None if ref_model is None else score_rollout(ref_model, rollout, **score)  # [N, Tc]
     if bug == "ref_as_old":
         old_logp = ref_logp  # WRONG: the reference did not sample this batch
     loss_mask = torch.ones_like(real_mask) if bug == "no_eos_mask" else real_mask  # WRONG if all ones
 
     # stage 6: mu passes over the whole batch, in the trainer's shuffled order
-    shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, 2, step))
+    options = cfg.loss_options()  # every loss setting, as the trainer passes them
+    shuffle = stream_generator(cfg.seed, MINIBATCHES, step)
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
     stats: list[dict] = []
     losses: list[float] = []
     norms: list[float] = []
@@ -311,12 +325,11 @@ def gallery_step(
     try:
         for _ in range(cfg.num_iterations):
             rows = torch.randperm(N, generator=shuffle)  # [N]
-            args = (model, rollout.input_ids[rows], rollout.attention_mask[rows], Tc)
             if bug == "no_grad":
                 with torch.no_grad():  # WRONG: the new log-probs need their gradient
-                    logp = completion_logprobs(*args, temperature=cfg.temperature, share_prompts=share)  # [N, Tc]
+                    logp = rollout_logprobs(model, rollout, rows, **score)  # [N, Tc]
             else:
-                logp = completion_logprobs(*args, temperature=cfg.temperature, share_prompts=share)  # [N, Tc]
+                logp = rollout_logprobs(model, rollout, rows, **score)  # [N, Tc]
                 logp.retain_grad()  # only to count which positions get gradient
             old = logp.detach() if bug == "old_logp_recomputed" else old_logp[rows]  # WRONG if recomputed
             ref = None if ref_logp is None else ref_logp[rows]
@@ -327,9 +340,7 @@ def gallery_step(
             else:
                 new_in, old_in = logp, old
             loss, s = grpo_loss(
-                new_in, old_in, advantages[rows], mask, ref_logp=ref, beta=cfg.beta,
-                clip_eps=cfg.clip_eps, clip_eps_high=cfg.clip_eps_high, loss_type=cfg.loss_type,
-                max_completion_length=cfg.max_new_tokens, kl_kind=cfg.kl_kind,
+                new_in, old_in, advantages[rows], mask, options=options, ref_logp=ref, truncated=rollout.truncated[rows]
             )
             stats.append(s)
             losses.append(float(loss.detach()))
@@ -344,45 +355,26 @@ def gallery_step(
             if logp.grad is not None:
                 after_eos = real_mask[rows] == 0  # [N, Tc]
                 grad_after_eos += int((logp.grad[after_eos] != 0).sum())
-            norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-            norms.append(norm)
-            if math.isfinite(norm):
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            norms.append(clip_and_step(params, optimizer, scheduler, cfg.max_grad_norm))
     finally:
         model.train(was_training)
 
-    lengths = loss_mask.sum(dim=1)  # [N]: what a length metric built from the loss mask reports
-    row: dict[str, Any] = {
-        "step": step + 1,
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std()) if N > 1 else 0.0,
-    }
-    row.update({f"reward/{name}": value for name, value in reward_function_means(per_fn).items()})
-    finite = [s["kl"] for s in stats if not math.isnan(s["kl"])]
-    row.update(
-        {
-            "accuracy": _accuracy(rollout.completions, answers),
-            "kl": float(np.mean(finite)) if finite else math.nan,
-            "clip_frac_low": float(np.mean([s["clip_frac_low"] for s in stats])),
-            "clip_frac_high": float(np.mean([s["clip_frac_high"] for s in stats])),
-            "clip_frac": float(np.mean([s["clip_frac"] for s in stats])),
-            "ratio_mean": float(np.mean([s["ratio_mean"] for s in stats])),
-            "ratio_max": max(s["ratio_max"] for s in stats),
-            "entropy": float((entropy * loss_mask).sum() / loss_mask.sum().clamp(min=1.0)),
-            "completion_len_mean": float(lengths.mean()),
-            "completion_len_max": float(lengths.max()),
-            "frac_zero_std": float((grouped == grouped[:, :1]).all(dim=1).float().mean()),
-            "frac_truncated": float(rollout.truncated.float().mean()),
-            "grad_norm": float(np.mean(norms)),
-            "loss": float(np.mean(losses)),
-            "ratio_first_mean": stats[0]["ratio_mean"],
-            "ratio_first_max": stats[0]["ratio_max"],
-            "clip_frac_first": stats[0]["clip_frac"],
-            "grad_after_eos": float(grad_after_eos),
-            "loss_has_grad_fn": float(has_grad_fn),
-        }
+    # stage 7: the trainer's own history row; lengths and entropy read the loss mask (all ones with no_eos_mask)
+    row = step_row(
+        step=step + 1, rewards=rewards, per_function=reward_function_means(per_fn),
+        correct=judge_correct(None, rollout.prompts, rollout.completions, answers, columns),
+        update_stats=stats, losses=losses, grad_norms=norms, entropy=entropy, mask=loss_mask,
+        zero_std=zero_std_groups(rewards, G), truncated=rollout.truncated,
+        lr=float(optimizer.param_groups[0]["lr"]), skipped_updates=sum(not math.isfinite(n) for n in norms),
+        seconds={"step_seconds": time.perf_counter() - started},
     )
+    row.update({
+        "ratio_first_mean": stats[0]["ratio_mean"],
+        "ratio_first_max": stats[0]["ratio_max"],
+        "clip_frac_first": stats[0]["clip_frac"],
+        "grad_after_eos": float(grad_after_eos),
+        "loss_has_grad_fn": float(has_grad_fn),
+    })
     return row
 
 
@@ -399,9 +391,10 @@ def train_with_bug(
 ) -> list[dict]:
     """Run :func:`gallery_step` ``steps`` times; return the history rows.
 
-    Prompts are visited in the trainer's seeded order (``epoch_permutation``),
-    so with ``bug="none"`` the run is the one ``GRPOTrainer(model, tokenizer,
-    reward_fns, config).train(dataset, steps)`` makes.
+    Batches come from the trainer's data stream (``next_batch``) and the
+    optimizer from ``optim.make_optimizer``, so with ``bug="none"`` the run is
+    the one ``GRPOTrainer(model, tokenizer, reward_fns, config).train(dataset, steps)``
+    makes.
     """
     one_of("bug", bug, BUGS)
     _check_step_config(config)
@@ -409,23 +402,16 @@ def train_with_bug(
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     if isinstance(dataset, (str, dict)) or not isinstance(dataset, Sequence) or len(dataset) == 0:
         raise ValueError(f"dataset must be a non-empty list of rows, got {type(dataset).__name__}")
-    optimizer = make_optimizer(model, config)
-    n, B = len(dataset), config.prompts_per_step
-    epoch, index = 0, 0
-    perm = epoch_permutation(n, config.seed, epoch)
+    if config.disable_dropout:  # before the optimizer, as the trainer does
+        disable_dropout(model)
+    optimizer, scheduler = make_optimizer(trainable_parameters(model), config)
+    epoch = index = 0
     history = []
     for step in range(steps):
-        batch = []
-        while len(batch) < B:
-            take = min(B - len(batch), n - index)
-            batch.extend(dataset[i] for i in perm[index : index + take])
-            index += take
-            if index == n:
-                epoch, index = epoch + 1, 0
-                perm = epoch_permutation(n, config.seed, epoch)
-        history.append(
-            gallery_step(model, tokenizer, reward_fns, batch, config, optimizer, step=step, bug=bug, ref_model=ref_model)
-        )
+        batch, epoch, index = next_batch(dataset, config.prompts_per_step, config.seed, epoch, index)
+        history.append(gallery_step(
+            model, tokenizer, reward_fns, batch, config, optimizer, scheduler, step=step, bug=bug, ref_model=ref_model,
+        ))
     return history
 
 

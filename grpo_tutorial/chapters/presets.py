@@ -210,11 +210,13 @@ def rl_step_cost(
     (its scalar value head is ignored). ``reward_model=True`` adds a frozen learned
     reward model of the same size to both (False: a reward function, as in this book).
 
-    Passes over the batch (as this package's trainer does them): one no-grad
-    forward for the old policy's log-probs, one for the reference if ``beta > 0``,
-    one for the reward model if any; PPO adds one no-grad critic forward for the
-    values that GAE needs. Each of the ``mu`` update epochs then runs a forward and
-    a backward pass through every trained model.
+    Passes over the batch (as this package's trainer does them, with the whole
+    batch in one optimizer update per epoch): one no-grad forward for the old
+    policy's log-probs when ``mu > 1`` (with ``mu = 1`` the update's own log-probs
+    are the old policy's, and neither this package nor TRL runs that pass), one for
+    the reference if ``beta > 0``, one for the reward model if any; PPO adds one
+    no-grad critic forward for the values that GAE needs. Each of the ``mu`` update
+    epochs then runs a forward and a backward pass through every trained model.
 
     Returns:
         ``trained`` and ``frozen`` (model names), ``forward_passes``,
@@ -225,7 +227,7 @@ def rl_step_cost(
 
     >>> grpo, ppo = rl_step_cost("grpo", 10), rl_step_cost("ppo", 10)
     >>> grpo["forward_passes"], grpo["backward_passes"], ppo["forward_passes"], ppo["backward_passes"]
-    (3, 1, 5, 2)
+    (2, 1, 4, 2)
     >>> grpo["state_bytes"], ppo["state_bytes"]  # 16+4 and 2*16+4 bytes per parameter
     (200, 360)
     """
@@ -239,7 +241,8 @@ def rl_step_cost(
         raise TypeError(f"reward_model must be a bool, got {reward_model!r}")
     trained = ["policy"] + (["critic"] if algorithm == "ppo" else [])
     frozen = (["reference"] if beta > 0 else []) + (["reward_model"] if reward_model else [])
-    no_grad_forwards = 1 + len(frozen) + (1 if algorithm == "ppo" else 0)  # old log-probs, frozen models, values
+    old_policy = 1 if mu > 1 else 0  # at mu = 1 the update's log-probs are the old ones
+    no_grad_forwards = old_policy + len(frozen) + (1 if algorithm == "ppo" else 0)  # + frozen models, values
     forward = no_grad_forwards + mu * len(trained)
     backward = mu * len(trained)
     per_trained = training_memory_bytes(

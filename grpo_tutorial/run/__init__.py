@@ -15,6 +15,7 @@ Module             What it holds
 ``state``          where a run stands (step, data position, dataset), checkpoint form
 ``interrupt``      Ctrl-C: finish the step, save, stop
 ``progress``       progress bars for a terminal, Colab and the book
+``completions``    ``log_completions``: a few completions shown and kept in ``completions.jsonl``
 ``warn``           ``GRPOWarning``, issued once per run, pointing at the user's line
 =================  ================================================================
 """

@@ -35,8 +35,36 @@ __all__ = [
     "load_model_state",
     "read_checkpoint",
     "restore_rng_state",
+    "restore_training_state",
+    "training_state",
     "write_checkpoint",
 ]
+
+
+def training_state(model, optimizer, scheduler, ref_model=None) -> dict:
+    """A checkpoint's tensors: weights, optimizer, scheduler, reference (or None) and the global RNGs."""
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "ref_model": None if ref_model is None else ref_model.state_dict(),
+        "rng": capture_rng_state(),
+    }
+
+
+def restore_training_state(state: dict, model, optimizer, scheduler, ref_model=None) -> bool:
+    """Undo :func:`training_state`. False when ``ref_model`` is given but the checkpoint holds none (kept as is)."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    restored = True
+    if ref_model is not None:
+        if state["ref_model"] is not None:
+            ref_model.load_state_dict(state["ref_model"])
+        else:
+            restored = False
+    restore_rng_state(state["rng"])
+    return restored
 
 
 def read_checkpoint(path: Path) -> tuple[dict, dict]:

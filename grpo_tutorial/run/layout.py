@@ -11,6 +11,9 @@
 
     ``.lock``  held while a run uses the directory (:mod:`~grpo_tutorial.run.lock`).
 
+    ``completions.jsonl``  a few completions every ``log_every`` steps, with
+    ``log_completions`` (:mod:`~grpo_tutorial.run.completions`).
+
     ``run.json``, ``eval.json``  the command line's arguments and config, and
     its evaluations (``python -m grpo_tutorial train``).
 
@@ -30,6 +33,7 @@ __all__ = [
     "CHECKPOINT",
     "CHECKPOINT_OLD",
     "CHECKPOINT_TMP",
+    "COMPLETIONS_FILE",
     "EVAL_FILE",
     "HISTORY_FILE",
     "LOCK_FILE",
@@ -42,6 +46,7 @@ __all__ = [
 ]
 
 HISTORY_FILE = "history.jsonl"
+COMPLETIONS_FILE = "completions.jsonl"
 CHECKPOINT = "checkpoint"
 CHECKPOINT_TMP = "checkpoint.tmp"
 CHECKPOINT_OLD = "checkpoint.old"

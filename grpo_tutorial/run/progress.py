@@ -58,15 +58,19 @@ def progress_bar(*, total: int, desc: str, enabled: bool = True, **kwargs: Any):
     return tqdm(total=total, desc=desc, disable=not enabled, **kwargs)
 
 
-def postfix(row: dict, formats: dict[str, str]) -> dict[str, str]:
+def postfix(row: dict, fields: dict[str, tuple[str, str]]) -> dict[str, str]:
     """The progress bar's fields from a history row: only those the step computed.
 
-    A value that does not exist (NaN: ``kl`` with beta = 0, ``accuracy`` without
-    answers) is left out rather than shown as ``nan``.
+    ``fields`` maps a label to ``(row key, format)``, e.g.
+    ``{"kl": ("kl", ".4f")}``. A value that does not exist (NaN: ``kl`` with
+    beta = 0, ``accuracy`` without answers) is left out rather than shown as ``nan``.
+
+    >>> postfix({"reward_mean": 0.5, "kl": float("nan")}, {"reward": ("reward_mean", ".2f"), "kl": ("kl", ".4f")})
+    {'reward': '0.50'}
     """
     shown = {}
-    for key, fmt in formats.items():
+    for label, (key, fmt) in fields.items():
         value = row.get(key)
-        if isinstance(value, (int, float)) and value == value:
-            shown[key] = format(value, fmt)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
+            shown[label] = format(value, fmt)
     return shown

@@ -27,10 +27,11 @@ import random
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["COMPLETIONS_FILE", "append_completions", "format_completions", "read_completions", "sample_completions",
-           "truncate_completions"]
+from .disk import disk_errors
+from .layout import COMPLETIONS_FILE
 
-COMPLETIONS_FILE = "completions.jsonl"
+__all__ = ["COMPLETIONS_FILE", "CompletionsWriter", "append_completions", "format_completions", "read_completions",
+           "sample_completions", "truncate_completions"]
 
 
 def _number(value: Any) -> float | None:
@@ -143,3 +144,53 @@ def format_completions(rows: Sequence[dict], *, total: int | None = None, width:
             f"{_short(row['prompt'], width)!s} -> {_short(row['completion'], width)!r}"
         )
     return "\n".join(lines)
+
+
+class CompletionsWriter:
+    """A run's ``completions.jsonl`` while :meth:`GRPOTrainer.train` runs.
+
+    Opening cuts the file back to ``step`` (the checkpoint's; the later steps are
+    redone), and, when ``enabled`` (``log_completions``), opens it for
+    :meth:`append`. With ``output_dir=None`` every method does nothing.
+    """
+
+    def __init__(self, output_dir: str | os.PathLike | None, step: int, *, enabled: bool) -> None:
+        self.output_dir = None if output_dir is None else Path(output_dir)
+        self.path = None if self.output_dir is None else self.output_dir / COMPLETIONS_FILE
+        self._handle = None
+        if self.path is not None:
+            with disk_errors(self.path, self.output_dir):
+                truncate_completions(self.path, step)
+                if enabled:
+                    self._handle = open(self.path, "a", encoding="utf-8")
+
+    def append(self, rows: Sequence[dict]) -> None:
+        if self._handle is not None:
+            with disk_errors(self.path, self.output_dir):
+                append_completions(self._handle, rows)
+
+    def show(self, rows: Sequence[dict], *, total: int | None = None, bar: Any = None) -> None:
+        """Append ``rows`` and print them: with the progress bar's ``write`` (the bar stays at the
+        bottom), or plainly without a bar, as TRL prints its sample whatever the progress setting."""
+        self.append(rows)
+        text = format_completions(rows, total=total)
+        if bar is not None:
+            bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def sync(self) -> None:
+        if self._handle is not None:
+            with disk_errors(self.path, self.output_dir):
+                os.fsync(self._handle.fileno())
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self) -> "CompletionsWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
-from grpo_tutorial.completions_log import (
+from grpo_tutorial.run.completions import (
     COMPLETIONS_FILE,
     append_completions,
     format_completions,
