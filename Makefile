@@ -83,7 +83,7 @@ COLAB_BIN := $(COLAB_VENV)/bin
 
 colab-env: $(COLAB_STAMP)
 
-$(COLAB_STAMP): pyproject.toml Makefile
+$(COLAB_STAMP): pyproject.toml
 	test -d $(COLAB_VENV) || $(PYTHON) -m venv $(COLAB_VENV)
 	$(COLAB_BIN)/pip install --upgrade --quiet pip
 	$(COLAB_BIN)/pip install --quiet "$(COLAB_TORCH)" --index-url $(COLAB_TORCH_INDEX) \
@@ -95,12 +95,12 @@ $(COLAB_STAMP): pyproject.toml Makefile
 	$(COLAB_BIN)/python -c 'import sys, torch, transformers, datasets, pyarrow; print("colab-env:", "python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__, "datasets", datasets.__version__, "pyarrow", pyarrow.__version__)' | tee $(COLAB_VENV)/versions.txt
 	touch $(COLAB_STAMP)
 
-# The unit tests (not the slow ones; not the TRL tests: Colab's chapters without TRL do not install
-# it) and chapter 9's CPU dry run, in .venv-colab.
+# The unit tests (not the slow ones; not the TRL tests, by file or by name: Colab's chapters without
+# TRL do not install it) and chapter 9's CPU dry run, in .venv-colab.
 test-colab: $(COLAB_STAMP)
 	cat $(COLAB_VENV)/versions.txt
-	$(COLAB_BIN)/python -m pytest -q -m "not slow" tests --ignore=tests/test_trl.py --ignore=tests/test_trl_agreement.py \
-	  --ignore=tests/test_trl_multiprocess.py --ignore=tests/test_notebooks_meta.py $(PYTEST_ARGS)
+	$(COLAB_BIN)/python -m pytest -q -m "not slow" -k "not trl" tests --ignore=tests/test_trl.py \
+	  --ignore=tests/test_trl_agreement.py --ignore=tests/test_trl_multiprocess.py $(PYTEST_ARGS)
 	$(COLAB_BIN)/python -m pytest -q --nbmake --nbmake-kernel=python3 notebooks/09_real_llm.ipynb
 
 bench: $(STAMP)
