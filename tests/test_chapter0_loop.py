@@ -98,9 +98,20 @@ def loop_lines() -> set[str]:
     return lines
 
 
+SOURCE_RE = re.compile(r"# chapter 0, section (?P<section>0\.\d+): .+")
+
+
+def chapter0_sections() -> set[str]:
+    """The numbers of chapter 0's sections ("0.2"), read from its headings."""
+    nb = nbformat.read(CHAPTER0, as_version=4)
+    return {m[1] for c in nb.cells if c.cell_type == "markdown"
+            for m in re.finditer(r"^## (0\.\d+) ", c.source, re.M)}
+
+
 def test_zoom_quotes_in_later_chapters_are_lines_of_the_loop():
     """A chapter's "the line of chapter 0's loop" block quotes the loop verbatim."""
     known = loop_lines()
+    sections = chapter0_sections()
     quoted = 0
     for path in sorted((ROOT / "notebooks").glob("0[1-7]_*.ipynb")):
         nb = nbformat.read(path, as_version=4)
@@ -108,7 +119,13 @@ def test_zoom_quotes_in_later_chapters_are_lines_of_the_loop():
             if cell.cell_type != "markdown" or "chapter 0's loop" not in cell.source:
                 continue
             for block in ZOOM_RE.finditer(cell.source):
-                for line in block["code"].splitlines():
+                lines = block["code"].splitlines()
+                source = SOURCE_RE.fullmatch(lines[0].strip()) if lines else None
+                if source:  # "# chapter 0, section 0.2: ..." names where the quote is from
+                    assert source["section"] in sections, (
+                        f"{path.name} cites section {source['section']} of chapter 0, which has {sorted(sections)}")
+                    lines = lines[1:]
+                for line in lines:
                     if line.strip() and line.strip() != "...":
                         assert line.strip() in known, f"{path.name} quotes a line that is not in chapter 0's loop: {line!r}"
                         quoted += 1
