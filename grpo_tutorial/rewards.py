@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from ._checks import check_int
 from .answers import _references, _texts, answers_match, completion_to_text, extract_answer
 
 __all__ = [
@@ -153,9 +154,8 @@ class soft_overlong_punishment:  # noqa: N801 - used like a function that return
     __name__ = "soft_overlong_punishment_reward"
 
     def __init__(self, max_completion_len: int, soft_punish_cache: int) -> None:
-        for name, value, low in (("max_completion_len", max_completion_len, 1), ("soft_punish_cache", soft_punish_cache, 0)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        check_int(None, "max_completion_len", max_completion_len, 1)
+        check_int(None, "soft_punish_cache", soft_punish_cache, 0)
         if soft_punish_cache > max_completion_len:
             raise ValueError(
                 f"soft_punish_cache={soft_punish_cache} must not exceed max_completion_len={max_completion_len}; "

@@ -24,6 +24,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
+from ._checks import check_flag, check_int
 from .logprobs import completion_mask
 from .onednn import onednn_linears, use_onednn
 
@@ -204,11 +205,9 @@ def _check_args(
                 f"prompts[{i}] must be a str or a list of chat messages "
                 f"[{{'role': ..., 'content': ...}}], got {type(p).__name__}: {p!r:.80}"
             )
-    for name, value in (("group_size", group_size), ("max_new_tokens", max_new_tokens)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if not isinstance(do_sample, bool):
-        raise TypeError(f"do_sample must be a bool, got {do_sample!r}")
+    check_int(None, "group_size", group_size, 1)
+    check_int(None, "max_new_tokens", max_new_tokens, 1)
+    check_flag(None, "do_sample", do_sample)
     if do_sample:
         if not isinstance(temperature, (int, float)) or not temperature > 0:
             raise ValueError(f"temperature must be a number > 0 when sampling, got {temperature!r}")

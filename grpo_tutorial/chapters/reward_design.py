@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from grpo_tutorial._checks import check_int
 from grpo_tutorial.rewards import RewardFn, _texts, compute_rewards, reward_function_means, reward_function_name
 from grpo_tutorial.rollout import generate_rollouts
 
@@ -185,8 +186,7 @@ def sample_audit(
     names = [reward_function_name(fn) for fn in checks]
     if len(set(names)) != len(names):
         raise ValueError(f"checks must have distinct names, got {names}")
-    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
-        raise ValueError(f"top must be an int >= 0, got {top!r}")
+    check_int(None, "top", top, 0)
     rollout = generate_rollouts(
         model,
         tokenizer,
