@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from ._checks import check_int
-from .answers import _references, _texts, answers_match, completion_to_text, extract_answer
+from .answers import answers_match, completion_texts, completion_to_text, extract_answer, references_for
 
 __all__ = [
     "RewardFunctionError",
@@ -66,8 +66,8 @@ def correctness_reward(completions: Sequence, *, answer: Sequence, **kwargs) -> 
     ``"<answer>1,234</answer>"`` earns 1.0 against ``"1234"`` and so does
     ``"... so the total is 1234."`` (the last number counts when there is no tag).
     """
-    texts = _texts(completions)
-    refs = _references(answer, len(texts))
+    texts = completion_texts(completions)
+    refs = references_for(answer, len(texts))
     return [1.0 if answers_match(extract_answer(t), r) else 0.0 for t, r in zip(texts, refs)]
 
 
@@ -86,7 +86,7 @@ def format_reward(completions: Sequence, **kwargs) -> list[float]:
     combine with ``correctness_reward`` for that.
     """
     scores = []
-    for text in _texts(completions):
+    for text in completion_texts(completions):
         m = _FORMAT_RE.fullmatch(text)
         ok = m is not None and m.group(1).strip() != "" and m.group(2).strip() != ""
         scores.append(1.0 if ok else 0.0)
@@ -106,8 +106,8 @@ def partial_credit_reward(completions: Sequence, *, answer: Sequence, **kwargs) 
     equation-shaped completions crowd out the signal the correct ones carry.
     Use ``correctness_reward`` (optionally with ``format_reward``) instead.
     """
-    texts = _texts(completions)
-    refs = _references(answer, len(texts))
+    texts = completion_texts(completions)
+    refs = references_for(answer, len(texts))
     scores = []
     for text, ref in zip(texts, refs):
         if answers_match(extract_answer(text), ref):

@@ -29,6 +29,7 @@ from fractions import Fraction
 from typing import Any
 
 from ._checks import check_int, is_int
+from .chat import is_chat_messages
 from .answers import canonical_number, completion_texts, parse_number, references_for
 
 __all__ = [
@@ -753,13 +754,7 @@ def validate_dataset(rows: Sequence[Mapping], *, tokenizer=None, max_prompt_toke
                     "every row needs 'prompt' and 'answer'"
                 )
         prompt = row["prompt"]
-        is_chat = (
-            isinstance(prompt, Sequence)
-            and not isinstance(prompt, str)
-            and len(prompt) > 0
-            and all(isinstance(m, Mapping) for m in prompt)
-        )
-        if not (isinstance(prompt, str) or is_chat):
+        if not (isinstance(prompt, str) or is_chat_messages(prompt)):
             raise TypeError(
                 f"dataset row {i}: 'prompt' must be a str or a list of chat messages, "
                 f"got {type(prompt).__name__}: {prompt!r:.80}"
@@ -803,7 +798,7 @@ def check_rows(rows: Any, name: str) -> None:
         if not isinstance(row, dict):
             raise TypeError(f"{name}[{i}] must be a dict with a 'prompt' key, got {type(row).__name__}: {row!r:.80}")
         prompt = row.get("prompt")
-        if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt))):
+        if not (isinstance(prompt, str) or is_chat_messages(prompt)):
             raise ValueError(
                 f"{name}[{i}] needs a 'prompt' that is a string or a list of chat messages, got {row!r:.80}"
             )

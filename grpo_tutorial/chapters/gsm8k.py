@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 from .presets import get_preset
 from .recipes import paired_gain
 from .._checks import check_flag, check_int, check_number
-from ..answers import _last_boxed, _last_number, completion_to_text
+from ..answers import completion_to_text, last_boxed, last_number
 from ..rewards import correctness_reward
 from ..tasks import DatasetUnavailableError, gsm8k_rows, load_gsm8k, train_test_split_arithmetic
 from ..run import dataset_fingerprint, disk_errors, find_checkpoint, read_meta
@@ -66,7 +66,7 @@ def boxed_reward(completions: Sequence, **kwargs: Any) -> list[float]:
     GSM8K example uses, is the same idea: 1 for a right answer, 0.1 for a wrong
     one in the required format, 0 for none.
     """
-    return [1.0 if (b := _last_boxed(completion_to_text(c))) is not None and _last_number(b) is not None else 0.0
+    return [1.0 if (b := last_boxed(completion_to_text(c))) is not None and last_number(b) is not None else 0.0
             for c in completions]
 
 
