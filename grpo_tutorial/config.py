@@ -25,8 +25,11 @@ _OWNER = "GRPOConfig"
 class GRPOConfig:
     """Every hyperparameter of a GRPO run, with CPU-sized defaults.
 
-    The defaults are the tiny-model settings of DESIGN.md's calibration (except
-    mu = 1). For a real LLM on a GPU, typical values are ``group_size=8..16``,
+    The defaults are the settings first calibrated for the tiny model on a
+    2-core CPU (B = 16 prompts, G = 8, 4 new tokens, temperature 1, lr 1e-4,
+    clip 0.2, gradient clip 1.0), except mu = 1 where that calibration used 2;
+    chapter 8's recipe (:mod:`grpo_tutorial.chapters.recipes`) is the tuned
+    version. For a real LLM on a GPU, typical values are ``group_size=8..16``,
     ``max_new_tokens=256..1024``, ``learning_rate=1e-6..1e-5``.
 
     Batches and updates. A step samples a *generation batch* of B*G completions.

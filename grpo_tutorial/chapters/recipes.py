@@ -115,7 +115,8 @@ class TinyAdditionRecipe:
     how many GRPO steps, when to evaluate). The seed of each run is set by
     :meth:`sft_config` and :meth:`grpo_config`, not stored here.
 
-    Compared with DESIGN.md's first calibration (16 prompts, mu = 2), the
+    Compared with the first calibration (16 prompts, mu = 2; still
+    :class:`~grpo_tutorial.config.GRPOConfig`'s defaults, with mu = 1), the
     defaults sample 32 prompts per step and make a single pass over each batch
     (mu = 1) in two minibatches of 128 completions, so two optimizer updates
     per step. For the same CPU time that learned faster in our runs: a second
