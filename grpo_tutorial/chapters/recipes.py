@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from grpo_tutorial._checks import check_int, check_number
 from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.rewards import correctness_reward
 from grpo_tutorial.sft import SFTConfig, supervised_warmup
@@ -75,12 +76,6 @@ RESULT_KEYS = (
 # The recipe
 # ---------------------------------------------------------------------------
 
-
-def _check_positive_int(owner: str, name: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{owner}.{name} must be an int >= {minimum}, got {value!r}")
-
-
 # The recipe's warm start and GRPO phase, written once as the configs they are.
 _SFT_SETTINGS: dict[str, Any] = dict(steps=1_000, batch_size=64, learning_rate=1e-3, warmup_steps=100)
 _GRPO_SETTINGS: dict[str, Any] = dict(
@@ -120,7 +115,8 @@ class TinyAdditionRecipe:
     how many GRPO steps, when to evaluate). The seed of each run is set by
     :meth:`sft_config` and :meth:`grpo_config`, not stored here.
 
-    Compared with DESIGN.md's first calibration (16 prompts, mu = 2), the
+    Compared with the first calibration (16 prompts, mu = 2; still
+    :class:`~grpo_tutorial.config.GRPOConfig`'s defaults, with mu = 1), the
     defaults sample 32 prompts per step and make a single pass over each batch
     (mu = 1) in two minibatches of 128 completions, so two optimizer updates
     per step. For the same CPU time that learned faster in our runs: a second
@@ -188,15 +184,11 @@ class TinyAdditionRecipe:
             "digits", "n_train", "n_probe", "n_test", "hidden_size", "num_layers", "num_heads",
             "intermediate_size", "sft_check_every", "grpo_steps",
         ):
-            _check_positive_int(owner, name, getattr(self, name))
+            check_int(owner, name, getattr(self, name), 1)
         for name in ("data_seed", "eval_every"):
-            _check_positive_int(owner, name, getattr(self, name), 0)
-        if not isinstance(self.sft_target_accuracy, (int, float)) or not 0 < self.sft_target_accuracy <= 1:
-            raise ValueError(
-                f"{owner}.sft_target_accuracy must be a number in (0, 1], got {self.sft_target_accuracy!r}"
-            )
-        if self.num_threads is not None:
-            _check_positive_int(owner, "num_threads", self.num_threads)
+            check_int(owner, name, getattr(self, name), 0)
+        check_number(owner, "sft_target_accuracy", self.sft_target_accuracy, lambda v: 0 < v <= 1, "a number in (0, 1]")
+        check_int(owner, "num_threads", self.num_threads, 1, optional=True)
         if self.n_test + self.n_probe > 10 ** (2 * self.digits):
             raise ValueError(
                 f"{owner}: n_test + n_probe = {self.n_test + self.n_probe} distinct problems requested, "
@@ -460,8 +452,7 @@ def run_tiny_addition(
     recipe = TinyAdditionRecipe() if recipe is None else recipe
     if not isinstance(recipe, TinyAdditionRecipe):
         raise TypeError(f"recipe must be a TinyAdditionRecipe, got {type(recipe).__name__}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    check_int(None, "seed", seed, 0)
     previous_threads = torch.get_num_threads()
     if recipe.num_threads is not None:
         torch.set_num_threads(recipe.num_threads)
