@@ -26,7 +26,7 @@ import torch
 
 from ._checks import check_flag, check_int
 from .chat import is_chat_messages
-from .logprobs import completion_mask
+from .logprobs import cache_argument, completion_mask, returned_cache
 from .onednn import onednn_linears, use_onednn
 
 __all__ = ["Rollout", "concat_groups", "encode_prompts", "generate_rollouts", "keep_signal_groups", "render_prompts"]
@@ -304,7 +304,7 @@ def _shared_prompt_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, grou
         input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids[:, :-1],
         use_cache=True, logits_to_keep=1,
     )
-    cache = out.past_key_values
+    cache = returned_cache(out)
     cache.batch_repeat_interleave(group_size)  # [B, ...] -> [B*G, ...], group by group
     return cache
 
@@ -400,7 +400,7 @@ def generate_rollouts(
         with torch.no_grad(), fast, (_seeded(generator_seed, device) if do_sample else nullcontext()):
             if group_size > 1 and ids.shape[1] > 1 and _can_share_prompts(model):
                 # each prompt is encoded once; its KV cache is copied for the G completions
-                kwargs["past_key_values"] = _shared_prompt_cache(model, ids.to(device), mask.to(device), group_size)
+                kwargs[cache_argument(model)] = _shared_prompt_cache(model, ids.to(device), mask.to(device), group_size)
             output = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
     finally:
         model.train(was_training)
