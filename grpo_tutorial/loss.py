@@ -62,7 +62,7 @@ from .objectives import (
     vespo_weights,
 )
 
-__all__ = ["LOSS_TYPES", "LossOptions", "aggregate_tokens", "grpo_loss", "sequence_logprob_loss"]
+__all__ = ["LOSS_TYPES", "LossOptions", "aggregate_tokens", "grpo_loss", "sequence_logprob_loss", "update_normalisers"]
 
 
 @dataclass(frozen=True)
@@ -337,6 +337,21 @@ def grpo_loss(
             stats["entropy_sum"] = float(torch.where(bonus_mask.bool(), entropies, 0.0).sum())
             stats["entropy_tokens"] = float(bonus_mask.sum())
     return loss, stats
+
+
+def update_normalisers(
+    options: LossOptions, mask: torch.Tensor, truncated: torch.Tensor, rows: torch.Tensor, micro_size: int
+) -> dict:
+    """:func:`grpo_loss`'s normalisers for one optimizer update of ``rows``, split into micro-batches of ``micro_size``.
+
+    ``gradient_accumulation_steps`` is the number of micro-batches K, and
+    ``num_items_in_batch`` the tokens the whole update counts (``dapo``'s,
+    ``cispo``'s and ``vespo``'s normaliser): those of ``mask`` (``[N, T]``),
+    less the truncated completions' (``truncated``, ``[N]``) with
+    ``mask_truncated_completions``. Pass them to every micro-batch's call.
+    """
+    counted = truncation_mask(mask, truncated) if options.mask_truncated_completions else mask  # [N, T]
+    return {"gradient_accumulation_steps": len(rows) // micro_size, "num_items_in_batch": counted[rows].sum()}
 
 
 def _options(options: LossOptions | None, keywords: dict) -> LossOptions:

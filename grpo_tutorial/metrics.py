@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -19,6 +20,7 @@ __all__ = [
     "TIMING_KEYS",
     "check_failure_modes",
     "step_row",
+    "timed",
 ]
 
 #: History fields that measure wall-clock time. They are the only fields allowed
@@ -52,6 +54,15 @@ class StageClock:
             stages.setdefault(f"{name}_seconds", 0.0)
         stages["other_seconds"] = max(0.0, total - sum(stages.values()))
         return {"step_seconds": total, "rollout_seconds": stages["generate_seconds"], **stages}
+
+
+@contextmanager
+def timed(seconds: dict[str, float], name: str) -> Iterator[None]:
+    """Add the wall-clock seconds of the ``with`` block to ``seconds[name]`` (the update's forward,
+    backward and optimizer split of ``update_seconds``)."""
+    started = time.perf_counter()
+    yield
+    seconds[name] += time.perf_counter() - started
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:

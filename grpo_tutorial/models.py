@@ -702,3 +702,19 @@ def disable_dropout(model: torch.nn.Module) -> None:
     for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop"):
         if isinstance(getattr(config, name, None), float):
             setattr(config, name, 0.0)
+
+
+def frozen_reference(
+    policy: torch.nn.Module, reference: torch.nn.Module | None = None, *, without_dropout: bool = True
+) -> torch.nn.Module:
+    """The reference policy of the KL penalty: ``reference``, or a deep copy of ``policy``.
+
+    Frozen (no gradients), in eval mode, and with ``without_dropout`` its
+    dropout off (:func:`disable_dropout`). The copy is taken as ``policy`` is now.
+    """
+    reference = copy.deepcopy(policy) if reference is None else reference
+    reference.eval()
+    reference.requires_grad_(False)
+    if without_dropout:
+        disable_dropout(reference)
+    return reference

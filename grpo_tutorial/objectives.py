@@ -15,7 +15,8 @@ new aggregation (DAPO's token mean, LUSPO's length-scaled sequence sum). Each is
 a function here, chosen by name from a table (:data:`IMPORTANCE_WEIGHTS`,
 :data:`OBJECTIVES`, :data:`AGGREGATIONS`), so ``grpo_loss`` stays a straight line.
 The entropy bonus's coefficient may move between updates (Skywork-OR1's adaptive
-entropy control, :func:`adapt_entropy_coef`); the trainer keeps that state.
+entropy control, :func:`adapt_entropy_coef`); the trainer keeps that state in an
+:class:`EntropyControl`.
 The names and the numbers are TRL 1.16's (``tests/test_trl_agreement.py`` runs
 TRL's own ``_compute_loss`` on the same tensors); the one deliberate difference
 is CISPO's cap, see :func:`cispo_objective`.
@@ -37,7 +38,9 @@ micro-batch:
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any, Sequence
 
 import torch
 
@@ -45,6 +48,7 @@ from ._checks import check_int, one_of
 
 __all__ = [
     "AGGREGATIONS",
+    "EntropyControl",
     "IMPORTANCE_SAMPLING_LEVELS",
     "LOSS_TYPES",
     "OBJECTIVES",
@@ -431,3 +435,60 @@ def adapt_entropy_coef(
     if entropy <= target:
         return min(float(coef) + delta, coef_max)
     return max(float(coef) - delta, coef_min)
+
+
+@dataclasses.dataclass
+class EntropyControl:
+    """The entropy bonus's coefficient across a run's updates: fixed, or adaptive (Skywork-OR1).
+
+    With ``adaptive`` False, :attr:`coef` is ``entropy_coef`` for the whole run.
+    With ``adaptive`` True, each update applies :func:`applied_entropy_coef` of
+    the coefficient and the entropy the last update measured, and
+    :meth:`measured` sets the next coefficient (:func:`adapt_entropy_coef`).
+    Checkpoints keep :meth:`to_meta`.
+    """
+
+    coef: float
+    adaptive: bool = False
+    target: float = 0.2
+    delta: float = 0.005
+    coef_min: float = 0.0
+    coef_max: float = 1.0
+    last_entropy: float = math.inf  # the last update's mean entropy (inf: none measured yet)
+
+    @classmethod
+    def from_config(cls, config: Any, saved: dict | None = None) -> "EntropyControl":
+        """The control a run with ``config`` (a ``GRPOConfig``) starts with, or, from ``saved``, resumes with."""
+        control = cls(
+            float(config.entropy_coef), config.use_adaptive_entropy, config.entropy_target,
+            config.entropy_coef_delta, config.entropy_coef_min, config.entropy_coef_max,
+        )
+        if saved:  # to_meta's form (a checkpoint from before the control has none: start afresh)
+            control.coef = float(saved["coef"])
+            control.last_entropy = math.inf if saved["last_entropy"] is None else float(saved["last_entropy"])
+        return control
+
+    def loss_options(self, options: Any) -> Any:
+        """``options`` (a ``LossOptions``) with this update's coefficient: the controller's, if the entropy is low."""
+        if not self.adaptive:
+            return options
+        coef = applied_entropy_coef(self.coef, self.last_entropy, self.target)
+        return dataclasses.replace(options, entropy_coef=coef)
+
+    def measured(self, update_stats: Sequence[dict]) -> None:
+        """After an update: its mean entropy, from its micro-batches' ``entropy_sum`` and ``entropy_tokens``
+        (``grpo_loss``'s stats), sets the next update's coefficient."""
+        if not self.adaptive:
+            return
+        entropy_sum, entropy_tokens = 0.0, 0.0
+        for stats in update_stats:  # in order, as the micro-batches ran
+            entropy_sum, entropy_tokens = entropy_sum + stats["entropy_sum"], entropy_tokens + stats["entropy_tokens"]
+        self.last_entropy = entropy_sum / max(entropy_tokens, 1.0)
+        self.coef = adapt_entropy_coef(
+            self.coef, self.last_entropy, target=self.target, delta=self.delta,
+            coef_min=self.coef_min, coef_max=self.coef_max,
+        )
+
+    def to_meta(self) -> dict:
+        """The checkpoint form (None: no entropy measured yet)."""
+        return {"coef": self.coef, "last_entropy": None if math.isinf(self.last_entropy) else self.last_entropy}

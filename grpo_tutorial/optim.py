@@ -10,7 +10,7 @@ import torch
 from .config import GRPOConfig
 from .run.warn import GRPOWarning
 
-__all__ = ["clip_and_step", "fastest_adamw_kwargs", "make_optimizer", "trainable_parameters"]
+__all__ = ["clip_and_step", "fastest_adamw_kwargs", "finish_update", "make_optimizer", "trainable_parameters"]
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -86,3 +86,31 @@ def clip_and_step(
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return norm
+
+
+#: What the warning about a skipped update says after its cause.
+SKIPPED = (
+    "skipped this optimizer update (gradients zeroed). Training continues and history['skipped_updates'] counts "
+    "the skips. If it keeps happening, lower learning_rate, check the reward functions, or use float32."
+)
+
+
+def finish_update(
+    params: list[torch.nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    max_grad_norm: float | None,
+    loss: float,
+) -> tuple[float, str | None]:
+    """The update after its gradients were accumulated: ``(grad norm, None)``, or ``(norm, why)`` if it was skipped.
+
+    A non-finite ``loss`` (its backward pass was never run) skips the update,
+    with NaN for the norm; otherwise :func:`clip_and_step`, which skips it for a
+    non-finite norm. The gradients are zeroed either way. ``why`` is the
+    warning to give (the cause, then :data:`SKIPPED`); the caller counts the skip.
+    """
+    if not math.isfinite(loss):
+        optimizer.zero_grad(set_to_none=True)
+        return math.nan, f"the loss is {loss}; {SKIPPED}"
+    norm = clip_and_step(params, optimizer, scheduler, max_grad_norm)
+    return norm, None if math.isfinite(norm) else f"the gradient norm is {norm}; {SKIPPED}"

@@ -40,6 +40,7 @@ from .answers import answers_match, completion_texts, completion_to_text, extrac
 __all__ = [
     "RewardFunctionError",
     "answers_match",
+    "check_unscorable",
     "combined_reward",
     "completion_to_text",
     "compute_rewards",
@@ -489,6 +490,18 @@ def compute_rewards(
     total = (stacked * weight).nansum(dim=1)  # [N]  None (NaN) terms drop out
     total[torch.isnan(stacked).all(dim=1)] = math.nan  # unscorable: every function said None
     return total, per_fn
+
+
+def check_unscorable(rewards: torch.Tensor, warn: Callable[[str, str], None]) -> None:
+    """Warn (through ``warn(kind, message)``) when some of the ``[N]`` totals are NaN: unscorable completions."""
+    unscorable = int(torch.isnan(rewards).sum())
+    if unscorable:
+        warn(
+            "unscorable",
+            f"{unscorable} of {len(rewards)} completions could not be scored (every reward function "
+            "returned None); they are left out of their group's baseline and of reward_mean, "
+            "and get an advantage of 0",
+        )
 
 
 def reward_function_means(per_fn: Mapping[str, torch.Tensor]) -> dict[str, float]:

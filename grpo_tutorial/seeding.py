@@ -23,17 +23,22 @@ resumed run matches.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 import torch
 
 __all__ = [
     "DATA_ORDER",
+    "DataStream",
     "MINIBATCHES",
     "RESAMPLING",
     "SAMPLING",
     "derive_seed",
     "epoch_permutation",
+    "minibatches",
     "next_batch",
+    "sampling_seed",
     "stream_generator",
     "stream_seed",
 ]
@@ -57,6 +62,12 @@ def derive_seed(seed: int, *keys: int) -> int:
 def stream_seed(seed: int, stream: int, index: int) -> int:
     """The seed of item ``index`` (a step or an epoch) of ``stream``."""
     return derive_seed(seed, stream, index)
+
+
+def sampling_seed(seed: int, step: int, round_: int = 0) -> int:
+    """The seed of the completions of step ``step``: ``SAMPLING``'s, or ``RESAMPLING``'s for round ``round_`` >= 1
+    of dynamic sampling."""
+    return stream_seed(seed, SAMPLING, step) if round_ == 0 else derive_seed(seed, RESAMPLING, step, round_)
 
 
 def stream_generator(seed: int, stream: int, index: int) -> torch.Generator:
@@ -87,3 +98,35 @@ def next_batch(dataset, size: int, seed: int, epoch: int, index: int) -> tuple[l
         if index == n:
             epoch, index = epoch + 1, 0
     return rows, epoch, index
+
+
+class DataStream:
+    """A run's data stream from position ``(epoch, index)``: each :meth:`draw` is the next ``size`` rows.
+
+    Every draw moves :attr:`epoch` and :attr:`index` on (:func:`next_batch`);
+    the caller copies them back into the run's state once the step has
+    succeeded, so a failed step leaves the run's position untouched.
+    """
+
+    def __init__(self, dataset, size: int, seed: int, epoch: int = 0, index: int = 0) -> None:
+        self.dataset, self.size, self.seed, self.epoch, self.index = dataset, size, seed, epoch, index
+
+    def draw(self) -> list:
+        rows, self.epoch, self.index = next_batch(self.dataset, self.size, self.seed, self.epoch, self.index)
+        return rows
+
+
+def minibatches(
+    n: int, size: int, passes: int, seed: int, step: int, device: torch.device | str = "cpu"
+) -> Iterator[torch.Tensor]:
+    """The rows of each optimizer update of step ``step``: ``passes`` shuffles of ``range(n)``, cut into ``size`` rows.
+
+    Each pass draws a new order from the step's ``MINIBATCHES`` stream, so every
+    completion is in exactly one update per pass. Yields ``[size]`` index tensors
+    on ``device`` (the last of a pass shorter if ``size`` does not divide ``n``).
+    """
+    shuffle = stream_generator(seed, MINIBATCHES, step)
+    for _ in range(passes):
+        order = torch.randperm(n, generator=shuffle).to(device)  # [n]
+        for start in range(0, n, size):
+            yield order[start : start + size]  # [size]

@@ -28,12 +28,8 @@ seed streams (seeding.py); building a trainer touches no global RNG.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import math
 import os
-import time
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -44,26 +40,25 @@ from .advantages import group_advantages, normalize_then_sum, zero_std_groups
 from .config import GRPOConfig
 from .evaluation import evaluate_policy
 from .logprobs import rollout_logprobs, score_rollout
-from .loss import grpo_loss
-from .metrics import TIMING_KEYS, StageClock, check_failure_modes, step_row
-from .models import disable_dropout
-from .objectives import adapt_entropy_coef, applied_entropy_coef
-from .optim import clip_and_step, make_optimizer, trainable_parameters
-from .rewards import compute_rewards, extra_columns, judge_correct, reward_function_list, reward_function_means
-from .rollout import Rollout, generate_rollouts, keep_signal_groups
-from .run.checkpoint import (
-    config_changes, load_model_state, read_checkpoint, restore_training_state, training_state, write_checkpoint,
+from .loss import grpo_loss, update_normalisers
+from .metrics import TIMING_KEYS, StageClock, check_failure_modes, step_row, timed
+from .models import disable_dropout, frozen_reference
+from .objectives import EntropyControl
+from .optim import finish_update, make_optimizer, trainable_parameters
+from .rewards import (
+    check_unscorable, compute_rewards, extra_columns, judge_correct, reward_function_list, reward_function_means,
 )
+from .rollout import Rollout, generate_rollouts, keep_signal_groups
+from .run.checkpoint import load_model_state, load_training, resume_or_start, save_training
 from .run.completions import CompletionsWriter, sample_completions
-from .run.disk import disk_errors
-from .run.history import HistoryWriter, history_until, read_history, write_history
+from .run.history import HistoryWriter, history_until, read_history
 from .run.interrupt import StopAfterStep
-from .run.layout import HISTORY_FILE, find_checkpoint, read_meta
+from .run.layout import find_checkpoint
 from .run.lock import run_lock
 from .run.progress import postfix, progress_bar
 from .run.state import RunState, dataset_fingerprint
-from .run.warn import GRPOWarning, caller_stacklevel
-from .seeding import MINIBATCHES, RESAMPLING, SAMPLING, derive_seed, next_batch, stream_generator, stream_seed
+from .run.warn import GRPOWarning
+from .seeding import DataStream, minibatches, sampling_seed
 from .tasks import as_rows, check_rows, validate_for_model
 
 __all__ = [
@@ -137,9 +132,7 @@ class GRPOTrainer:
         self.config = config
         self.state = RunState()
         self.history: list[dict] = []
-        # adaptive entropy control (Skywork-OR1): the coefficient, and the entropy of the last update (none yet)
-        self._entropy_coef = float(config.entropy_coef)
-        self._last_entropy = math.inf
+        self._entropy = EntropyControl.from_config(config)  # the entropy bonus's coefficient (adaptive: it moves)
         self._writers: tuple[HistoryWriter, CompletionsWriter] | None = None  # while train() appends
         #: Reuse the gradient pass's log-probs as the old policy's when a step makes
         #: exactly one update (stage 4 is then skipped). Tests switch it off to
@@ -148,14 +141,9 @@ class GRPOTrainer:
 
         if config.disable_dropout:
             disable_dropout(model)
-        self.ref_model: torch.nn.Module | None = None
+        self.ref_model: torch.nn.Module | None = None  # only with a KL penalty: the given one, or a copy of the policy
         if config.beta > 0:
-            self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
-            self.ref_model.eval()
-            self.ref_model.requires_grad_(False)
-            if config.disable_dropout:
-                disable_dropout(self.ref_model)
-
+            self.ref_model = frozen_reference(model, ref_model, without_dropout=config.disable_dropout)
         self._params = trainable_parameters(model)
         self.optimizer, self.scheduler = make_optimizer(self._params, config)
 
@@ -225,9 +213,7 @@ class GRPOTrainer:
     def _sample_round(self, batch: Sequence[dict], round_: int, clock: StageClock) -> dict:
         """Stages 1 and 2 for one sampling round: the rollout, its rewards and which groups carry no signal."""
         cfg, G = self.config, self.config.group_size
-        seed = stream_seed(cfg.seed, SAMPLING, self.step) if round_ == 0 else derive_seed(
-            cfg.seed, RESAMPLING, self.step, round_
-        )
+        seed = sampling_seed(cfg.seed, self.step, round_)  # round 0: the SAMPLING stream; later ones: RESAMPLING
         # stage 1: rollout, all B*G completions in one generate call
         rollout = self._rollout([row["prompt"] for row in batch], seed)  # N = B*G completions
         clock.lap("generate")
@@ -240,7 +226,7 @@ class GRPOTrainer:
             completion_ids=rollout.completion_id_lists(), **columns,
         )  # [N], {name: [N]}
         correct = judge_correct(self.accuracy_fn, rollout.prompts, rollout.completions, answers, columns)
-        self._warn_unscorable(rewards)
+        check_unscorable(rewards, self.state.warn)
         zero_std = zero_std_groups(rewards, G)  # [B]
         clock.lap("reward")
         return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct, "zero_std": zero_std}
@@ -276,7 +262,7 @@ class GRPOTrainer:
         )
         row["groups_drawn"] = sample["groups_drawn"]
         if cfg.use_adaptive_entropy or cfg.entropy_coef != 0.0:
-            row["entropy_coef"] = self._entropy_coef  # after the step's last update, as TRL logs it
+            row["entropy_coef"] = self._entropy.coef  # after the step's last update, as TRL logs it
         check_failure_modes(
             row, self.history, group_size=cfg.group_size, learning_rate=cfg.learning_rate,
             max_new_tokens=cfg.max_new_tokens, warn=self.state.warn,
@@ -295,16 +281,6 @@ class GRPOTrainer:
             use_chat_template=cfg.use_chat_template, generator_seed=generator_seed, onednn=cfg.onednn_generation,
         )
 
-    def _warn_unscorable(self, rewards: torch.Tensor) -> None:
-        unscorable = int(torch.isnan(rewards).sum())
-        if unscorable:
-            self.state.warn(
-                "unscorable",
-                f"{unscorable} of {len(rewards)} completions could not be scored (every reward function "
-                "returned None); they are left out of their group's baseline and of reward_mean, "
-                "and get an advantage of 0",
-            )
-
     def _update(
         self,
         rollout: Rollout,
@@ -322,40 +298,31 @@ class GRPOTrainer:
         own, detached, and the entropy comes from the same pass.
         """
         cfg = self.config
-        N, size, micro = len(rollout), cfg.update_size, cfg.micro_size
-        shuffle = stream_generator(cfg.seed, MINIBATCHES, self.step)
         out: dict[str, Any] = {"stats": [], "losses": [], "grad_norms": [], "entropy": None}
         out["seconds"] = {"forward_seconds": 0.0, "backward_seconds": 0.0, "optimizer_seconds": 0.0}
         out["lr"] = float(self.optimizer.param_groups[0]["lr"])
         if old_logp is None:  # filled by each micro-batch's pass; NaN: a row no pass reached (skipped update)
             out["entropy"] = torch.full(mask.shape, math.nan, dtype=torch.float32, device=mask.device)  # [N, Tc]
+        updates = minibatches(len(rollout), cfg.update_size, cfg.num_iterations, cfg.seed, self.step, advantages.device)
         was_training = self.model.training
         self.model.train()
         try:
-            for _ in range(cfg.num_iterations):
-                order = torch.randperm(N, generator=shuffle).to(advantages.device)  # [N]
-                for start in range(0, N, size):
-                    rows = order[start : start + size]  # [M] one optimizer update
-                    out["lr"] = float(self.optimizer.param_groups[0]["lr"])
-                    self.optimizer.zero_grad(set_to_none=True)
-                    loss = self._accumulate(rollout, rows, micro, old_logp, ref_logp, advantages, mask, out)
-                    out["losses"].append(loss)
-                    if not math.isfinite(loss):
-                        out["grad_norms"].append(math.nan)
-                        self.optimizer.zero_grad(set_to_none=True)
-                        self._skip_update(f"the loss is {loss}")
-                        continue
-                    started = time.perf_counter()
-                    norm = clip_and_step(self._params, self.optimizer, self.scheduler, cfg.max_grad_norm)
-                    out["grad_norms"].append(norm)
-                    if not math.isfinite(norm):
-                        self._skip_update(f"the gradient norm is {norm}")
-                    out["seconds"]["optimizer_seconds"] += time.perf_counter() - started
+            for rows in updates:  # [M] the completions of one optimizer update
+                out["lr"] = float(self.optimizer.param_groups[0]["lr"])
+                self.optimizer.zero_grad(set_to_none=True)
+                loss = self._accumulate(rollout, rows, old_logp, ref_logp, advantages, mask, out)
+                with timed(out["seconds"], "optimizer_seconds"):  # a non-finite loss or norm: no update
+                    norm, skipped = finish_update(self._params, self.optimizer, self.scheduler, cfg.max_grad_norm, loss)
+                out["losses"].append(loss)
+                out["grad_norms"].append(norm)
+                if skipped is not None:  # history['skipped_updates'] counts it; the warning comes once per run
+                    self.state.skipped_updates += 1
+                    self.state.warn("nonfinite", f"step {self.step + 1}: {skipped}")
         finally:
             self.model.train(was_training)
         return out
 
-    def _accumulate(self, rollout, rows, micro, old_logp, ref_logp, advantages, mask, out) -> float:
+    def _accumulate(self, rollout, rows, old_logp, ref_logp, advantages, mask, out) -> float:
         """Backward over the micro-batches of one update; return the update's loss.
 
         Stops at the first non-finite micro-batch loss (the caller then skips
@@ -363,64 +330,37 @@ class GRPOTrainer:
         the entropy (``top_entropy_quantile``, ``entropy_coef``), it is the
         current policy's, from this gradient pass, with its gradient (as TRL).
         """
-        cfg = self.config
-        options = cfg.loss_options()  # stage 6's settings, one validated object
-        if cfg.use_adaptive_entropy:  # this update's coefficient: the controller's, if the entropy is low
-            coef = applied_entropy_coef(self._entropy_coef, self._last_entropy, cfg.entropy_target)
-            options = dataclasses.replace(options, entropy_coef=coef)
+        cfg, micro, first = self.config, self.config.micro_size, len(out["stats"])  # this update's stats start at first
+        options = self._entropy.loss_options(cfg.loss_options())  # stage 6's settings, this update's entropy coef
         measure = options.needs_entropy or cfg.use_adaptive_entropy  # grpo_loss gets (and sums) the entropies
-        entropy_sum, entropy_tokens = 0.0, 0.0
-        steps = len(rows) // micro
+        with_entropy = old_logp is None or measure  # the scoring pass returns the entropies
         truncated = rollout.truncated.to(mask.device)  # [N]
-        counted = mask * (~truncated)[:, None].to(mask.dtype) if options.mask_truncated_completions else mask  # [N, Tc]
-        tokens = counted[rows].sum()  # the whole update's counted tokens: dapo's (and cispo's) normaliser
+        normalisers = update_normalisers(options, mask, truncated, rows, micro)  # of the whole update: K, its tokens
         total = 0.0
-        seconds = out["seconds"]
         for start in range(0, len(rows), micro):
-            started = time.perf_counter()
             part = rows[start : start + micro]  # [m]
-            with_entropy = old_logp is None or measure
-            scored = rollout_logprobs(
-                self.model, rollout, part, temperature=cfg.temperature, return_entropy=with_entropy,
-                entropy_grad=options.needs_entropy, share_prompts=cfg.share_prompt_cache,
-            )
-            logp, entropies = scored if with_entropy else (scored, None)  # [m, Tc] x2
-            if old_logp is None:
-                out["entropy"][part] = entropies.detach().float()
-            old = logp.detach() if old_logp is None else old_logp[part]  # [m, Tc]
-            loss, stats = grpo_loss(
-                logp, old, advantages[part], mask[part], options=options,
-                ref_logp=None if ref_logp is None else ref_logp[part], truncated=truncated[part],
-                entropies=entropies if measure else None,
-                gradient_accumulation_steps=steps, num_items_in_batch=tokens,
-            )
-            out["stats"].append(stats)
-            if measure:
-                entropy_sum, entropy_tokens = entropy_sum + stats["entropy_sum"], entropy_tokens + stats["entropy_tokens"]
-            value = float(loss.detach())
+            with timed(out["seconds"], "forward_seconds"):
+                scored = rollout_logprobs(
+                    self.model, rollout, part, temperature=cfg.temperature, return_entropy=with_entropy,
+                    entropy_grad=options.needs_entropy, share_prompts=cfg.share_prompt_cache,
+                )
+                logp, entropies = scored if with_entropy else (scored, None)  # [m, Tc] x2
+                if old_logp is None:
+                    out["entropy"][part] = entropies.detach().float()
+                loss, stats = grpo_loss(
+                    logp, logp.detach() if old_logp is None else old_logp[part], advantages[part], mask[part],
+                    options=options, ref_logp=None if ref_logp is None else ref_logp[part], truncated=truncated[part],
+                    entropies=entropies if measure else None, **normalisers,
+                )
+                out["stats"].append(stats)
+                value = float(loss.detach())
             total += value
-            seconds["forward_seconds"] += time.perf_counter() - started
             if not math.isfinite(value):
                 return value
-            started = time.perf_counter()
-            loss.backward()
-            seconds["backward_seconds"] += time.perf_counter() - started
-        if cfg.use_adaptive_entropy:  # the update's entropy sets the next update's coefficient
-            self._last_entropy = entropy_sum / max(entropy_tokens, 1.0)
-            self._entropy_coef = adapt_entropy_coef(
-                self._entropy_coef, self._last_entropy, target=cfg.entropy_target, delta=cfg.entropy_coef_delta,
-                coef_min=cfg.entropy_coef_min, coef_max=cfg.entropy_coef_max,
-            )
+            with timed(out["seconds"], "backward_seconds"):
+                loss.backward()
+        self._entropy.measured(out["stats"][first:])  # adaptive: the update's entropy sets the next coefficient
         return total
-
-    def _skip_update(self, reason: str) -> None:
-        self.state.skipped_updates += 1
-        self.state.warn(
-            "nonfinite",
-            f"step {self.step + 1}: {reason}; skipped this optimizer update (gradients zeroed). "
-            "Training continues and history['skipped_updates'] counts the skips. If it keeps "
-            "happening, lower learning_rate, check the reward functions, or use float32.",
-        )
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, output_dir: str | os.PathLike | None = None) -> Path:
@@ -430,25 +370,16 @@ class GRPOTrainer:
         ``output_dir/history.jsonl`` (rewritten here, unless :meth:`train` is
         appending to it right now: then it is synced).
         """
-        root = Path(output_dir if output_dir is not None else self._require_output_dir("save_checkpoint"))
-        if self._writers is not None and self._writers[0].output_dir == root:
-            for writer in self._writers:
-                writer.sync()  # the rows the checkpoint's step covers are on disk before it
-        else:
-            with disk_errors(root, root):
-                root.mkdir(parents=True, exist_ok=True)
-            write_history(root / HISTORY_FILE, self.history)
-        state = training_state(self.model, self.optimizer, self.scheduler, self.ref_model)
         meta = {
             **self.state.to_meta(),
             "data_seed": self.config.seed,
-            "entropy_control": {  # adaptive entropy control's state (None: no entropy measured yet)
-                "coef": self._entropy_coef,
-                "last_entropy": None if math.isinf(self._last_entropy) else self._last_entropy,
-            },
+            "entropy_control": self._entropy.to_meta(),  # adaptive entropy control's state
             "config": self.config.to_dict(),
         }
-        return write_checkpoint(root, state, meta)
+        return save_training(
+            self._run_dir(output_dir, "save_checkpoint"), self.model, self.optimizer, self.scheduler, self.ref_model,
+            meta=meta, history=self.history, appending=self._writers or (),
+        )
 
     def load_checkpoint(self, output_dir: str | os.PathLike | None = None) -> bool:
         """Restore everything from the last checkpoint; False if there is none.
@@ -456,34 +387,23 @@ class GRPOTrainer:
         The history is read back from ``history.jsonl`` and cut to the
         checkpoint's step (rows written after the checkpoint are redone).
         """
-        root = Path(output_dir if output_dir is not None else self._require_output_dir("load_checkpoint"))
-        path = find_checkpoint(root)
-        if path is None:
+        root = self._run_dir(output_dir, "load_checkpoint")
+        meta = load_training(
+            root, self.model, self.optimizer, self.scheduler, self.ref_model,
+            config=self.config.to_dict(), defaults=GRPOConfig().to_dict(),
+        )
+        if meta is None:
             return False
-        state, meta = read_checkpoint(path)
-        changed = config_changes(meta["config"], self.config.to_dict(), GRPOConfig().to_dict())
-        if changed:
-            self._warn_now(f"resuming from {path} with a different config ({changed}); the resumed run will not "
-                           "match an uninterrupted one")
-        if not restore_training_state(state, self.model, self.optimizer, self.scheduler, self.ref_model):
-            self._warn_now(f"checkpoint {path} holds no reference model (it was saved with beta=0); "
-                           "the reference stays as it is now")
         self.state = RunState.from_meta(meta)
-        control = meta.get("entropy_control") or {"coef": self.config.entropy_coef, "last_entropy": None}
-        self._entropy_coef = float(control["coef"])
-        self._last_entropy = math.inf if control["last_entropy"] is None else float(control["last_entropy"])
+        self._entropy = EntropyControl.from_config(self.config, meta.get("entropy_control"))
         self.history = history_until(root, meta)
         return True
 
-    @staticmethod
-    def _warn_now(message: str) -> None:
-        """A :class:`GRPOWarning` that is not limited to once per run, pointed at the caller's line."""
-        warnings.warn(message, GRPOWarning, stacklevel=caller_stacklevel())
-
-    def _require_output_dir(self, what: str) -> str:
-        if self.config.output_dir is None:
+    def _run_dir(self, output_dir: str | os.PathLike | None, what: str) -> Path:
+        """``output_dir``, or the config's; refused if neither is set."""
+        if output_dir is None and self.config.output_dir is None:
             raise ValueError(f"{what} needs a directory: set GRPOConfig.output_dir or pass output_dir=...")
-        return self.config.output_dir
+        return Path(output_dir if output_dir is not None else self.config.output_dir)
 
     # ------------------------------------------------------------------ the loop
     def train(
@@ -561,44 +481,21 @@ class GRPOTrainer:
         validate_for_model(dataset, self.model, self.tokenizer, self.config.max_new_tokens)
         if not is_int(steps) or steps < 1:
             raise ValueError(f"steps must be a positive int, got {steps!r}")
-        out = self.config.output_dir
-        fingerprint = dataset_fingerprint(dataset)
-        if resume:
-            if out is None:
-                raise ValueError("train(resume=True) needs GRPOConfig.output_dir, where the checkpoint lives")
-            saved = find_checkpoint(out)
-            if saved is not None:  # refuse a different dataset before touching any state
-                self._check_dataset(fingerprint, read_meta(saved).get("dataset_fingerprint"), f"the checkpoint in {out!r}")
-            if not self.load_checkpoint(out):
-                self._warn_now(f"resume=True but no checkpoint in {out!r}; starting from step 0")
-        elif out is not None and self.step == 0 and find_checkpoint(out) is not None:
-            self._warn_now(f"{out!r} already holds a checkpoint; starting a new run from step 0 that will "
-                           "replace it at its first save (pass resume=True to continue the old run instead)")
-        where = f"the checkpoint in {out!r}" if out is not None else "this trainer's earlier train() calls"
-        self._check_dataset(fingerprint, self.state.dataset_fingerprint, where)
-        self.state.dataset_fingerprint = fingerprint
+        out, fingerprint = self.config.output_dir, dataset_fingerprint(dataset)
+        resume_or_start(out, fingerprint, resume=resume, fresh=self.step == 0, load=self.load_checkpoint)
+        self.state.use_dataset(fingerprint, f"the checkpoint in {out!r}" if out is not None else (
+            "this trainer's earlier train() calls"))
         return dataset
-
-    @staticmethod
-    def _check_dataset(fingerprint: str, trained_on: str | None, where: str) -> None:
-        if trained_on not in (None, fingerprint):
-            raise ValueError(
-                f"the dataset differs from the one {where} trained on (fingerprint {fingerprint} vs "
-                f"{trained_on}); train on the same dataset, or start a new trainer (and output_dir) for a new one"
-            )
 
     def _next_step(self, dataset: list[dict]) -> dict:
         """One step on the next rows of the data stream; the data position moves only after a good step."""
         cfg = self.config
-        position = [self.state.epoch, self.state.index]
-
-        def draw() -> list[dict]:  # the next rows of the data stream; every draw advances it
-            rows, position[0], position[1] = next_batch(dataset, cfg.prompts_per_step, cfg.seed, *position)
-            return rows
-
-        # more_rows only when used, so a wrapped train_step(batch) keeps working
-        row = self.train_step(draw(), more_rows=draw) if cfg.dynamic_sampling else self.train_step(draw())
-        self.state.epoch, self.state.index = position
+        stream = DataStream(dataset, cfg.prompts_per_step, cfg.seed, self.state.epoch, self.state.index)
+        if cfg.dynamic_sampling:
+            row = self.train_step(stream.draw(), more_rows=stream.draw)
+        else:  # more_rows only when used, so a wrapped train_step(batch) keeps working
+            row = self.train_step(stream.draw())
+        self.state.epoch, self.state.index = stream.epoch, stream.index
         return row
 
     def _log_completions(self, writer: CompletionsWriter, bar: Any) -> None:

@@ -11,7 +11,7 @@ Module             What it holds
 ``disk``           durable, atomic writes; a disk error said in one line
 ``lock``           one run per output directory (a re-entrant ``flock``)
 ``history``        ``history.jsonl``: read, write, and the writer a run appends with
-``checkpoint``     the atomic ``checkpoint/``; RNG snapshots; a resumed config's changes
+``checkpoint``     the atomic ``checkpoint/``; RNG snapshots; a trainer's save, load, resume
 ``state``          where a run stands (step, data position, dataset), checkpoint form
 ``interrupt``      Ctrl-C: finish the step, save, stop
 ``progress``       progress bars for a terminal, Colab and the book

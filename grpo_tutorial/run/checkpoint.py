@@ -12,6 +12,11 @@ The global RNGs (Python, NumPy, torch, CUDA) go into every checkpoint
 (:func:`capture_rng_state`): the package's own randomness comes from named seed
 streams (:mod:`grpo_tutorial.seeding`), but a reward function may draw from the
 global ones, and a resumed run must draw what the uninterrupted one drew.
+
+:func:`save_training` and :func:`load_training` are a trainer's save and load:
+the history file, the tensors and the warnings of a resume, with the trainer's
+objects passed in (this module knows no GRPO); :func:`resume_or_start` decides,
+before a run, what to do with the checkpoint its directory holds.
 """
 
 from __future__ import annotations
@@ -21,21 +26,31 @@ import os
 import random
 import shutil
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from .disk import disk_errors, fsync_dir, write_durably
-from .layout import CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP, FORMAT_VERSION, META_FILE, STATE_FILE, find_checkpoint, read_meta
+from .history import write_history
+from .layout import (
+    CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP, FORMAT_VERSION, HISTORY_FILE, META_FILE, STATE_FILE, find_checkpoint,
+    read_meta,
+)
+from .state import check_same_dataset
+from .warn import warn_now
 
 __all__ = [
     "RESUME_FREE_FIELDS",
     "capture_rng_state",
     "config_changes",
     "load_model_state",
+    "load_training",
     "read_checkpoint",
     "restore_rng_state",
+    "resume_or_start",
     "restore_training_state",
+    "save_training",
     "training_state",
     "write_checkpoint",
 ]
@@ -121,6 +136,78 @@ def write_checkpoint(root: Path, state: dict, meta: dict) -> Path:
         fsync_dir(root)
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def save_training(
+    root: str | os.PathLike, model, optimizer, scheduler, ref_model, *, meta: dict, history: Sequence[dict],
+    appending: Sequence[Any] = (),
+) -> Path:
+    """A trainer's save: the history up to this step on disk first, then the atomic checkpoint; return its path.
+
+    ``appending`` holds the writers a run appends with (``history.jsonl``,
+    ``completions.jsonl``): when they write into ``root``, they are synced, else
+    ``root/history.jsonl`` is rewritten to hold ``history``. The history is not
+    stored in the checkpoint. ``meta`` is where the run stands (JSON-ready).
+    """
+    root = Path(root)
+    if appending and all(writer.output_dir == root for writer in appending):
+        for writer in appending:
+            writer.sync()  # the rows the checkpoint's step covers are on disk before it
+    else:
+        with disk_errors(root, root):
+            root.mkdir(parents=True, exist_ok=True)
+        write_history(root / HISTORY_FILE, history)
+    return write_checkpoint(root, training_state(model, optimizer, scheduler, ref_model), meta)
+
+
+def load_training(
+    root: str | os.PathLike, model, optimizer, scheduler, ref_model, *, config: dict, defaults: dict
+) -> dict | None:
+    """Undo :func:`save_training`'s checkpoint: load its tensors into the objects given, return its meta.
+
+    None when ``root`` holds no checkpoint. Warns when the saved config differs
+    from ``config`` (:func:`config_changes`) and when the checkpoint holds no
+    reference model for ``ref_model``. The history is the caller's to read back
+    (:func:`~grpo_tutorial.run.history.history_until`).
+    """
+    path = find_checkpoint(root)
+    if path is None:
+        return None
+    state, meta = read_checkpoint(path)
+    changed = config_changes(meta["config"], config, defaults)
+    if changed:
+        warn_now(f"resuming from {path} with a different config ({changed}); the resumed run will not "
+                 "match an uninterrupted one")
+    if not restore_training_state(state, model, optimizer, scheduler, ref_model):
+        warn_now(f"checkpoint {path} holds no reference model (it was saved with beta=0); "
+                 "the reference stays as it is now")
+    return meta
+
+
+def resume_or_start(
+    output_dir: str | os.PathLike | None, fingerprint: str, *, resume: bool, fresh: bool,
+    load: Callable[[str | os.PathLike], bool],
+) -> None:
+    """Before a run in ``output_dir`` (None: none) on the dataset with ``fingerprint``: resume, or start and say so.
+
+    With ``resume``, a checkpoint made on another dataset is refused before
+    any state is touched, then ``load(output_dir)`` (the trainer's load,
+    False when there is no checkpoint) restores it; with none, the run starts
+    from step 0 with a warning. Without ``resume``, a ``fresh`` run (at step 0)
+    warns that it will replace the checkpoint ``output_dir`` holds.
+    """
+    if resume:
+        if output_dir is None:
+            raise ValueError("train(resume=True) needs GRPOConfig.output_dir, where the checkpoint lives")
+        saved = find_checkpoint(output_dir)
+        if saved is not None:  # refuse a different dataset before touching any state
+            where = f"the checkpoint in {output_dir!r}"
+            check_same_dataset(fingerprint, read_meta(saved).get("dataset_fingerprint"), where)
+        if not load(output_dir):
+            warn_now(f"resume=True but no checkpoint in {output_dir!r}; starting from step 0")
+    elif output_dir is not None and fresh and find_checkpoint(output_dir) is not None:
+        warn_now(f"{output_dir!r} already holds a checkpoint; starting a new run from step 0 that will "
+                 "replace it at its first save (pass resume=True to continue the old run instead)")
 
 
 #: Fields that may change between a run and its resumption without changing its numbers.

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from .warn import WarnOnce
 
-__all__ = ["RunState", "dataset_fingerprint"]
+__all__ = ["RunState", "check_same_dataset", "dataset_fingerprint"]
 
 
 def dataset_fingerprint(dataset: Sequence[dict]) -> str:
@@ -24,6 +24,15 @@ def dataset_fingerprint(dataset: Sequence[dict]) -> str:
     for row in dataset:
         digest.update(json.dumps([row.get("prompt"), row.get("answer")], default=str).encode("utf-8"))
     return digest.hexdigest()[:16]
+
+
+def check_same_dataset(fingerprint: str, trained_on: str | None, where: str) -> None:
+    """Refuse a dataset whose fingerprint is not ``trained_on``, the one ``where`` trained on (None: not known)."""
+    if trained_on not in (None, fingerprint):
+        raise ValueError(
+            f"the dataset differs from the one {where} trained on (fingerprint {fingerprint} vs "
+            f"{trained_on}); train on the same dataset, or start a new trainer (and output_dir) for a new one"
+        )
 
 
 @dataclass
@@ -48,6 +57,11 @@ class RunState:
     dataset_fingerprint: str | None = None
     skipped_updates: int = 0
     warn: WarnOnce = field(default_factory=WarnOnce)
+
+    def use_dataset(self, fingerprint: str, where: str) -> None:
+        """Tie the run to the dataset with this fingerprint; refuse another than the one ``where`` trained on."""
+        check_same_dataset(fingerprint, self.dataset_fingerprint, where)
+        self.dataset_fingerprint = fingerprint
 
     def to_meta(self) -> dict:
         """The checkpoint form (JSON-ready)."""

@@ -16,7 +16,7 @@ import sys
 import warnings
 from typing import Sequence
 
-__all__ = ["GRPOWarning", "WarnOnce", "caller_stacklevel"]
+__all__ = ["GRPOWarning", "WarnOnce", "caller_stacklevel", "warn_now"]
 
 #: ``grpo_tutorial/``: frames inside it (and inside its subpackages) are the package's own.
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,6 +35,11 @@ def caller_stacklevel() -> int:
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(PACKAGE_DIR + os.sep):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def warn_now(message: str) -> None:
+    """A :class:`GRPOWarning` that is not limited to once per run (a resume, a replaced checkpoint), at the user's line."""
+    warnings.warn(message, GRPOWarning, stacklevel=caller_stacklevel())
 
 
 class WarnOnce:
