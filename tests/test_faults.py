@@ -40,6 +40,8 @@ CLI = [
     sys.executable, "-m", "grpo_tutorial", "train", "--model", "tiny", "--task", "addition", "--digits", "1",
     "--prompts-per-step", "4", "--group-size", "4", "--n-train", "200", "--n-eval", "20",
     "--reward", "partial_credit", "--seed", "3", "--threads", "1", "--no-progress",
+    # GRPO alone, two passes over each batch of 16 (not the tiny-cpu recipe's warm start and evaluations)
+    "--minibatch-size", "none", "--num-iterations", "2", "--sft-steps", "0", "--no-eval-before", "--no-eval-after",
 ]
 
 

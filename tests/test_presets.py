@@ -1,27 +1,79 @@
-"""Named presets and the training-memory estimate."""
+"""Named presets (the one registry, grpo_tutorial.presets) and what a run costs (chapters.costs)."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+from pathlib import Path
+
 import pytest
 
+import grpo_tutorial
 from grpo_tutorial import GRPOConfig
-from grpo_tutorial.chapters.presets import (
-    PRESETS,
-    SMOLLM2_SYSTEM_PROMPT,
-    get_preset,
-    logits_memory_bytes,
-    smollm2_cpu_data,
-    rl_step_cost,
-    training_memory_bytes,
-)
+from grpo_tutorial.chapters.costs import logits_memory_bytes, rl_step_cost, training_memory_bytes
+from grpo_tutorial.chapters.gsm8k import smollm2_cpu_data
+from grpo_tutorial.presets import PRESETS, SMOLLM2_SYSTEM_PROMPT, get_preset
 
 
 def test_every_preset_is_a_valid_config():
-    assert set(PRESETS) == {"smollm2-cpu", "qwen2.5-0.5b-colab-t4"}
+    assert set(PRESETS) == {"tiny-cpu", "smollm2-cpu", "qwen2.5-0.5b-colab-t4"}
     for name, config in PRESETS.items():
         assert isinstance(config, GRPOConfig), name
         # re-running validation on the same values must not raise
         GRPOConfig(**config.to_dict())
+
+
+def _changed(config: GRPOConfig) -> dict:
+    """The fields a preset sets away from GRPOConfig's defaults."""
+    default = GRPOConfig()
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if getattr(config, f.name) != getattr(default, f.name)}
+
+
+def test_tiny_cpu_is_the_calibrated_recipe():
+    """Chapter 8's GRPO phase, with the values the committed records (grpo_tutorial/data/) were made with."""
+    from grpo_tutorial.chapters.recipes import TinyAdditionRecipe
+
+    assert _changed(get_preset("tiny-cpu")) == {"prompts_per_step": 32, "minibatch_size": 128, "eval_batch_size": 250}
+    assert TinyAdditionRecipe().grpo == get_preset("tiny-cpu")
+    cfg = get_preset("tiny-cpu")
+    assert (cfg.group_size, cfg.max_new_tokens, cfg.learning_rate, cfg.num_iterations, cfg.beta) == (8, 4, 1e-4, 1, 0.0)
+    assert cfg.updates_per_step == 2
+
+
+def test_t4_preset_values_are_those_chapter_9_cites():
+    assert _changed(get_preset("qwen2.5-0.5b-colab-t4")) == {
+        "prompts_per_step": 8, "max_new_tokens": 256, "learning_rate": 5e-6, "warmup_steps": 5,
+        "micro_batch_size": 8, "reward_weights": [1.0, 0.1],
+        "system_prompt": "Solve the problem step by step, briefly. Put the final number in \\boxed{}.",
+        "log_every": 10, "log_completions": True, "num_completions_to_print": 4, "checkpoint_every": 25,
+    }
+
+
+def _module_level_presets(path: Path) -> list[str]:
+    """Module-level statements of ``path`` that name a ``PRESETS`` table or build a GRPOConfig."""
+    found = []
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        names = [t.id for t in targets if isinstance(t, ast.Name)]
+        builds = any(isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == "GRPOConfig"
+                     for n in ast.walk(node.value)) if node.value is not None else False
+        if "PRESETS" in names or builds:
+            found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_the_registry_is_the_only_place_that_names_settings():
+    """The command line, the chapters and the benchmarks take named settings from grpo_tutorial.presets."""
+    root = Path(grpo_tutorial.__file__).parent
+    files = sorted(root.rglob("*.py")) + sorted((root.parent / "benchmarks").glob("*.py"))
+    offenders = [hit for path in files if path != root / "presets.py" for hit in _module_level_presets(path)]
+    assert offenders == [], offenders
+    assert _module_level_presets(root / "presets.py") != []  # the detector sees the registry itself
+    source = "\n".join(path.read_text(encoding="utf-8") for path in files)
+    assert "_GRPO_SETTINGS" not in source and "_FLAG_TO_FIELD" not in source
 
 
 def test_cpu_preset_values():
