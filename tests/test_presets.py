@@ -51,9 +51,12 @@ def test_t4_preset_values_are_those_chapter_9_cites():
 
 
 def _module_level_presets(path: Path) -> list[str]:
-    """Module-level statements of ``path`` that name a ``PRESETS`` table or build a GRPOConfig."""
+    """Statements of ``path`` at module or class level (a dataclass field's default included) that
+    name a ``PRESETS`` table or build a GRPOConfig; code inside functions builds configs from arguments."""
     found = []
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    for node in tree.body + [statement for cls in classes for statement in cls.body]:
         if not isinstance(node, (ast.Assign, ast.AnnAssign)):
             continue
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
