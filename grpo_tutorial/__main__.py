@@ -48,7 +48,10 @@ from .kl import KL_KINDS
 from .objectives import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
 from .presets import PRESETS, get_preset
 
-__all__ = ["RUN_DEFAULTS", "RUN_FIELDS", "TASKS", "build_parser", "config_from_args", "main"]
+__all__ = [
+    "FIELD_ALIASES", "FIELD_CHOICES", "RUN_DEFAULTS", "RUN_FIELDS", "TASKS", "TaskData", "build_parser",
+    "config_from_args", "main", "make_task_data", "parse_rewards", "resolve_run_defaults",
+]
 
 TASKS = ("addition", "multiplication", "countdown", "gsm8k")
 

@@ -352,6 +352,8 @@ def test_train_help_lists_every_config_field_with_its_doc(capsys):
         first_words = " ".join(docs[f.name].replace("``", "").split()[:3])
         assert first_words in flat, (f.name, first_words)
     assert "{" + ",".join(LOSS_TYPES) + "}" in flat  # choices from the package's constants
+    # every field that takes one of a few names has its choices (a new one must be added to FIELD_CHOICES)
+    assert {f.name for f in dataclasses.fields(GRPOConfig) if f.type == "str"} == set(FIELD_CHOICES)
     assert "--no-mask-truncated-completions" in out and "--lr" in out and "--out" in out
     assert "{" + ",".join(sorted(PRESETS)) + "}" in flat
 
