@@ -271,12 +271,11 @@ def run_ours(spec: MatchedSpec, warmup: int, repeats: int) -> dict[str, Any]:
 
 def _prompt_tokens(tokenizer: Any, batch: list[dict], config: Any) -> float:
     """Mean prompt length in tokens, rendered as the trainer renders it."""
-    from grpo_tutorial.rollout import _uses_chat_template, render_prompts
+    from grpo_tutorial.rollout import encode_prompts
 
-    texts = render_prompts(tokenizer, [row["prompt"] for row in batch], system_prompt=config.system_prompt,
-                           use_chat_template=config.use_chat_template)
-    add_special = not _uses_chat_template(tokenizer, config.use_chat_template)
-    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=add_special)["input_ids"]]
+    token_rows = encode_prompts(tokenizer, [row["prompt"] for row in batch], system_prompt=config.system_prompt,
+                                use_chat_template=config.use_chat_template)
+    lengths = [len(ids) for ids in token_rows]
     return sum(lengths) / len(lengths)
 
 

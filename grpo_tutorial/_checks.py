@@ -51,12 +51,19 @@ def one_of(name: str, value, allowed) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Config fields: one set of validators for GRPOConfig and SFTConfig
+# Ints, numbers and flags: one set of validators for the whole package
 # ---------------------------------------------------------------------------
+#
+# The error policy is Python's: a value of the wrong *type* raises ``TypeError``
+# (``group_size=4.0``, ``n="5"``, ``steps=True``), a value of the right type that is
+# out of range raises ``ValueError`` (``group_size=1``). Both messages read
+# ``<owner>.<name> must be <what is expected>, got <value>``; a type error adds the
+# type it got. ``owner`` is the config class (``"GRPOConfig"``) for a field, or None
+# for a function's argument.
 
 
 def is_int(value) -> bool:
-    """An int that is not a bool (``True`` is an int to Python, but never a step count)."""
+    """A Python int that is not a bool (``True`` is an int to Python, but never a step count)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -67,27 +74,71 @@ def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def config_error(owner: str, name: str, value, expected: str, hint: str = "") -> ValueError:
-    """The one message every config field error uses: owner, field, expectation, value."""
-    return ValueError(f"{owner}.{name} must be {expected}, got {value!r}{hint}")
+def _label(owner: str | None, name: str) -> str:
+    return f"{owner}.{name}" if owner else name
 
 
-def check_int(owner: str, name: str, value, minimum: int, *, optional: bool = False, hint: str = "") -> None:
-    """``value`` is an int >= ``minimum`` (or None when ``optional``)."""
+def config_error(owner: str | None, name: str, value, expected: str, hint: str = "") -> ValueError:
+    """The one message every value error uses: owner, field, expectation, value."""
+    return ValueError(f"{_label(owner, name)} must be {expected}, got {value!r}{hint}")
+
+
+def type_error(owner: str | None, name: str, value, expected: str, hint: str = "") -> TypeError:
+    """:func:`config_error`'s message for a value of the wrong type, with the type it got."""
+    return TypeError(f"{_label(owner, name)} must be {expected}, got {value!r} (type {type(value).__name__}){hint}")
+
+
+def check_int(
+    owner: str | None, name: str, value, minimum: int | None = None, *, optional: bool = False, hint: str = ""
+) -> int | None:
+    """Check that ``value`` is an int ``>= minimum`` (or None when ``optional``) and return it.
+
+    The one int check of the package, for config fields (``owner="GRPOConfig"``)
+    and function arguments (``owner=None``) alike. A bool, a float, a str or a
+    numpy integer raises ``TypeError``; an int below ``minimum`` raises
+    ``ValueError``:
+
+    >>> check_int("GRPOConfig", "group_size", 1, 2)
+    Traceback (most recent call last):
+    ValueError: GRPOConfig.group_size must be an int >= 2, got 1
+    >>> check_int(None, "n", 4.0, 1)
+    Traceback (most recent call last):
+    TypeError: n must be an int >= 1, got 4.0 (type float)
+    """
     if optional and value is None:
-        return
-    if not is_int(value) or value < minimum:
-        raise config_error(owner, name, value, f"{'None or ' if optional else ''}an int >= {minimum}", hint)
+        return None
+    expected = f"{'None or ' if optional else ''}an int" + ("" if minimum is None else f" >= {minimum}")
+    if not is_int(value):
+        raise type_error(owner, name, value, expected, hint)
+    if minimum is not None and value < minimum:
+        raise config_error(owner, name, value, expected, hint)
+    return value
 
 
-def check_number(owner: str, name: str, value, ok, expected: str, *, optional: bool = False) -> None:
-    """``value`` is a finite number for which ``ok(value)`` holds (or None when ``optional``)."""
+def check_number(owner: str | None, name: str, value, ok, expected: str, *, optional: bool = False) -> float | None:
+    """Check that ``value`` is a finite number for which ``ok(value)`` holds; return it as a float.
+
+    A value that is not an int or a float (or is a bool) raises ``TypeError``;
+    a number that is not finite, or fails ``ok``, raises ``ValueError``.
+    """
     if optional and value is None:
-        return
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise type_error(owner, name, value, expected)
     if not is_number(value) or not ok(value):
         raise config_error(owner, name, value, expected)
+    return float(value)
 
 
-def check_choice(owner: str, name: str, value, allowed) -> None:
+def check_flag(owner: str | None, name: str, value, *, optional: bool = False, expected: str | None = None) -> None:
+    """Check that ``value`` is True or False (or None when ``optional``); anything else raises ``TypeError``."""
+    if optional and value is None:
+        return
+    if not isinstance(value, bool):
+        raise type_error(owner, name, value, expected or f"{'None, ' if optional else ''}True or False")
+
+
+def check_choice(owner: str | None, name: str, value, allowed) -> None:
+    """``value`` is one of ``allowed``; anything else (of any type) raises ``ValueError``."""
     if value not in allowed:
         raise config_error(owner, name, value, f"one of {list(allowed)}")

@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from ._checks import as_float_tensor, one_of
+from ._checks import as_float_tensor, check_int, one_of
 
 SCALES = ("group", "batch", "none")
 #: TRL's ``multi_objective_aggregation``: sum the weighted rewards, then normalise
@@ -97,8 +97,7 @@ def group_advantages(
             raise ValueError(
                 f"rewards is flat with shape {tuple(r.shape)}; pass group_size=G, or reshape to [P, G]"
             )
-        if not isinstance(group_size, int) or group_size < 1:
-            raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+        check_int(None, "group_size", group_size, 1)
         if r.numel() % group_size != 0:
             raise ValueError(
                 f"rewards has {r.numel()} entries, which is not a multiple of group_size={group_size}"
@@ -241,8 +240,7 @@ def normalize_then_sum(
     if r.dim() != 2:
         raise ValueError(f"per_function must have shape [N, K] (completions x reward functions), got {tuple(r.shape)}")
     n, k = r.shape
-    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 2:
-        raise ValueError(f"group_size must be an int >= 2 (a group needs a baseline), got {group_size!r}")
+    check_int(None, "group_size", group_size, 2, hint="; a group needs a baseline")
     if n == 0 or n % group_size != 0:
         raise ValueError(f"per_function has {n} rows, which is not a positive multiple of group_size={group_size}")
     w = torch.ones(k, dtype=r.dtype) if weights is None else as_float_tensor("weights", weights).to(r.dtype)

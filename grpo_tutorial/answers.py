@@ -7,9 +7,13 @@ lives here once:
   ``\\boxed{...}``, GSM8K's ``#### 42``, or else the last number.
 * :func:`answers_match` compares a prediction with a reference as exact rationals
   when both are numbers (``"1,234" == 1234``, ``"3.50" == 3.5``), else as text.
-* :func:`parse_number` and :func:`canonical_number` read and write one number.
+* :func:`parse_number` and :func:`canonical_number` read and write one number;
+  :func:`last_number` and :func:`last_boxed` find the last number and the last
+  ``\\boxed{}`` in a text (chapter 9's format reward uses them).
 * :func:`completion_texts` turns TRL's two completion formats (strings, or lists
-  of chat messages) into strings, with errors that name the bad item.
+  of chat messages, as :func:`~grpo_tutorial.chat.is_chat_messages` defines them)
+  into strings, with errors that name the bad item; :func:`references_for` checks
+  the ``answer`` column a reward function receives.
 """
 
 from __future__ import annotations
@@ -20,12 +24,16 @@ import re
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
+from .chat import is_chat_messages
+
 __all__ = [
     "answers_match",
     "canonical_number",
     "completion_texts",
     "completion_to_text",
     "extract_answer",
+    "last_boxed",
+    "last_number",
     "parse_number",
     "references_for",
 ]
@@ -61,7 +69,7 @@ _GSM8K_RE = re.compile(r"^[ \t]*####[ \t]*(.*?)[ \t]*$", re.MULTILINE)
 _BOXED_RE = re.compile(r"\\boxed\s*\{")
 
 
-def _canonical(value: Fraction) -> str:
+def canonical_number(value: Fraction) -> str:
     """Write a rational number one way only: ``12``, ``-3.5`` or ``1/3``.
 
     Integers lose any ``.0``; a value with a finite decimal expansion is written
@@ -95,7 +103,7 @@ def _clean_number_text(text: str) -> str:
     return t
 
 
-def _parse_number(text: str) -> Fraction | None:
+def parse_number(text: str) -> Fraction | None:
     """The value of a string that holds exactly one number, else None.
 
     Accepts ``1,234``, ``-7``, ``3.50``, ``$5``, ``50%``, ``3/4`` and ``\\frac{3}{4}``.
@@ -123,8 +131,18 @@ def _match_value(m: re.Match) -> Fraction | None:
     return -value if m.group("sign") in ("-", "\u2212") else value
 
 
-def _last_number(text: str) -> Fraction | None:
-    """The value of the last number written anywhere in ``text``."""
+def last_number(text: str) -> Fraction | None:
+    """The value of the last number written anywhere in ``text``, as an exact rational, else None.
+
+    Numbers are read as :func:`parse_number` reads them (``1,234``, ``-7``,
+    ``3.5``, ``\\frac{3}{4}``); a ``-`` glued to a word or a closing bracket is an
+    operator, so the last number of ``"12-5"`` is 5.
+
+    >>> last_number("12 apples, then 1,234.5 pears")
+    Fraction(2469, 2)
+    >>> last_number("no digits") is None
+    True
+    """
     values = [v for v in map(_match_value, _NUMBER_RE.finditer(text)) if v is not None]
     return values[-1] if values else None
 
@@ -144,16 +162,23 @@ def _answer_from_content(content: str) -> str | None:
     stripped = content.strip()
     if not stripped:
         return None
-    value = _parse_number(stripped)
+    value = parse_number(stripped)
     if value is None:
-        value = _last_number(stripped)
+        value = last_number(stripped)
     if value is not None:
-        return _canonical(value)
+        return canonical_number(value)
     return " ".join(stripped.split())
 
 
-def _last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` whose braces balance, else None."""
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` whose braces balance, else None.
+
+    Nested braces count: ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``. The
+    content is returned as written; :func:`extract_answer` normalises it.
+
+    >>> last_boxed(r"so \\boxed{3} or rather \\boxed{\\frac{1}{2}}")
+    '\\\\frac{1}{2}'
+    """
     found = None
     for m in _BOXED_RE.finditer(text):
         depth, start = 1, m.end()
@@ -196,15 +221,15 @@ def extract_answer(text: str) -> str | None:
     tags = _ANSWER_TAG_RE.findall(text)
     if tags:
         return _answer_from_content(tags[-1])
-    boxed = _last_boxed(text)
+    boxed = last_boxed(text)
     if boxed is not None:
         return _answer_from_content(boxed)
     for line in reversed(_GSM8K_RE.findall(text)):
-        value = _parse_number(line)
+        value = parse_number(line)
         if value is not None:
-            return _canonical(value)
-    value = _last_number(text)
-    return None if value is None else _canonical(value)
+            return canonical_number(value)
+    value = last_number(text)
+    return None if value is None else canonical_number(value)
 
 
 def _reference_value(ref: object, name: str) -> Fraction | str:
@@ -212,7 +237,7 @@ def _reference_value(ref: object, name: str) -> Fraction | str:
     if isinstance(ref, bool) or not isinstance(ref, (str, numbers.Real)):
         raise TypeError(f"{name} must be a str or a number, got {type(ref).__name__}: {ref!r:.80}")
     if isinstance(ref, str):
-        value = _parse_number(ref)
+        value = parse_number(ref)
         return value if value is not None else _normalise_text(ref)
     if isinstance(ref, numbers.Integral):
         return Fraction(int(ref))
@@ -253,7 +278,7 @@ def completion_to_text(completion: object) -> str:
         return completion
     if isinstance(completion, Mapping):
         completion = [completion]
-    if isinstance(completion, Sequence) and completion and all(isinstance(m, Mapping) for m in completion):
+    if is_chat_messages(completion):
         assistant = [m for m in completion if m.get("role") == "assistant"]
         message = (assistant or list(completion))[-1]
         content = message.get("content", "")
@@ -271,8 +296,13 @@ def completion_to_text(completion: object) -> str:
     )
 
 
-def _texts(completions: object) -> list[str]:
-    """Check ``completions`` is a list and turn each item into text."""
+def completion_texts(completions: object) -> list[str]:
+    """The text of each completion: what every reward function reads first.
+
+    ``completions`` is a list of strings or of chat message lists (TRL's two
+    formats); each item goes through :func:`completion_to_text`. A str, a dict
+    or a non-list raises ``TypeError``, and so does a bad item, naming its index.
+    """
     if isinstance(completions, (str, Mapping)) or not isinstance(completions, Sequence):
         raise TypeError(
             f"completions must be a list (one item per completion), got {type(completions).__name__}"
@@ -286,8 +316,13 @@ def _texts(completions: object) -> list[str]:
     return texts
 
 
-def _references(answer: object, n: int, name: str = "answer") -> list:
-    """Check ``answer`` (called ``name`` in messages) holds one reference per completion."""
+def references_for(answer: object, n: int, name: str = "answer") -> list:
+    """``answer`` as a list, checked to hold one reference per completion (``n`` of them).
+
+    A reward function receives the dataset's ``answer`` column this way; ``name``
+    is what the error messages call it. Not a list: ``TypeError``; a list of
+    the wrong length: ``ValueError``.
+    """
     if isinstance(answer, (str, Mapping)) or not isinstance(answer, Sequence):
         raise TypeError(
             f"{name} must be a list with one reference per completion, got {type(answer).__name__}: {answer!r:.80}"
@@ -296,9 +331,3 @@ def _references(answer: object, n: int, name: str = "answer") -> list:
         raise ValueError(f"{name} has {len(answer)} items but there are {n} completions; expected one per completion")
     return list(answer)
 
-
-# Public names for the helpers other modules use.
-canonical_number = _canonical
-parse_number = _parse_number
-completion_texts = _texts
-references_for = _references

@@ -1,15 +1,14 @@
-"""What a chapter prints first: versions, device and threads, so outputs can be compared."""
+"""What a chapter prints first: versions, device and threads, so outputs can be compared.
+
+There is no "are we in Colab?" helper here: the one cell that asks, each notebook's
+install cell, runs before this package is installed, so it tests
+``"google.colab" in sys.modules`` itself (``tests/test_notebooks_meta.py`` checks it).
+"""
 
 from __future__ import annotations
 
 import os
 import platform
-import sys
-
-
-def in_colab() -> bool:
-    """True inside Google Colab (the install cells run only there)."""
-    return "google.colab" in sys.modules
 
 
 def describe_environment(print_it: bool = True) -> dict[str, str]:

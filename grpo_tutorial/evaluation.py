@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ._checks import is_int
+from ._checks import check_int
 from .config import GRPOConfig
 from .metrics import nanmean
 from .rewards import compute_rewards, correctness_reward, extra_columns, judge_correct
@@ -96,8 +96,7 @@ def evaluate_policy(
     if not isinstance(config, GRPOConfig):
         raise TypeError(f"config must be a GRPOConfig (the run's settings), got {type(config).__name__}")
     batch_size = config.eval_batch_size if batch_size is None else batch_size
-    if not is_int(batch_size) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    check_int(None, "batch_size", batch_size, 1)
     rows = as_rows(rows)
     validate_for_model(rows, model, tokenizer, config.max_new_tokens)
     fns = [correctness_reward] if reward_fns is None else ([reward_fns] if callable(reward_fns) else list(reward_fns))

@@ -7,6 +7,8 @@ terms: ratios, clipping and the KL penalty are all applied token by token.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ._checks import require_tensor
@@ -336,7 +338,7 @@ def shared_prompt_logits(model, input_ids: torch.Tensor, attention_mask: torch.T
     first = out.logits[row_prompt]  # [N, 1, V]
     if completion_length == 1:
         return [first]
-    cache = out.past_key_values
+    cache = returned_cache(out)
     if cache is None:  # the model declined to return a cache: score in full
         return None
     cache.batch_select_indices(row_prompt)  # [U, ...] -> [N, ...]
@@ -345,8 +347,8 @@ def shared_prompt_logits(model, input_ids: torch.Tensor, attention_mask: torch.T
         input_ids=input_ids[:, Tp:-1],  # [N, Tc-1]
         attention_mask=attention_mask[:, :-1],  # [N, Tp+Tc-1]: the cached prompt, then these tokens
         position_ids=position_ids[:, Tp:-1],  # [N, Tc-1]
-        past_key_values=cache,
         use_cache=True,
+        **{cache_argument(model): cache},
     ).logits  # [N, Tc-1, V]
     return [first, rest]
 
@@ -424,3 +426,25 @@ def score_rollout(
     if return_entropy:
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])  # [N, Tc] x2
     return torch.cat(parts)  # [N, Tc]
+
+
+def cache_argument(model) -> str:
+    """The keyword under which ``model`` takes a KV cache: ``cache`` or ``past_key_values``.
+
+    transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name still
+    works there, with a deprecation warning at every call); earlier versions,
+    Colab's among them, know only the old name. The model's own ``forward``
+    signature says which one it takes, and ``generate`` takes the same.
+    """
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # not introspectable: the name every version accepts
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def returned_cache(output):
+    """The KV cache a forward pass returned (None if it returned none), under either name."""
+    fields = getattr(output, "__dataclass_fields__", {})
+    return getattr(output, "cache" if "cache" in fields else "past_key_values", None)
+

@@ -45,7 +45,7 @@ from dataclasses import InitVar, dataclass
 
 import torch
 
-from ._checks import check_choice, check_int, check_number, config_error, is_number, require_tensor, same_shape
+from ._checks import check_choice, check_flag, check_int, check_number, config_error, is_number, require_tensor, same_shape
 from .kl import KL_KINDS, kl_estimate
 from .objectives import (
     IMPORTANCE_SAMPLING_LEVELS,
@@ -78,7 +78,7 @@ class LossOptions:
     (``GRPOConfig.delta must be ...`` when the config builds it).
 
     A bad value raises ``ValueError`` naming the field, the value and what it
-    should be; so does an option that the chosen ``loss_type`` would silently
+    should be (``TypeError`` when the value has the wrong type); so does an option that the chosen ``loss_type`` would silently
     ignore (``delta`` with CISPO, SAPO or VESPO) or that contradicts it (LUSPO
     without GSPO's sequence-level ratio, VESPO with it).
     """
@@ -131,15 +131,13 @@ class LossOptions:
                          f"None or a number > 1 + clip_eps_high = {1 + eps_high:g}", optional=True)
         for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
             check_number(o, name, getattr(self, name), lambda v: v > 0, "a number > 0")
-        if not isinstance(self.mask_truncated_completions, bool):
-            raise config_error(o, "mask_truncated_completions", self.mask_truncated_completions, "True or False")
+        check_flag(o, "mask_truncated_completions", self.mask_truncated_completions)
         check_number(o, "top_entropy_quantile", self.top_entropy_quantile, lambda v: 0 <= v <= 1,
                      "a number in [0, 1] (1.0 = every token; the 80/20 paper uses 0.2)")
         check_number(o, "entropy_coef", self.entropy_coef, lambda v: True, "a number (0 = no entropy bonus)")
         check_number(o, "off_policy_mask_threshold", self.off_policy_mask_threshold, lambda v: v >= 0,
                      "None or a number >= 0 (e.g. 0.5)", optional=True)
-        if not isinstance(self.use_bias_correction_kl, bool):
-            raise config_error(o, "use_bias_correction_kl", self.use_bias_correction_kl, "True or False")
+        check_flag(o, "use_bias_correction_kl", self.use_bias_correction_kl)
         for name in ("vespo_k_pos", "vespo_k_neg"):
             check_number(o, name, getattr(self, name), lambda v: v >= 0, "a number >= 0 (the power of w in VESPO's weight)")
         for name in ("vespo_lambda_pos", "vespo_lambda_neg"):

@@ -43,6 +43,8 @@ from pathlib import Path
 
 import torch
 
+from ._checks import check_int
+
 TINY_NAME = "tiny"
 SMOLLM2_NAME = "smollm2-135m-instruct"
 #: The names :func:`load_policy` knows besides hub ids and folders.
@@ -217,8 +219,7 @@ def build_char_tokenizer(vocab: str | Sequence[str] | None = None, model_max_len
     from transformers import PreTrainedTokenizerFast
 
     chars = _check_chars(TINY_CHARS if vocab is None else vocab)
-    if not isinstance(model_max_length, int) or model_max_length < 1:
-        raise ValueError(f"model_max_length must be a positive int, got {model_max_length!r}")
+    check_int(None, "model_max_length", model_max_length, 1)
     pad, bos, eos, unk = TINY_SPECIALS
     token_to_id = {tok: i for i, tok in enumerate(list(TINY_SPECIALS) + chars)}
 
@@ -279,16 +280,14 @@ def build_tiny_policy(
         ("intermediate_size", intermediate_size),
         ("max_position_embeddings", max_position_embeddings),
     ]:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{arg} must be a positive int, got {value!r}")
+        check_int(None, arg, value, 1)
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
     if (hidden_size // num_heads) % 2:
         raise ValueError(f"the head size hidden_size/num_heads={hidden_size // num_heads} must be even (rotary embeddings rotate pairs)")
     if num_heads % kv_heads:
         raise ValueError(f"num_heads={num_heads} must be divisible by num_kv_heads={kv_heads}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}: {seed!r}")
+    check_int(None, "seed", seed)
 
     tokenizer = build_char_tokenizer(vocab, model_max_length=max_position_embeddings)
     config = Qwen2Config(

@@ -41,7 +41,7 @@ import math
 
 import torch
 
-from ._checks import one_of
+from ._checks import check_int, one_of
 
 __all__ = [
     "AGGREGATIONS",
@@ -343,10 +343,8 @@ def _token_mean(masked, mask, max_completion_length):
 
 def _constant_normaliser(masked, mask, max_completion_length):
     length = masked.shape[1] if max_completion_length is None else max_completion_length
-    if not isinstance(length, int) or length < masked.shape[1]:
-        raise ValueError(
-            f"max_completion_length must be an int >= the completion width {masked.shape[1]}, got {length!r}"
-        )
+    check_int(None, "max_completion_length", length, masked.shape[1],
+              hint=f"; it must cover the completion width, {masked.shape[1]} tokens")
     return masked.sum() / (masked.shape[0] * length)
 
 
@@ -384,8 +382,7 @@ def aggregate_tokens(
     this batch's own token count) give the loss of this batch alone.
     """
     one_of("loss_type", loss_type, LOSS_TYPES)
-    if not isinstance(gradient_accumulation_steps, int) or gradient_accumulation_steps < 1:
-        raise ValueError(f"gradient_accumulation_steps must be an int >= 1, got {gradient_accumulation_steps!r}")
+    check_int(None, "gradient_accumulation_steps", gradient_accumulation_steps, 1)
     # where(), not multiplication: a NaN/inf at a padded position must not leak in.
     masked = torch.where(mask.bool(), per_token, torch.zeros_like(per_token))  # [N, T]
     reduce = AGGREGATIONS[loss_type]

@@ -17,6 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ._checks import check_int
+
 __all__ = ["DEFAULT_PANELS", "moving_average", "plot_history"]
 
 #: Panels drawn by default: (history key, title). "reward_mean" also gets a
@@ -38,8 +40,7 @@ def moving_average(values: Sequence[float], window: int) -> np.ndarray:
     >>> moving_average([1.0, 2.0, 3.0, 4.0], 2).tolist()
     [1.0, 1.5, 2.5, 3.5]
     """
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"smooth must be a positive int (a window in steps), got {window!r}")
+    check_int(None, "smooth", window, 1, hint="; it is a window in steps")
     x = np.asarray(values, dtype=float)  # [S]
     valid = ~np.isnan(x)  # [S]
     sums = np.cumsum(np.where(valid, x, 0.0))  # [S]
@@ -126,12 +127,8 @@ def plot_history(
         raise ValueError("the history is empty; there is nothing to plot")
     if smooth is not None:
         moving_average([0.0], smooth)  # validates the window
-    if completions_per_step is not None and (
-        isinstance(completions_per_step, bool) or not isinstance(completions_per_step, int) or completions_per_step < 2
-    ):
-        raise ValueError(
-            f"completions_per_step must be an int >= 2 (prompts_per_step * group_size), got {completions_per_step!r}"
-        )
+    if completions_per_step is not None:
+        check_int(None, "completions_per_step", completions_per_step, 2, hint="; it is prompts_per_step * group_size")
     panels = _panels(keys, rows)
     if not panels:
         wanted = keys if keys is not None else [k for k, _ in DEFAULT_PANELS]

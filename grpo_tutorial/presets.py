@@ -11,9 +11,9 @@ all take their settings from :func:`get_preset`.
   recipe (:class:`~grpo_tutorial.chapters.recipes.TinyAdditionRecipe`), and what
   ``python -m grpo_tutorial train --out DIR`` runs with no other flag. 32 prompts
   per step, G = 8, one pass over each batch (mu = 1) in two minibatches of 128
-  completions, so two optimizer updates per step. An earlier calibration (16
-  prompts, mu = 2, the command line's first tiny preset) learned less for the
-  same CPU time: a second pass over a batch costs as much as a fresh batch and
+  completions, so two optimizer updates per step. The first calibration (16
+  prompts, mu = 2; GRPOConfig's defaults keep it, with mu = 1) learned less for
+  the same CPU time: a second pass over a batch costs as much as a fresh batch and
   teaches less, and more prompts per step average out the gradient's noise. The
   second minibatch is scored after the first update, so its ratios differ from
   1 and clipping has something to do. Raising the learning rate instead does not

@@ -34,7 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from .answers import _references, _texts, answers_match, completion_to_text, extract_answer
+from ._checks import check_int
+from .answers import answers_match, completion_texts, completion_to_text, extract_answer, references_for
 
 __all__ = [
     "RewardFunctionError",
@@ -65,8 +66,8 @@ def correctness_reward(completions: Sequence, *, answer: Sequence, **kwargs) -> 
     ``"<answer>1,234</answer>"`` earns 1.0 against ``"1234"`` and so does
     ``"... so the total is 1234."`` (the last number counts when there is no tag).
     """
-    texts = _texts(completions)
-    refs = _references(answer, len(texts))
+    texts = completion_texts(completions)
+    refs = references_for(answer, len(texts))
     return [1.0 if answers_match(extract_answer(t), r) else 0.0 for t, r in zip(texts, refs)]
 
 
@@ -85,7 +86,7 @@ def format_reward(completions: Sequence, **kwargs) -> list[float]:
     combine with ``correctness_reward`` for that.
     """
     scores = []
-    for text in _texts(completions):
+    for text in completion_texts(completions):
         m = _FORMAT_RE.fullmatch(text)
         ok = m is not None and m.group(1).strip() != "" and m.group(2).strip() != ""
         scores.append(1.0 if ok else 0.0)
@@ -105,8 +106,8 @@ def partial_credit_reward(completions: Sequence, *, answer: Sequence, **kwargs) 
     equation-shaped completions crowd out the signal the correct ones carry.
     Use ``correctness_reward`` (optionally with ``format_reward``) instead.
     """
-    texts = _texts(completions)
-    refs = _references(answer, len(texts))
+    texts = completion_texts(completions)
+    refs = references_for(answer, len(texts))
     scores = []
     for text, ref in zip(texts, refs):
         if answers_match(extract_answer(text), ref):
@@ -153,9 +154,8 @@ class soft_overlong_punishment:  # noqa: N801 - used like a function that return
     __name__ = "soft_overlong_punishment_reward"
 
     def __init__(self, max_completion_len: int, soft_punish_cache: int) -> None:
-        for name, value, low in (("max_completion_len", max_completion_len, 1), ("soft_punish_cache", soft_punish_cache, 0)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        check_int(None, "max_completion_len", max_completion_len, 1)
+        check_int(None, "soft_punish_cache", soft_punish_cache, 0)
         if soft_punish_cache > max_completion_len:
             raise ValueError(
                 f"soft_punish_cache={soft_punish_cache} must not exceed max_completion_len={max_completion_len}; "

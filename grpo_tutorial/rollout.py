@@ -24,10 +24,12 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
-from .logprobs import completion_mask
+from ._checks import check_flag, check_int
+from .chat import is_chat_messages
+from .logprobs import cache_argument, completion_mask, returned_cache
 from .onednn import onednn_linears, use_onednn
 
-__all__ = ["Rollout", "concat_groups", "generate_rollouts", "keep_signal_groups", "render_prompts"]
+__all__ = ["Rollout", "concat_groups", "encode_prompts", "generate_rollouts", "keep_signal_groups", "render_prompts"]
 
 
 @dataclass
@@ -111,16 +113,6 @@ def _uses_chat_template(tokenizer: Any, use_chat_template: bool | None) -> bool:
     return use_chat_template
 
 
-def _is_messages(prompt: Any) -> bool:
-    """True for a chat prompt given as messages: [{"role": ..., "content": ...}, ...]."""
-    return (
-        isinstance(prompt, Sequence)
-        and not isinstance(prompt, str)
-        and len(prompt) > 0
-        and all(isinstance(m, Mapping) and "role" in m and "content" in m for m in prompt)
-    )
-
-
 def render_prompts(
     tokenizer: Any,
     prompts: Sequence[str | list[dict]],
@@ -139,13 +131,13 @@ def render_prompts(
     if _uses_chat_template(tokenizer, use_chat_template):
         rendered = []
         for prompt in prompts:
-            messages = list(prompt) if _is_messages(prompt) else [{"role": "user", "content": prompt}]
+            messages = list(prompt) if is_chat_messages(prompt) else [{"role": "user", "content": prompt}]
             if system_prompt is not None and messages[0].get("role") != "system":
                 messages.insert(0, {"role": "system", "content": system_prompt})
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             rendered.append(text)
         return rendered
-    chats = [i for i, p in enumerate(prompts) if _is_messages(p)]
+    chats = [i for i, p in enumerate(prompts) if is_chat_messages(p)]
     if chats:
         raise ValueError(
             f"prompts[{chats[0]}] is a list of chat messages, but the tokenizer has no chat_template "
@@ -191,6 +183,25 @@ def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
         yield
 
 
+def encode_prompts(
+    tokenizer: Any,
+    prompts: Sequence[str | list[dict]],
+    *,
+    system_prompt: str | None = None,
+    use_chat_template: bool | None = None,
+) -> list[list[int]]:
+    """The token ids of each prompt, exactly as :func:`generate_rollouts` feeds them to the model.
+
+    The text is :func:`render_prompts`'s. The tokenizer adds its special tokens
+    (a BOS, for example) only when there is no chat template: a template writes
+    its own. A benchmark that counts prompt tokens calls this, so it counts what
+    the trainer encodes.
+    """
+    texts = render_prompts(tokenizer, prompts, system_prompt=system_prompt, use_chat_template=use_chat_template)
+    add_special = not _uses_chat_template(tokenizer, use_chat_template)  # templates add their own
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=add_special)["input_ids"]]
+
+
 def _check_args(
     prompts: Any, group_size: Any, max_new_tokens: Any, temperature: Any, top_p: Any, do_sample: Any
 ) -> None:
@@ -199,16 +210,14 @@ def _check_args(
     if len(prompts) == 0:
         raise ValueError("prompts is empty; expected at least one prompt")
     for i, p in enumerate(prompts):
-        if not (isinstance(p, str) or _is_messages(p)):
+        if not (isinstance(p, str) or is_chat_messages(p)):
             raise TypeError(
                 f"prompts[{i}] must be a str or a list of chat messages "
                 f"[{{'role': ..., 'content': ...}}], got {type(p).__name__}: {p!r:.80}"
             )
-    for name, value in (("group_size", group_size), ("max_new_tokens", max_new_tokens)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if not isinstance(do_sample, bool):
-        raise TypeError(f"do_sample must be a bool, got {do_sample!r}")
+    check_int(None, "group_size", group_size, 1)
+    check_int(None, "max_new_tokens", max_new_tokens, 1)
+    check_flag(None, "do_sample", do_sample)
     if do_sample:
         if not isinstance(temperature, (int, float)) or not temperature > 0:
             raise ValueError(f"temperature must be a number > 0 when sampling, got {temperature!r}")
@@ -295,7 +304,7 @@ def _shared_prompt_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, grou
         input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids[:, :-1],
         use_cache=True, logits_to_keep=1,
     )
-    cache = out.past_key_values
+    cache = returned_cache(out)
     cache.batch_repeat_interleave(group_size)  # [B, ...] -> [B*G, ...], group by group
     return cache
 
@@ -350,11 +359,7 @@ def generate_rollouts(
     device = _model_device(model)
 
     # 1. render and tokenize each of the B prompts
-    texts = render_prompts(
-        tokenizer, prompts, system_prompt=system_prompt, use_chat_template=use_chat_template
-    )
-    add_special = not _uses_chat_template(tokenizer, use_chat_template)  # templates add their own
-    token_rows = tokenizer(texts, add_special_tokens=add_special)["input_ids"]
+    token_rows = encode_prompts(tokenizer, prompts, system_prompt=system_prompt, use_chat_template=use_chat_template)
     unk_id = getattr(tokenizer, "unk_token_id", None)
     for i, row in enumerate(token_rows):
         if len(row) == 0:
@@ -395,7 +400,7 @@ def generate_rollouts(
         with torch.no_grad(), fast, (_seeded(generator_seed, device) if do_sample else nullcontext()):
             if group_size > 1 and ids.shape[1] > 1 and _can_share_prompts(model):
                 # each prompt is encoded once; its KV cache is copied for the G completions
-                kwargs["past_key_values"] = _shared_prompt_cache(model, ids.to(device), mask.to(device), group_size)
+                kwargs[cache_argument(model)] = _shared_prompt_cache(model, ids.to(device), mask.to(device), group_size)
             output = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
     finally:
         model.train(was_training)

@@ -24,7 +24,14 @@ __all__ = ["SFTConfig", "encode_sft_batch", "supervised_warmup"]
 
 @dataclass
 class SFTConfig:
-    """Hyperparameters of the warm start (defaults: DESIGN's calibration for the tiny model)."""
+    """Hyperparameters of the warm start.
+
+    The defaults are the tiny model's first calibration on a 2-core CPU: lr 1e-3
+    with a 100-step warmup, batch 64, the loss on the answer tokens only. That
+    warm start reached about 30% greedy accuracy in 300 to 450 steps; chapter 8's
+    recipe, rather than a fixed ``steps``, stops it when a probe set's accuracy
+    reaches its target.
+    """
 
     steps: int = 400
     batch_size: int = 64

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import numbers
 import operator
 import os
 import random
@@ -29,6 +28,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from ._checks import check_int, is_int
+from .chat import is_chat_messages
 from .answers import canonical_number, completion_texts, parse_number, references_for
 
 __all__ = [
@@ -57,14 +58,6 @@ _ENUMERATE_LIMIT = 100_000  # below this many problems, list them all and sample
 # ---------------------------------------------------------------------------
 # Arithmetic
 # ---------------------------------------------------------------------------
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 def _check_ops(op: str | Sequence[str]) -> list[str]:
@@ -116,9 +109,9 @@ def make_arithmetic_dataset(
         Rows ``{"prompt", "answer", "a", "b", "op"}``; ``answer`` is the exact
         integer result as a string, such as ``"46"`` or ``"-22"``.
     """
-    n = _check_int("n", n, 1)
-    seed = _check_int("seed", seed, -(2**63))
-    digits = _check_int("digits", digits, 1)
+    n = check_int(None, "n", n, 1)
+    seed = check_int(None, "seed", seed)
+    digits = check_int(None, "digits", digits, 1)
     ops = _check_ops(op)
     if style not in _STYLES:
         raise ValueError(f"style must be one of {list(_STYLES)}, got {style!r}")
@@ -185,8 +178,8 @@ def train_test_split_arithmetic(
     The test set has ``n_test`` distinct problems; the training set draws (with
     repeats) from everything else. Both are fixed by ``seed``.
     """
-    n_train = _check_int("n_train", n_train, 1)
-    n_test = _check_int("n_test", n_test, 1)
+    n_train = check_int(None, "n_train", n_train, 1)
+    n_test = check_int(None, "n_test", n_test, 1)
     seeds = random.Random(seed)
     common = {"op": op, "digits": digits, "style": style, "allow_negative": allow_negative}
     test = make_arithmetic_dataset(n_test, seeds.getrandbits(32), unique=True, **common)
@@ -246,11 +239,11 @@ def make_countdown_dataset(
         ``answer`` is the target as a string, ``numbers`` a shuffled list of
         ints and ``solution`` one expression that works.
     """
-    n = _check_int("n", n, 1)
-    num_numbers = _check_int("num_numbers", num_numbers, 2)
-    max_number = _check_int("max_number", max_number, 1)
+    n = check_int(None, "n", n, 1)
+    num_numbers = check_int(None, "num_numbers", num_numbers, 2)
+    max_number = check_int(None, "max_number", max_number, 1)
     if max_target is not None:
-        max_target = _check_int("max_target", max_target, 1)
+        max_target = check_int(None, "max_target", max_target, 1)
     if isinstance(ops, str):
         ops = list(ops)
     if not ops or any(o not in _COUNTDOWN_OPS for o in ops):
@@ -443,8 +436,7 @@ def worked_addition(a: int, b: int) -> str:
     '(5+7=12)12'
     """
     for name, value in (("a", a), ("b", b)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        check_int(None, name, value, 0)
     da, db = str(int(a))[::-1], str(int(b))[::-1]
     carry, steps = 0, []
     for i in range(max(len(da), len(db))):
@@ -482,12 +474,12 @@ def make_long_addition_dataset(
     Returns:
         Rows ``{"prompt", "answer", "a", "b", "digits"}``.
     """
-    n = _check_int("n", n, 1)
-    seed = _check_int("seed", seed, -(2**63))
-    counts = [digits] if isinstance(digits, numbers.Integral) and not isinstance(digits, bool) else digits
+    n = check_int(None, "n", n, 1)
+    seed = check_int(None, "seed", seed)
+    counts = [digits] if is_int(digits) else digits
     if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence) or not counts:
         raise TypeError(f"digits must be an int >= 1 or a list of them, got {digits!r}")
-    counts = [_check_int("digits", d, 1) for d in counts]
+    counts = [check_int(None, "digits", d, 1) for d in counts]
     if exclude is not None and (isinstance(exclude, str) or not isinstance(exclude, Collection)):
         raise TypeError(f"exclude must be a set or list of prompt strings, got {type(exclude).__name__}")
     banned = set(exclude or ())
@@ -747,7 +739,7 @@ def validate_dataset(rows: Sequence[Mapping], *, tokenizer=None, max_prompt_toke
     if len(rows) == 0:
         raise ValueError("the dataset is empty; expected at least one row with 'prompt' and 'answer'")
     if max_prompt_tokens is not None:
-        _check_int("max_prompt_tokens", max_prompt_tokens, 1)
+        check_int(None, "max_prompt_tokens", max_prompt_tokens, 1)
         if tokenizer is None:
             raise ValueError("max_prompt_tokens needs a tokenizer to count tokens; pass tokenizer=...")
     prompts = []
@@ -762,13 +754,7 @@ def validate_dataset(rows: Sequence[Mapping], *, tokenizer=None, max_prompt_toke
                     "every row needs 'prompt' and 'answer'"
                 )
         prompt = row["prompt"]
-        is_chat = (
-            isinstance(prompt, Sequence)
-            and not isinstance(prompt, str)
-            and len(prompt) > 0
-            and all(isinstance(m, Mapping) for m in prompt)
-        )
-        if not (isinstance(prompt, str) or is_chat):
+        if not (isinstance(prompt, str) or is_chat_messages(prompt)):
             raise TypeError(
                 f"dataset row {i}: 'prompt' must be a str or a list of chat messages, "
                 f"got {type(prompt).__name__}: {prompt!r:.80}"
@@ -812,7 +798,7 @@ def check_rows(rows: Any, name: str) -> None:
         if not isinstance(row, dict):
             raise TypeError(f"{name}[{i}] must be a dict with a 'prompt' key, got {type(row).__name__}: {row!r:.80}")
         prompt = row.get("prompt")
-        if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt))):
+        if not (isinstance(prompt, str) or is_chat_messages(prompt)):
             raise ValueError(
                 f"{name}[{i}] needs a 'prompt' that is a string or a list of chat messages, got {row!r:.80}"
             )

@@ -311,7 +311,7 @@ def test_plot_history_bad_input():
         plot_history([])
     with pytest.raises(ValueError, match="none of the keys"):
         plot_history(_history(), keys=["nope"])
-    with pytest.raises(ValueError, match="smooth must be a positive int"):
+    with pytest.raises(ValueError, match="smooth must be an int >= 1, got 0; it is a window in steps"):
         plot_history(_history(), smooth=0)
     with pytest.raises(TypeError, match="history row 0 must be a dict"):
         plot_history([1, 2])

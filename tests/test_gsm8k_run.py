@@ -194,7 +194,7 @@ def test_gsm8k_run_two_steps_on_cpu_with_the_gpu_preset(tokenizer, monkeypatch):
 def test_gsm8k_run_rejects_bad_arguments(tokenizer):
     model = tiny_qwen2_answering_digits(tokenizer)
     rows = read_gsm8k_jsonl(FIXTURE)
-    with pytest.raises(ValueError, match="steps must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="steps must be an int >= 1, got 0"):
         gsm8k_run(model, tokenizer, GSM8K_PRESET, rows, rows, steps=0)
     with pytest.raises(ValueError, match="train_rows is empty"):
         gsm8k_run(model, tokenizer, GSM8K_PRESET, [], rows, steps=1)
@@ -256,7 +256,7 @@ def test_estimate_step_seconds_off_policy_with_a_reference_and_shared_prompts():
     per_pass = 120 * 14 + 40 * 11  # 2,120
     assert est["train_flops"] == 2 * per_pass + 2 * 3 * per_pass
     assert est["train_recomputed_tokens"] == 0
-    with pytest.raises(ValueError, match="completion_tokens must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="completion_tokens must be an int >= 1, got 0"):
         estimate_step_seconds(num_params=100, vocab_size=10, hidden_size=2, tied_embeddings=True,
                               prompts=1, group_size=2, prompt_tokens=1, completion_tokens=0)
 
@@ -378,7 +378,7 @@ def test_gsm8k_data_uses_gsm8k_when_it_loads(monkeypatch):
     train_rows, eval_rows, source = gsm8k.gsm8k_data(n_eval=3)
     assert (source, calls) == ("gsm8k", ["train", "test"])
     assert train_rows == rows[:12] and eval_rows == rows[12:15]
-    with pytest.raises(ValueError, match="n_eval must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="n_eval must be an int >= 1, got 0"):
         gsm8k.gsm8k_data(n_eval=0)
 
 

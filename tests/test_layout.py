@@ -107,8 +107,11 @@ RUN_MODULES = sorted((PACKAGE / "run").glob("*.py"))
 #: (The trainer, the warm start, the optimizer's warning, plotting's history reader and the CLI use it.)
 NO_RUN_IMPORTS = {
     "tasks", "rollout", "onednn", "rewards", "answers", "advantages", "logprobs", "kl", "objectives", "loss",
-    "config", "metrics", "evaluation", "seeding", "models", "presets", "_checks", "env",
+    "config", "metrics", "evaluation", "seeding", "models", "presets", "_checks", "env", "chat",
 }
+#: Leaves: top-level modules that import nothing from the package, so that both the stages and run/ may import
+#: them (``chat.is_chat_messages``: run/completions prints prompts that rollout and tasks also check).
+SHARED_LEAVES = {"chat"}
 MAY_IMPORT_RUN = {"__init__", "__main__", "trainer", "sft", "optim", "plotting"}
 
 
@@ -164,12 +167,21 @@ def test_every_top_level_module_is_classified():
 
 
 def test_run_machinery_imports_nothing_outside_run():
-    """run/ knows no GRPO: no stage, no trainer, no chapter tool."""
+    """run/ knows no GRPO: no stage, no trainer, no chapter tool (only run/ itself and the shared leaves)."""
+    leaves = {f"grpo_tutorial.{leaf}" for leaf in SHARED_LEAVES}
     offenders = [
         f"run/{path.name}:{line}: {name}" for path in RUN_MODULES for line, name in imported_modules(path)
-        if not (name == "grpo_tutorial.run" or name.startswith("grpo_tutorial.run."))
+        if not (name == "grpo_tutorial.run" or name.startswith("grpo_tutorial.run.") or name in leaves)
     ]
-    assert offenders == [], "run/ must import only from run/: " + "; ".join(offenders)
+    assert offenders == [], "run/ must import only from run/ and " + str(sorted(leaves)) + ": " + "; ".join(offenders)
+
+
+def test_shared_leaves_import_nothing_from_the_package():
+    """A leaf that both layers import must itself import nothing of the package, or run/ would reach a stage."""
+    for leaf in sorted(SHARED_LEAVES):
+        path = PACKAGE / f"{leaf}.py"
+        assert path.exists(), path
+        assert imported_modules(path) == [], f"{leaf}.py is a shared leaf and must import nothing from grpo_tutorial"
 
 
 def test_stages_do_not_import_the_run_machinery():

@@ -167,7 +167,7 @@ def test_build_with_other_sizes():
     ("kwargs", "words"),
     [
         ({"hidden_size": 130}, "hidden_size=130 must be divisible by num_heads=4"),
-        ({"num_layers": 0}, "num_layers must be a positive int, got 0"),
+        ({"num_layers": 0}, "num_layers must be an int >= 1, got 0"),
         ({"hidden_size": 12, "num_heads": 4}, "must be even"),
         ({"num_heads": 4, "num_kv_heads": 3}, "num_heads=4 must be divisible by num_kv_heads=3"),
     ],

@@ -76,7 +76,7 @@ def test_no_band_without_the_number_of_completions():
     assert fig.axes[0].get_title() == "reward (mean)"
 
 
-@pytest.mark.parametrize("bad", [0, 1, 2.5, True, "16"])
-def test_bad_completions_per_step_names_the_argument(bad):
-    with pytest.raises(ValueError, match="completions_per_step must be an int >= 2"):
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (1, ValueError), (2.5, TypeError), (True, TypeError), ("16", TypeError)])
+def test_bad_completions_per_step_names_the_argument(bad, error):
+    with pytest.raises(error, match="completions_per_step must be an int >= 2"):  # a wrong type is a TypeError
         plot_history(_zero_one_history(4), completions_per_step=bad)

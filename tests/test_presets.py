@@ -68,14 +68,22 @@ def _module_level_presets(path: Path) -> list[str]:
     return found
 
 
+#: Chapter tools still holding their own GRPO settings, being written on another branch (issue 22's
+#: chapter 13). The set only shrinks: move the settings into grpo_tutorial/presets.py, then remove the file.
+NOT_YET_IN_THE_REGISTRY = {"thinking.py"}
+
+
 def test_the_registry_is_the_only_place_that_names_settings():
     """The command line, the chapters and the benchmarks take named settings from grpo_tutorial.presets."""
     root = Path(grpo_tutorial.__file__).parent
     files = sorted(root.rglob("*.py")) + sorted((root.parent / "benchmarks").glob("*.py"))
-    offenders = [hit for path in files if path != root / "presets.py" for hit in _module_level_presets(path)]
-    assert offenders == [], offenders
+    files = [path for path in files if path != root / "presets.py"]
+    offenders = {path.name: hits for path in files if (hits := _module_level_presets(path))}
+    new = {name: hits for name, hits in offenders.items() if name not in NOT_YET_IN_THE_REGISTRY}
+    assert new == {}, f"keep named settings in grpo_tutorial/presets.py: {new}"
+    assert NOT_YET_IN_THE_REGISTRY <= set(offenders), "remove the files that use the registry now"
     assert _module_level_presets(root / "presets.py") != []  # the detector sees the registry itself
-    source = "\n".join(path.read_text(encoding="utf-8") for path in files)
+    source = "\n".join(path.read_text(encoding="utf-8") for path in files if path.name not in NOT_YET_IN_THE_REGISTRY)
     assert "_GRPO_SETTINGS" not in source and "_FLAG_TO_FIELD" not in source
 
 
@@ -138,7 +146,7 @@ def test_training_memory_bytes_exact():
 
 
 def test_training_memory_bytes_bad_input():
-    with pytest.raises(ValueError, match="num_params must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="num_params must be an int >= 1, got 0"):
         training_memory_bytes(0)
     with pytest.raises(ValueError, match="weights='int8' is not a known dtype"):
         training_memory_bytes(10, weights="int8")
@@ -153,9 +161,9 @@ def test_logits_memory_bytes():
     assert logits_memory_bytes(2, 3, 5, dtype="fp16") == 60
     # Qwen2.5's vocabulary: 8 rows of 400 tokens in float32 is about 1.9 GB
     assert logits_memory_bytes(8, 400, 151_936) == 8 * 400 * 151_936 * 4
-    with pytest.raises(ValueError, match="vocab_size must be a positive int, got -1"):
+    with pytest.raises(ValueError, match="vocab_size must be an int >= 1, got -1"):
         logits_memory_bytes(1, 1, -1)
-    with pytest.raises(ValueError, match="rows must be a positive int, got True"):
+    with pytest.raises(TypeError, match="rows must be an int >= 1, got True"):  # a bool is no int here
         logits_memory_bytes(True, 1, 1)
 
 
@@ -206,9 +214,9 @@ def test_rl_step_cost_exact_counts():
 def test_rl_step_cost_bad_input():
     with pytest.raises(ValueError, match="algorithm='dpo' is not supported"):
         rl_step_cost("dpo", 10)
-    with pytest.raises(ValueError, match="mu must be a positive int"):
+    with pytest.raises(ValueError, match=r"mu must be an int >= 1, got 0 \(update epochs per batch\)"):
         rl_step_cost("grpo", 10, mu=0)
     with pytest.raises(ValueError, match="beta must be a number >= 0, got -0.1"):
         rl_step_cost("grpo", 10, beta=-0.1)
-    with pytest.raises(ValueError, match="num_params must be a positive int"):
+    with pytest.raises(ValueError, match="num_params must be an int >= 1"):
         rl_step_cost("grpo", 0)

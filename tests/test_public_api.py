@@ -1,4 +1,9 @@
-"""The names DESIGN.md's contract promises are importable from the package itself."""
+"""The public API contract: the names and signatures ``book/architecture.md`` promises, importable from the package.
+
+CONTRACT is the stable core: notebooks, tests and outside code rely on these names, their
+argument order and defaults, so a change to one is made on purpose, with this test and the
+book in the same commit. Everything else in ``grpo_tutorial.__all__`` is exported and must exist.
+"""
 
 import inspect
 

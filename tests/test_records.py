@@ -162,6 +162,82 @@ def _same_step(got: dict, want: dict, timing_keys, where: str) -> None:
 
 
 # ---------------------------------------------------------------------------
+# Chapter 8: the tiny-learning records
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tiny_learning.json", "tiny_learning_seeds23.json"])
+def test_tiny_learning_records_reproduce_their_first_phase(name):
+    from benchmarks import tiny_learning
+    from grpo_tutorial.chapters.recipes import TinyAdditionRecipe, run_tiny_addition
+
+    record = read_data(name)
+    same_cpu_or_skip(record)
+    args = tiny_learning.build_parser().parse_args(script_args(record["command"], "tiny_learning.py"))
+    recipe = (TinyAdditionRecipe.quick() if args.quick else TinyAdditionRecipe()).with_settings(
+        **tiny_learning.parse_overrides(args.overrides)
+    )
+    run = record["runs"][0]
+    assert run["seed"] == args.seeds[0]
+    # The record's recipe, read by today's code, is the command's. Fields added to the configs
+    # since (TRL 1.16's newer options) take their defaults, which leave the run unchanged.
+    assert recipe.to_dict() == TinyAdditionRecipe.from_dict(run["recipe"]).to_dict()
+    for part in ("sft", "grpo"):
+        stored = run["recipe"][part]
+        assert {k: v for k, v in recipe.to_dict()[part].items() if k in stored} == stored
+    first = recipe.with_settings(grpo_steps=recipe.eval_every)  # warm start, before, eval_every steps, eval
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = run_tiny_addition(first, seed=run["seed"], progress=False)
+    assert result["warm_start"]["steps"] == run["warm_start"]["steps"]
+    assert [list(p) for p in result["warm_start"]["probe_accuracy"]] == run["warm_start"]["probe_accuracy"]
+    assert result["before"]["accuracy"] == run["before"]["accuracy"]
+    assert [result["after"]["accuracy"]] == [p[1] for p in run["heldout_curve"] if p[0] == recipe.eval_every]
+
+
+# ---------------------------------------------------------------------------
+# Chapter 12: the lab
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_lab_record_reproduces_its_first_step():
+    from benchmarks import lab as lab_benchmark
+    from grpo_tutorial.chapters.lab import run_method
+    from grpo_tutorial.chapters.recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, warm_start
+
+    record = read_data("lab_results.json")
+    same_cpu_or_skip(record)
+    args = lab_benchmark.build_parser().parse_args(script_args(record["command"], "benchmarks.lab"))
+    settings = lab_benchmark.settings_for(args)
+    stored_recipe = TinyAdditionRecipe.from_dict(record["settings"]["recipe"])  # stored with flat names
+    assert settings.recipe.to_dict() == stored_recipe.to_dict()
+    assert list(settings.methods) == record["settings"]["methods"] and list(settings.seeds) == record["settings"]["seeds"]
+    seed = settings.seeds[0]
+    stored = record["seeds"][0]
+    assert stored["seed"] == seed
+    recipe = settings.recipe
+    previous = torch.get_num_threads()
+    torch.set_num_threads(recipe.num_threads)
+    try:
+        data = make_recipe_data(recipe)
+        model, tokenizer = build_recipe_model(recipe, seed)
+        sft = warm_start(model, tokenizer, data, recipe, seed, progress=False)
+        assert sft["steps"] == stored["warm_start"]["steps"]
+        assert sft["probe_accuracy"][-1][1] == stored["warm_start"]["probe_accuracy"]
+        one_step = dataclasses.replace(settings, recipe=recipe.with_settings(grpo_steps=1, eval_every=1))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = run_method("grpo", model, tokenizer, data, one_step, seed)
+    finally:
+        torch.set_num_threads(previous)
+    grpo = stored["methods"]["grpo"]
+    assert result["heldout_curve"][0] == pytest.approx(grpo["heldout_curve"][0])  # before GRPO
+    _same_step(result["curve"][0], grpo["curve"][0], ("step_seconds",), "lab_results.json")
+
+
+# ---------------------------------------------------------------------------
 # Chapter 9: the scorer's peak memory
 # ---------------------------------------------------------------------------
 

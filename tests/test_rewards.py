@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from grpo_tutorial.answers import completion_texts, last_boxed, last_number, references_for
 from grpo_tutorial.rewards import (
     RewardFunctionError,
     answers_match,
@@ -170,6 +171,22 @@ def test_answers_match_bad_reference():
 # ---------------------------------------------------------------------------
 # completions in both formats
 # ---------------------------------------------------------------------------
+
+
+def test_the_shared_answer_helpers_are_public():
+    """What rewards, tasks and the chapter tools share from answers.py, by its public name."""
+    from fractions import Fraction
+
+    assert last_number("12 apples, then 1,234.5 pears") == Fraction(2469, 2)
+    assert last_number("12-5") == 5 and last_number("x = -5") == -5 and last_number("none") is None
+    assert last_boxed(r"so \boxed{3} or rather \boxed{\frac{1}{2}}") == r"\frac{1}{2}"
+    assert last_boxed(r"\boxed{3") is None
+    assert completion_texts(["a", [{"role": "assistant", "content": "b"}]]) == ["a", "b"]
+    with pytest.raises(TypeError, match=r"completions\[1\]: a completion must be a str"):
+        completion_texts(["a", 3])
+    assert references_for(("1", "2"), 2) == ["1", "2"]
+    with pytest.raises(ValueError, match="answer has 1 items but there are 2 completions"):
+        references_for(["1"], 2)
 
 
 def test_completion_to_text_formats():

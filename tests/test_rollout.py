@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from grpo_tutorial.models import build_tiny_policy
-from grpo_tutorial.rollout import Rollout, generate_rollouts, render_prompts
+from grpo_tutorial.rollout import Rollout, encode_prompts, generate_rollouts, render_prompts
 
 
 
@@ -171,6 +171,9 @@ def test_chat_template_and_system_prompt(tiny):
     r = generate_rollouts(model, tok, ["1+2"], group_size=2, max_new_tokens=2, system_prompt="0", generator_seed=0)
     # the template's text is tokenized without an extra <bos>
     assert r.prompt_ids[0].tolist() == tok("(0)(1+2)=", add_special_tokens=False)["input_ids"]
+    # encode_prompts is that encoding, for callers that count prompt tokens (benchmarks/trainers.py)
+    assert encode_prompts(tok, ["1+2"], system_prompt="0") == [r.prompt_ids[0].tolist()]
+    assert encode_prompts(tok, ["1+2"], use_chat_template=False) == [tok("1+2")["input_ids"]]  # specials added
 
 
 @pytest.mark.parametrize(

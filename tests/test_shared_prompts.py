@@ -144,5 +144,34 @@ def test_the_trainer_default_shares_and_the_flag_turns_it_off():
             seen[share] = _tokens_seen(model, lambda: trainer.train_step(data))
     assert GRPOConfig().share_prompt_cache is True
     assert seen[True] < seen[False]
-    with pytest.raises(ValueError, match="share_prompt_cache"):
+    with pytest.raises(TypeError, match="share_prompt_cache"):  # a wrong type: TypeError, the package's policy
         GRPOConfig(share_prompt_cache="yes")
+
+
+def test_the_kv_cache_goes_by_the_name_this_transformers_takes():
+    """transformers 5.24 renamed past_key_values to cache; the shared passes use the model's own name."""
+    from grpo_tutorial.logprobs import cache_argument, returned_cache
+
+    model, _ = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32)
+    takes_cache = "cache" in __import__("inspect").signature(model.forward).parameters
+    assert cache_argument(model) == ("cache" if takes_cache else "past_key_values")
+
+    class Old(torch.nn.Module):  # a model of the older API
+        def forward(self, input_ids, past_key_values=None, use_cache=False):
+            return input_ids
+
+    assert cache_argument(Old()) == "past_key_values"
+    out = model(torch.tensor([[1, 5, 6]]), use_cache=True)
+    assert returned_cache(out) is not None and returned_cache(out).get_seq_length() == 3
+
+
+def test_sampling_and_scoring_with_shared_prompts_raise_no_deprecation_warning():
+    """Passing the cache under its old name warns at every call in transformers 5.24 (chapter 10 printed them)."""
+    model, tok = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rollout = generate_rollouts(model, tok, ["12+3=", "4+5="], group_size=4, max_new_tokens=3, onednn=False)
+        ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+        mask = torch.cat([rollout.prompt_mask, rollout.completion_mask.long()], dim=1)
+        completion_logprobs(model, ids, mask, rollout.completion_ids.shape[1], share_prompts=True)
+    assert [str(w.message) for w in caught if "deprecated" in str(w.message)] == []

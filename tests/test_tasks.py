@@ -117,15 +117,15 @@ def test_train_test_split_is_disjoint_and_deterministic():
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        (dict(n=0, seed=0), ValueError, "n must be >= 1, got 0"),
-        (dict(n=True, seed=0), TypeError, "n must be an int, got bool"),
-        (dict(n=2.0, seed=0), TypeError, "n must be an int, got float"),
-        (dict(n=2, seed=0, digits=0), ValueError, "digits must be >= 1, got 0"),
+        (dict(n=0, seed=0), ValueError, "n must be an int >= 1, got 0"),
+        (dict(n=True, seed=0), TypeError, r"n must be an int >= 1, got True \(type bool\)"),
+        (dict(n=2.0, seed=0), TypeError, r"n must be an int >= 1, got 2.0 \(type float\)"),
+        (dict(n=2, seed=0, digits=0), ValueError, "digits must be an int >= 1, got 0"),
         (dict(n=2, seed=0, op="/"), ValueError, r"op must be one of \['\*', '\+', '-'\] or a list of them, got '/'"),
         (dict(n=2, seed=0, op=[]), ValueError, "op must be one of"),
         (dict(n=2, seed=0, style="latex"), ValueError, r"style must be one of \['plain', 'question'\], got 'latex'"),
         (dict(n=2, seed=0, exclude="1+1="), TypeError, "exclude must be a set or list of prompt strings, got str"),
-        (dict(n=2, seed="0"), TypeError, "seed must be an int, got str"),
+        (dict(n=2, seed="0"), TypeError, r"seed must be an int, got '0' \(type str\)"),
     ],
 )
 def test_arithmetic_bad_arguments(kwargs, error, message):
@@ -316,12 +316,12 @@ def test_countdown_puzzles_are_always_solvable(seed, k, ops):
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        (dict(n=0, seed=0), ValueError, "n must be >= 1, got 0"),
-        (dict(n=1, seed=0, num_numbers=1), ValueError, "num_numbers must be >= 2, got 1"),
-        (dict(n=1, seed=0, max_number=0), ValueError, "max_number must be >= 1, got 0"),
+        (dict(n=0, seed=0), ValueError, "n must be an int >= 1, got 0"),
+        (dict(n=1, seed=0, num_numbers=1), ValueError, "num_numbers must be an int >= 2, got 1"),
+        (dict(n=1, seed=0, max_number=0), ValueError, "max_number must be an int >= 1, got 0"),
         (dict(n=1, seed=0, ops=("^",)), ValueError, "ops must be a non-empty list from"),
         (dict(n=1, seed=0, ops=()), ValueError, "ops must be a non-empty list from"),
-        (dict(n=1, seed=0, max_target=0), ValueError, "max_target must be >= 1, got 0"),
+        (dict(n=1, seed=0, max_target=0), ValueError, "max_target must be an int >= 1, got 0"),
     ],
 )
 def test_countdown_bad_arguments(kwargs, error, message):
@@ -474,7 +474,7 @@ def test_validate_dataset_chat_prompts_and_placeholder_limit():
 def test_validate_dataset_limit_needs_tokenizer():
     with pytest.raises(ValueError, match="max_prompt_tokens needs a tokenizer"):
         validate_dataset([{"prompt": "1+1=", "answer": "2"}], max_prompt_tokens=10)
-    with pytest.raises(ValueError, match="max_prompt_tokens must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="max_prompt_tokens must be an int >= 1, got 0"):
         validate_dataset([{"prompt": "1+1=", "answer": "2"}], max_prompt_tokens=0)
 
 
@@ -500,7 +500,7 @@ def test_worked_addition_exact_examples():
     assert worked_addition(0, 0) == "(0+0=0)0"
     with pytest.raises(ValueError, match="a must be an int >= 0"):
         worked_addition(-1, 3)
-    with pytest.raises(ValueError, match="b must be an int >= 0"):
+    with pytest.raises(TypeError, match=r"b must be an int >= 0, got True \(type bool\)"):  # a wrong type: TypeError
         worked_addition(1, True)
 
 
@@ -567,7 +567,7 @@ def test_long_addition_dataset():
     assert not held & {r["prompt"] for r in make_long_addition_dataset(2000, seed=2, digits=2, exclude=held)}
     with pytest.raises(ValueError, match="101 unique problems requested"):
         make_long_addition_dataset(101, seed=0, digits=1, unique=True)
-    with pytest.raises(ValueError, match="digits must be >= 1"):
+    with pytest.raises(ValueError, match="digits must be an int >= 1"):
         make_long_addition_dataset(3, seed=0, digits=0)
     with pytest.raises(TypeError, match="digits must be an int >= 1 or a list"):
         make_long_addition_dataset(3, seed=0, digits="4")

@@ -95,21 +95,27 @@ def test_evaluate_policy_returns_one_record_per_row_and_matches_the_trainer():
     assert trainer.evaluate(rows, batch_size=3)["records"] == result["records"]
 
 
+#: A wrong type raises TypeError, a wrong value ValueError: the package's one policy (grpo_tutorial._checks).
 @pytest.mark.parametrize(
-    "field, value",
-    [("steps", True), ("weight_decay", -1), ("max_grad_norm", -1), ("seed", -3), ("learning_rate", 0),
-     ("batch_size", 1.5), ("warmup_steps", -1)],
+    "field, value, error",
+    [("steps", True, TypeError), ("weight_decay", -1, ValueError), ("max_grad_norm", -1, ValueError),
+     ("seed", -3, ValueError), ("learning_rate", 0, ValueError), ("batch_size", 1.5, TypeError),
+     ("warmup_steps", -1, ValueError)],
 )
-def test_sft_config_rejects_what_grpo_config_rejects(field, value):
-    with pytest.raises(ValueError, match=rf"SFTConfig\.{field} must be"):
+def test_sft_config_rejects_what_grpo_config_rejects(field, value, error):
+    with pytest.raises(error, match=rf"SFTConfig\.{field} must be"):
         SFTConfig(**{field: value})
 
 
-@pytest.mark.parametrize("field, value", [("seed", -3), ("weight_decay", -1), ("max_grad_norm", -1), ("warmup_steps", True)])
-def test_both_configs_word_the_same_error_the_same_way(field, value):
+@pytest.mark.parametrize(
+    "field, value, error",
+    [("seed", -3, ValueError), ("weight_decay", -1, ValueError), ("max_grad_norm", -1, ValueError),
+     ("warmup_steps", True, TypeError)],
+)
+def test_both_configs_word_the_same_error_the_same_way(field, value, error):
     messages = []
     for cls in (SFTConfig, GRPOConfig):
-        with pytest.raises(ValueError) as err:
+        with pytest.raises(error) as err:
             cls(**{field: value})
         messages.append(str(err.value).split(".", 1)[1])
     assert messages[0] == messages[1]

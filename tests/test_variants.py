@@ -251,7 +251,6 @@ LOSS_OPTION_CASES = [
     (dict(importance_sampling_level="seq"), "importance_sampling_level must be one of ['token', 'sequence']"),
     (dict(sapo_temperature_neg=0.0), "sapo_temperature_neg must be a number > 0, got 0.0"),
     (dict(loss_type="sapo", sapo_temperature_pos=0.0), "sapo_temperature_pos must be a number > 0, got 0.0"),
-    (dict(mask_truncated_completions=1), "mask_truncated_completions must be True or False, got 1"),
     (dict(top_entropy_quantile=1.5), "top_entropy_quantile must be a number in [0, 1]"),
     (dict(off_policy_mask_threshold=-1.0), "off_policy_mask_threshold must be None or a number >= 0"),
     (dict(clip_eps=1.5), "clip_eps must be a number in (0, 1), e.g. 0.2, got 1.5"),
@@ -261,7 +260,6 @@ LOSS_OPTION_CASES = [
     (dict(loss_type="vespo", importance_sampling_level="sequence"),
      "importance_sampling_level must be 'token' with loss_type='vespo', got 'sequence'"),
     (dict(loss_type="vespo", delta=2.0), "delta must be None with loss_type='vespo', got 2.0"),
-    (dict(use_bias_correction_kl=1), "use_bias_correction_kl must be True or False, got 1"),
     (dict(loss_type="vespo", vespo_k_neg=-1.0), "vespo_k_neg must be a number >= 0"),
     (dict(loss_type="vespo", vespo_lambda_pos=0.0), "vespo_lambda_pos must be a number > 0"),
 ]
@@ -289,18 +287,45 @@ def test_the_config_and_grpo_loss_refuse_a_bad_loss_option_with_one_message(kwar
          "scale_rewards must be 'group' with multi_objective_aggregation='normalize_then_sum', got 'batch'"),
         (dict(multi_objective_aggregation="normalize_then_sum", advantage_baseline="rloo"),
          "advantage_baseline must be 'group' with multi_objective_aggregation='normalize_then_sum'"),
-        (dict(use_adaptive_entropy="yes"), "use_adaptive_entropy must be True or False"),
         (dict(use_adaptive_entropy=True, entropy_coef=0.5, entropy_coef_max=0.1),
          "entropy_coef must be in [entropy_coef_min, entropy_coef_max] = [0, 0.1]"),
         (dict(entropy_coef_min=0.2, entropy_coef_max=0.1), "entropy_coef_max must be a number >= entropy_coef_min"),
         (dict(entropy_target=-1.0), "entropy_target must be a number >= 0"),
         (dict(entropy_coef_delta=-0.1), "entropy_coef_delta must be a number >= 0"),
-        (dict(log_completions=1), "log_completions must be True or False, got 1"),
         (dict(num_completions_to_print=0), "num_completions_to_print must be None or an int >= 1"),
     ],
 )
 def test_config_rejects_bad_variant_options(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
+        GRPOConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(mask_truncated_completions=1), "mask_truncated_completions must be True or False, got 1 (type int)"),
+        (dict(use_bias_correction_kl=1), "use_bias_correction_kl must be True or False, got 1 (type int)"),
+    ],
+)
+def test_the_config_and_grpo_loss_refuse_a_loss_flag_of_the_wrong_type_with_type_error(kwargs, message):
+    """A value of the wrong type is a TypeError, with the same message wherever it is checked."""
+    with pytest.raises(TypeError, match=re.escape(f"GRPOConfig.{message}")):
+        GRPOConfig(**kwargs)
+    with pytest.raises(TypeError, match=re.escape(f"LossOptions.{message}")):
+        grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), **kwargs)
+    with pytest.raises(TypeError, match=re.escape(f"LossOptions.{message}")):
+        LossOptions(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(use_adaptive_entropy="yes"), "use_adaptive_entropy must be True or False, got 'yes' (type str)"),
+        (dict(log_completions=1), "log_completions must be True or False, got 1 (type int)"),
+    ],
+)
+def test_config_refuses_a_variant_flag_of_the_wrong_type_with_type_error(kwargs, message):
+    with pytest.raises(TypeError, match=re.escape(message)):
         GRPOConfig(**kwargs)
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_tutorial._checks import one_of, require_tensor
+from grpo_tutorial._checks import check_int, check_number, one_of, require_tensor
 from grpo_tutorial.advantages import group_advantages
 from grpo_tutorial.loss import sequence_logprob_loss
 
@@ -39,22 +39,6 @@ BASELINES = ("none", "batch_mean", "value", "group_mean", "group_zscore")
 
 
 # ---------------------------------------------------------------- checks
-
-
-def _positive_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _finite_float(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
 
 
 def _check_logits(logits) -> torch.Tensor:
@@ -90,9 +74,9 @@ def make_bandit(num_prompts: int = 8, num_arms: int = 10, *, seed: int = 0) -> t
     succeed often and the hard ones rarely, which is the spread of difficulty a
     GRPO batch of real prompts has.
     """
-    _positive_int("num_prompts", num_prompts)
-    _positive_int("num_arms", num_arms, minimum=2)
-    _positive_int("seed", seed, minimum=0)
+    check_int(None, "num_prompts", num_prompts, 1)
+    check_int(None, "num_arms", num_arms, 2)
+    check_int(None, "seed", seed, 0)
     gen = torch.Generator().manual_seed(seed)
     offset = torch.linspace(3.0, -4.0, num_prompts)[:, None] if num_prompts > 1 else torch.zeros(1, 1)  # [P, 1]
     noise = 1.5 * torch.randn(num_prompts, num_arms, generator=gen)  # [P, K]
@@ -157,10 +141,10 @@ def sample_batches(
         ``(prompts [M, B], actions [M, B, G], rewards [M, B, G])``.
     """
     _check_bandit(logits, success_probs)
-    M = _positive_int("num_batches", num_batches)
-    B = _positive_int("prompts_per_step", prompts_per_step)
-    G = _positive_int("group_size", group_size)
-    offset = _finite_float("reward_offset", reward_offset)
+    M = check_int(None, "num_batches", num_batches, 1)
+    B = check_int(None, "prompts_per_step", prompts_per_step, 1)
+    G = check_int(None, "group_size", group_size, 1)
+    offset = check_number(None, "reward_offset", reward_offset, lambda v: True, "a finite number")
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     P = success_probs.shape[0]
@@ -295,7 +279,7 @@ def gradient_samples(
     """
     one_of("baseline", baseline, BASELINES)
     require_tensor("logits", logits, dim=2, floating=True)
-    _positive_int("seed", seed, minimum=0)
+    check_int(None, "seed", seed, 0)
     gen = torch.Generator().manual_seed(seed)
     prompts, actions, rewards = sample_batches(
         logits,
@@ -327,10 +311,8 @@ def zscore_gradient_weight(
     over that binomial with the advantages taken from ``group_advantages``.
     For comparison, the group-mean baseline has w = 1 - 1/G for every J.
     """
-    J = _finite_float("success_rate", success_rate)
-    if not 0.0 <= J <= 1.0:
-        raise ValueError(f"success_rate must lie in [0, 1], got {success_rate!r}")
-    G = _positive_int("group_size", group_size, minimum=2)
+    J = check_number(None, "success_rate", success_rate, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+    G = check_int(None, "group_size", group_size, 2)
     m = torch.arange(G, dtype=torch.float64)  # [G]: how many of the others succeeded
     others = (torch.arange(G - 1)[None, :] < m[:, None]).double()  # [G, G-1], row m has m ones
     right = torch.cat([torch.ones(G, 1, dtype=torch.float64), others], dim=1)  # [G, G]
@@ -369,8 +351,8 @@ def expected_gradient(
     """
     one_of("baseline", baseline, BASELINES)
     require_tensor("logits", logits, dim=2, floating=True)
-    B = _positive_int("prompts_per_step", prompts_per_step)
-    G = _positive_int("group_size", group_size)
+    B = check_int(None, "prompts_per_step", prompts_per_step, 1)
+    G = check_int(None, "group_size", group_size, 1)
     true = exact_gradient(logits, success_probs)  # [P, K]
     if B > logits.shape[0]:
         raise ValueError(f"prompts_per_step={B} exceeds the number of prompts P={logits.shape[0]}")
@@ -450,15 +432,13 @@ class BanditConfig:
 
     def __post_init__(self) -> None:
         one_of("baseline", self.baseline, BASELINES)
-        _positive_int("group_size", self.group_size)
-        _positive_int("prompts_per_step", self.prompts_per_step)
-        _positive_int("steps", self.steps)
-        _positive_int("runs", self.runs)
-        _positive_int("seed", self.seed, minimum=0)
-        _finite_float("reward_offset", self.reward_offset)
-        lr = _finite_float("learning_rate", self.learning_rate)
-        if lr <= 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        check_int(None, "group_size", self.group_size, 1)
+        check_int(None, "prompts_per_step", self.prompts_per_step, 1)
+        check_int(None, "steps", self.steps, 1)
+        check_int(None, "runs", self.runs, 1)
+        check_int(None, "seed", self.seed, 0)
+        check_number(None, "reward_offset", self.reward_offset, lambda v: True, "a finite number")
+        check_number(None, "learning_rate", self.learning_rate, lambda v: v > 0, "a number > 0")
         if self.baseline in ("group_mean", "group_zscore") and self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 for baseline={self.baseline!r}, got {self.group_size}")
 

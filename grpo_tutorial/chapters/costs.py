@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .._checks import check_int
+
 __all__ = [
     "training_memory_bytes",
     "rl_step_cost",
@@ -53,8 +55,7 @@ def training_memory_bytes(
     >>> training_memory_bytes(10, weights="fp16", master_weights=True)["total"]  # 2 + 2 + 4 + 8
     160
     """
-    if isinstance(num_params, bool) or not isinstance(num_params, int) or num_params < 1:
-        raise ValueError(f"num_params must be a positive int, got {num_params!r}")
+    check_int(None, "num_params", num_params, 1)
     if not isinstance(master_weights, bool):
         raise TypeError(f"master_weights must be a bool, got {master_weights!r}")
     w = _dtype_bytes(weights, "weights")
@@ -80,8 +81,7 @@ def logits_memory_bytes(rows: int, seq_len: int, vocab_size: int, *, dtype: str 
     120
     """
     for name, value in (("rows", rows), ("seq_len", seq_len), ("vocab_size", vocab_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(None, name, value, 1)
     return math.prod((rows, seq_len, vocab_size, _dtype_bytes(dtype, "dtype")))
 
 
@@ -129,8 +129,7 @@ def rl_step_cost(
     """
     if algorithm not in ("ppo", "grpo"):
         raise ValueError(f"algorithm={algorithm!r} is not supported; use 'ppo' or 'grpo'")
-    if isinstance(mu, bool) or not isinstance(mu, int) or mu < 1:
-        raise ValueError(f"mu must be a positive int (update epochs per batch), got {mu!r}")
+    check_int(None, "mu", mu, 1, hint=" (update epochs per batch)")
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or beta < 0:
         raise ValueError(f"beta must be a number >= 0, got {beta!r}")
     if not isinstance(reward_model, bool):

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .recipes import paired_gain
-from ..answers import _last_boxed, _last_number, completion_to_text
+from .._checks import check_flag, check_int, check_number
+from ..answers import completion_to_text, last_boxed, last_number
 from ..rewards import correctness_reward
 from ..tasks import DatasetUnavailableError, gsm8k_rows, load_gsm8k, train_test_split_arithmetic
 from ..run import dataset_fingerprint, disk_errors, find_checkpoint, read_meta
@@ -78,7 +79,7 @@ def boxed_reward(completions: Sequence, **kwargs: Any) -> list[float]:
     GSM8K example uses, is the same idea: 1 for a right answer, 0.1 for a wrong
     one in the required format, 0 for none.
     """
-    return [1.0 if (b := _last_boxed(completion_to_text(c))) is not None and _last_number(b) is not None else 0.0
+    return [1.0 if (b := last_boxed(completion_to_text(c))) is not None and last_number(b) is not None else 0.0
             for c in completions]
 
 
@@ -131,8 +132,7 @@ def gsm8k_data(n_eval: int = 200, *, seed: int = 0, timeout: float = 3.0) -> tup
     ``*`` questions, 5,000 to train on and ``n_eval`` held out, split by
     ``seed``) and the reason, which is also printed.
     """
-    if isinstance(n_eval, bool) or not isinstance(n_eval, int) or n_eval < 1:
-        raise ValueError(f"n_eval must be a positive int, got {n_eval!r}")
+    check_int(None, "n_eval", n_eval, 1)
     try:
         train_rows, eval_rows = load_gsm8k("train", timeout=timeout), load_gsm8k("test", timeout=timeout)
     except DatasetUnavailableError as err:
@@ -224,10 +224,8 @@ def gsm8k_run(
         config = preset
     else:
         config = get_preset(preset, **overrides)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    if not isinstance(resume, bool):
-        raise TypeError(f"resume must be True or False, got {resume!r}")
+    check_int(None, "steps", steps, 1)
+    check_flag(None, "resume", resume)
     if output_dir is not None:
         config = dataclasses.replace(config, output_dir=os.fspath(output_dir))
     if resume and config.output_dir is None:
@@ -339,18 +337,6 @@ def _read_eval(out: Path | None, which: str, eval_rows: Sequence[dict], config: 
 # ---------------------------------------------------------------------------
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def _positive_number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
-
-
 def forward_flops_per_token(num_params: int, vocab_size: int, hidden_size: int, *, tied_embeddings: bool) -> int:
     """FLOPs of one token's forward pass: 2 per weight that takes part in a matrix product.
 
@@ -366,9 +352,9 @@ def forward_flops_per_token(num_params: int, vocab_size: int, hidden_size: int, 
     >>> forward_flops_per_token(100, 10, 2, tied_embeddings=False)
     160
     """
-    _positive_int("num_params", num_params)
-    _positive_int("vocab_size", vocab_size)
-    _positive_int("hidden_size", hidden_size)
+    check_int(None, "num_params", num_params, 1)
+    check_int(None, "vocab_size", vocab_size, 1)
+    check_int(None, "hidden_size", hidden_size, 1)
     if not isinstance(tied_embeddings, bool):
         raise TypeError(f"tied_embeddings must be a bool, got {tied_embeddings!r}")
     matmul_params = num_params if tied_embeddings else num_params - vocab_size * hidden_size
@@ -451,16 +437,15 @@ def estimate_step_seconds(
         ("minibatches", minibatches),
         ("weight_bytes", weight_bytes),
     ):
-        _positive_int(name, value)
+        check_int(None, name, value, 1)
     for name, value in (
         ("gradient_checkpointing", gradient_checkpointing),
         ("reference_model", reference_model),
         ("share_prompt_cache", share_prompt_cache),
     ):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be a bool, got {value!r}")
-    peak = _positive_number("peak_flops", peak_flops)
-    bw = _positive_number("bandwidth", bandwidth)
+        check_flag(None, name, value)
+    peak = check_number(None, "peak_flops", peak_flops, lambda v: v > 0, "a positive number")
+    bw = check_number(None, "bandwidth", bandwidth, lambda v: v > 0, "a positive number")
 
     head = 2 * vocab_size * hidden_size  # the output layer, per position
     body = f - head  # everything else, per token

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from grpo_tutorial._checks import require_tensor
+from grpo_tutorial._checks import check_int, require_tensor
 
 __all__ = ["format_token_matrix", "plot_token_heatmaps", "token_strings"]
 
@@ -148,7 +148,8 @@ def plot_token_heatmaps(
         vals, real = _check_matrix(values, mask)
         arrays[title] = np.where(real.numpy(), vals.numpy(), np.nan)  # [N, T], NaN = blank
     n, t = next(iter(arrays.values())).shape
-    if group_size is not None and (not isinstance(group_size, int) or group_size < 1 or n % group_size):
+    check_int(None, "group_size", group_size, 1, optional=True)
+    if group_size is not None and n % group_size:
         raise ValueError(f"group_size must be a positive int dividing the {n} rows, got {group_size!r}")
     if figsize is None:
         figsize = (1.1 + 0.75 * t * len(arrays), 0.9 + 0.36 * n)

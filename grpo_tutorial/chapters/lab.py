@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .._checks import is_int
+from .._checks import check_int
 from ..run.progress import progress_bar
 from .recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, warm_start
 from ..evaluation import evaluate_policy
@@ -112,8 +112,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     0.5
     """
     for name, value in (("n", n), ("c", c), ("k", k)):
-        if not is_int(value) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        check_int(None, name, value, 0)
     if n < 1:
         raise ValueError(f"n must be >= 1 (samples per problem), got {n}")
     if c > n:
@@ -163,8 +162,7 @@ def t_quantile(p: float, df: int) -> float:
 
     A 95% interval from 3 seeds uses ``t_quantile(0.975, 2)`` = 4.303, not 1.96.
     """
-    if not is_int(df) or df < 1:
-        raise ValueError(f"df must be an int >= 1, got {df!r}")
+    check_int(None, "df", df, 1)
     if not isinstance(p, (int, float)) or not 0 < p < 1:
         raise ValueError(f"p must be a probability in (0, 1), got {p!r}")
     if p == 0.5:
@@ -256,11 +254,12 @@ class LabSettings:
             raise ValueError(f"LabSettings.methods has unknown names {unknown}; choose from {list(LAB_METHODS)}")
         if "grpo" not in self.methods:
             raise ValueError("LabSettings.methods must include 'grpo': the paired comparison and pass@k need it")
-        if not self.seeds or any(not is_int(s) or s < 0 for s in self.seeds):
-            raise ValueError(f"LabSettings.seeds must be ints >= 0, got {self.seeds!r}")
+        if isinstance(self.seeds, (str, bytes)) or not isinstance(self.seeds, Sequence) or not self.seeds:
+            raise ValueError(f"LabSettings.seeds must be a non-empty list of ints >= 0, got {self.seeds!r}")
+        for i, seed in enumerate(self.seeds):
+            check_int("LabSettings", f"seeds[{i}]", seed, 0)
         for name in ("passk_problems", "passk_n", "passk_batch"):
-            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
-                raise ValueError(f"LabSettings.{name} must be an int >= 1, got {getattr(self, name)!r}")
+            check_int("LabSettings", name, getattr(self, name), 1)
         if self.passk_problems > self.recipe.n_test:
             raise ValueError(
                 f"LabSettings.passk_problems = {self.passk_problems} exceeds the recipe's n_test = "

@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from grpo_tutorial._checks import check_int, check_number
 from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.rewards import correctness_reward
 from grpo_tutorial.sft import SFTConfig, supervised_warmup
@@ -76,12 +77,6 @@ RESULT_KEYS = (
 # ---------------------------------------------------------------------------
 # The recipe
 # ---------------------------------------------------------------------------
-
-
-def _check_positive_int(owner: str, name: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{owner}.{name} must be an int >= {minimum}, got {value!r}")
-
 
 # The recipe's warm start, written once as the config it is; its GRPO phase is the
 # registry's "tiny-cpu" preset (grpo_tutorial/presets.py, where its calibration is explained).
@@ -182,15 +177,11 @@ class TinyAdditionRecipe:
             "digits", "n_train", "n_probe", "n_test", "hidden_size", "num_layers", "num_heads",
             "intermediate_size", "sft_check_every", "grpo_steps",
         ):
-            _check_positive_int(owner, name, getattr(self, name))
+            check_int(owner, name, getattr(self, name), 1)
         for name in ("data_seed", "eval_every"):
-            _check_positive_int(owner, name, getattr(self, name), 0)
-        if not isinstance(self.sft_target_accuracy, (int, float)) or not 0 < self.sft_target_accuracy <= 1:
-            raise ValueError(
-                f"{owner}.sft_target_accuracy must be a number in (0, 1], got {self.sft_target_accuracy!r}"
-            )
-        if self.num_threads is not None:
-            _check_positive_int(owner, "num_threads", self.num_threads)
+            check_int(owner, name, getattr(self, name), 0)
+        check_number(owner, "sft_target_accuracy", self.sft_target_accuracy, lambda v: 0 < v <= 1, "a number in (0, 1]")
+        check_int(owner, "num_threads", self.num_threads, 1, optional=True)
         if self.n_test + self.n_probe > 10 ** (2 * self.digits):
             raise ValueError(
                 f"{owner}: n_test + n_probe = {self.n_test + self.n_probe} distinct problems requested, "
@@ -454,8 +445,7 @@ def run_tiny_addition(
     recipe = TinyAdditionRecipe() if recipe is None else recipe
     if not isinstance(recipe, TinyAdditionRecipe):
         raise TypeError(f"recipe must be a TinyAdditionRecipe, got {type(recipe).__name__}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    check_int(None, "seed", seed, 0)
     previous_threads = torch.get_num_threads()
     if recipe.num_threads is not None:
         torch.set_num_threads(recipe.num_threads)

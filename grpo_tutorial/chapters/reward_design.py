@@ -26,7 +26,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from grpo_tutorial.rewards import RewardFn, _texts, compute_rewards, reward_function_means, reward_function_name
+from grpo_tutorial._checks import check_int
+from grpo_tutorial.answers import completion_texts
+from grpo_tutorial.rewards import RewardFn, compute_rewards, reward_function_means, reward_function_name
 from grpo_tutorial.rollout import generate_rollouts
 
 __all__ = ["applies_to", "contains_monitor", "number_format_reward", "sample_audit"]
@@ -50,7 +52,7 @@ def number_format_reward(completions: Sequence, **kwargs) -> list[float]:
     correctness decides who is pushed up. What remains is a push away from
     malformed output.
     """
-    return [1.0 if _ONE_NUMBER_RE.fullmatch(text) else 0.0 for text in _texts(completions)]
+    return [1.0 if _ONE_NUMBER_RE.fullmatch(text) else 0.0 for text in completion_texts(completions)]
 
 
 def contains_monitor(text: str, name: str | None = None) -> RewardFn:
@@ -75,7 +77,7 @@ def contains_monitor(text: str, name: str | None = None) -> RewardFn:
         raise ValueError(f"name must be None or a non-empty str, got {name!r}")
 
     def monitor(completions: Sequence, **kwargs) -> list[float]:
-        return [1.0 if text in t else 0.0 for t in _texts(completions)]
+        return [1.0 if text in t else 0.0 for t in completion_texts(completions)]
 
     monitor.__name__ = name if name is not None else f"contains_{text}"
     monitor.__qualname__ = monitor.__name__
@@ -108,7 +110,7 @@ def applies_to(fn: Callable, **where: object) -> RewardFn:
     inner_name = reward_function_name(fn)
 
     def restricted(completions: Sequence, **kwargs) -> list[float | None]:
-        n = len(_texts(completions))
+        n = len(completion_texts(completions))
         if column not in kwargs:
             raise ValueError(
                 f"{restricted.__name__}: the batch has no {column!r} column; "
@@ -185,8 +187,7 @@ def sample_audit(
     names = [reward_function_name(fn) for fn in checks]
     if len(set(names)) != len(names):
         raise ValueError(f"checks must have distinct names, got {names}")
-    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
-        raise ValueError(f"top must be an int >= 0, got {top!r}")
+    check_int(None, "top", top, 0)
     rollout = generate_rollouts(
         model,
         tokenizer,

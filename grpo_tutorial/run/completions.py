@@ -27,6 +27,7 @@ import random
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..chat import is_chat_messages
 from .disk import disk_errors
 from .layout import COMPLETIONS_FILE
 
@@ -116,8 +117,8 @@ def truncate_completions(path: str | os.PathLike, step: int) -> None:
 
 
 def _short(value: Any, width: int) -> str:
-    if isinstance(value, list) and value and isinstance(value[-1], Mapping):  # chat messages: the last one
-        value = value[-1].get("content", "")
+    if is_chat_messages(value):  # chat messages: the last one
+        value = value[-1]["content"]
     text = " ".join(str(value).split())  # one line
     return text if len(text) <= width else text[: width - 1] + "…"
 

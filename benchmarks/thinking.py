@@ -1,0 +1,159 @@
+"""``python -m benchmarks.thinking``: chapter 13's runs, every variant for several seeds.
+
+For each seed, one warm start (:func:`grpo_tutorial.chapters.thinking.warm_start`),
+then every variant of :data:`~grpo_tutorial.chapters.thinking.VARIANTS` from a copy
+of it for the same number of steps, with the held-out statistics every
+``eval_every`` steps. The per-seed results and the summary across seeds (mean and
+95% t interval at every point of every curve, and each variant's final values
+against GRPO's, paired by seed) go into ONE file inside the package data,
+``grpo_tutorial/data/thinking_results.json``, which chapter 13 reads. The file also
+records the command, the package commit, the CPU, the wall time and the machine's load.
+
+``--jobs N`` (default 2) runs warm starts, then (seed, variant) runs, in parallel
+processes; every run is independent of the others, so the numbers are the same
+whatever N is, only the wall time changes. ``--quick`` is a seconds-long smoke run of
+the test recipe that proves nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as futures
+import dataclasses
+import datetime as dt
+import json
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from benchmarks.common import LoadSampler, load_average, machine, package_commit  # noqa: E402
+from benchmarks.lab import json_safe, uptime  # noqa: E402
+from grpo_tutorial.chapters.thinking import (  # noqa: E402
+    VARIANTS, ThinkingRecipe, build_thinking_model, make_thinking_data, run_variant, summarize_thinking, warm_start,
+)
+from grpo_tutorial.run.progress import progress_bar  # noqa: E402
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data" / "thinking_results.json"
+
+#: The trainer's history keys kept per step (the rest stays out of the package data).
+HISTORY_KEYS = ("step", "reward_mean", "accuracy", "completion_len_mean", "frac_zero_std", "frac_truncated",
+                "entropy")
+
+
+def recipe_for(args: argparse.Namespace) -> ThinkingRecipe:
+    recipe = ThinkingRecipe.quick() if args.quick else ThinkingRecipe()
+    if args.steps:
+        recipe = dataclasses.replace(recipe, grpo_steps=args.steps)
+    return recipe
+
+
+def _warm(recipe: ThinkingRecipe, seed: int, folder: str) -> dict:
+    """Phase 1 (one process): the seed's warm start, saved for the variants to copy."""
+    torch.set_num_threads(recipe.num_threads or torch.get_num_threads())
+    data = make_thinking_data(recipe)
+    model, tokenizer = build_thinking_model(recipe, seed)
+    info = warm_start(model, tokenizer, data, recipe, seed, progress=False)
+    torch.save(model.state_dict(), Path(folder) / f"warm_{seed}.pt")
+    return {"seed": seed, **info}
+
+
+def _variant(recipe: ThinkingRecipe, seed: int, variant: str, folder: str) -> dict:
+    """Phase 2 (one process): one variant from the seed's warm start."""
+    torch.set_num_threads(recipe.num_threads or torch.get_num_threads())
+    data = make_thinking_data(recipe)
+    model, tokenizer = build_thinking_model(recipe, seed)
+    model.load_state_dict(torch.load(Path(folder) / f"warm_{seed}.pt"))
+    result = run_variant(variant, model, tokenizer, data, recipe, seed)
+    history = [{k: row[k] for k in HISTORY_KEYS if k in row} for row in result["history"]]
+    return {"seed": seed, "variant": variant, "curve": result["curve"], "history": history,
+            "seconds": result["seconds"]}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; tests/test_records.py parses the record's command with it."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.thinking", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds (default 0-4)")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: the recipe's)")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
+    parser.add_argument("--quick", action="store_true", help="the seconds-long test recipe (proves nothing)")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="default: %(default)s")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    code = package_commit()  # at the start: the code that runs, whatever changes while it runs
+    recipe = recipe_for(args)
+    command = "python -m benchmarks.thinking " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    started = dt.datetime.now(dt.timezone.utc)
+    uptime_start = uptime()
+    print(f"{command.strip()}: {len(args.seeds)} seeds x {len(args.variants)} variants x "
+          f"{recipe.grpo_steps} steps, jobs={args.jobs}\n  {uptime_start}", flush=True)
+    t0 = time.perf_counter()
+    warm: dict[int, dict] = {}
+    runs: dict[tuple[int, str], dict] = {}
+    with LoadSampler(every=10.0) as sampler, tempfile.TemporaryDirectory() as folder, \
+            futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        bar = progress_bar(total=len(args.seeds) * (1 + len(args.variants)), desc="runs",
+                           enabled=not args.no_progress)
+        for done in futures.as_completed([pool.submit(_warm, recipe, s, folder) for s in args.seeds]):
+            info = done.result()
+            warm[info["seed"]] = info
+            bar.update(1)
+            print(f"seed {info['seed']} warm start: {info['steps']} steps, {info['seconds']:.0f} s, "
+                  f"probe worked out {info['probe'][-1][1]:.3f}", flush=True)
+        pending = [pool.submit(_variant, recipe, s, v, folder) for s in args.seeds for v in args.variants]
+        for done in futures.as_completed(pending):
+            run = done.result()
+            runs[run["seed"], run["variant"]] = run
+            bar.update(1)
+            last = run["curve"][-1]
+            print(f"seed {run['seed']} {run['variant']:14s} accuracy {last['accuracy']:.3f} worked "
+                  f"{last['worked_share']:.3f} length {last['length']:5.1f}  {run['seconds']:6.0f} s "
+                  f"(total {time.perf_counter() - t0:.0f} s)", flush=True)
+        bar.close()
+    wall = time.perf_counter() - t0
+    seeds = [{"seed": s, "warm_start": warm[s],
+              "variants": {v: {k: runs[s, v][k] for k in ("curve", "history", "seconds")} for v in args.variants}}
+             for s in args.seeds]
+    out = {
+        "created": started.isoformat(timespec="seconds"),
+        "command": command.strip(),
+        **code,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "quick": args.quick,
+        "wall_seconds": wall,
+        "jobs": args.jobs,
+        "load": {"uptime_start": uptime_start, "uptime_end": uptime(), "during": sampler.summary(),
+                 "end": load_average()},
+        "machine": machine(recipe.num_threads or 1),
+        "recipe": recipe.to_dict(),
+        "variants": {v: {"description": VARIANTS[v][0], "changes": VARIANTS[v][1], "reward": VARIANTS[v][2]}
+                     for v in args.variants},
+        "summary": summarize_thinking(seeds),
+        "seeds": seeds,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(json_safe(out), indent=None, allow_nan=False) + "\n")
+    print(f"\nwall time {wall / 60:.1f} min; {out['load']['uptime_end']}")
+    for v, entry in out["summary"].items():
+        acc, share, length = entry["accuracy"][-1], entry["worked_share"][-1], entry["length"][-1]
+        print(f"{v:14s} accuracy {acc['mean']:.3f} [{acc['lo']:.3f}, {acc['hi']:.3f}]  worked "
+              f"{share['mean']:.3f}  length {length['mean']:5.1f}")
+    print(f"wrote {args.out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
