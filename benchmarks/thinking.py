@@ -37,11 +37,14 @@ import torch  # noqa: E402
 from benchmarks.common import LoadSampler, load_average, machine, package_commit  # noqa: E402
 from benchmarks.lab import json_safe, uptime  # noqa: E402
 from grpo_tutorial.chapters.thinking import (  # noqa: E402
-    VARIANTS, ThinkingRecipe, build_thinking_model, make_thinking_data, run_variant, summarize_thinking, warm_start,
+    VARIANTS, WARM_START_FILE, ThinkingRecipe, build_thinking_model, make_thinking_data, run_variant, save_warm_start, summarize_thinking,
+    warm_start,
 )
 from grpo_tutorial.run.progress import progress_bar  # noqa: E402
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data" / "thinking_results.json"
+DATA_DIR = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data"
+DEFAULT_OUT = DATA_DIR / "thinking_results.json"
+DEFAULT_WARM_START = DATA_DIR / WARM_START_FILE
 
 #: The trainer's history keys kept per step (the rest stays out of the package data).
 HISTORY_KEYS = ("step", "reward_mean", "accuracy", "completion_len_mean", "frac_zero_std", "frac_truncated",
@@ -55,13 +58,16 @@ def recipe_for(args: argparse.Namespace) -> ThinkingRecipe:
     return recipe
 
 
-def _warm(recipe: ThinkingRecipe, seed: int, folder: str) -> dict:
-    """Phase 1 (one process): the seed's warm start, saved for the variants to copy."""
+def _warm(recipe: ThinkingRecipe, seed: int, folder: str, publish: tuple[str, dict] | None) -> dict:
+    """Phase 1 (one process): the seed's warm start, saved for the variants to copy (and,
+    with ``publish``, as ``(path, metadata)``, into the package data)."""
     torch.set_num_threads(recipe.num_threads or torch.get_num_threads())
     data = make_thinking_data(recipe)
     model, tokenizer = build_thinking_model(recipe, seed)
     info = warm_start(model, tokenizer, data, recipe, seed, progress=False)
     torch.save(model.state_dict(), Path(folder) / f"warm_{seed}.pt")
+    if publish is not None:
+        info["published"] = {"file": Path(publish[0]).name, "sha256": save_warm_start(model, publish[0], publish[1])}
     return {"seed": seed, **info}
 
 
@@ -87,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="the seconds-long test recipe (proves nothing)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="default: %(default)s")
+    parser.add_argument("--warm-start-out", type=Path, default=None,
+                        help=f"where seed 0's warm start goes (default: {DEFAULT_WARM_START} for a full run, "
+                             "nowhere with --quick)")
     return parser
 
 
@@ -107,7 +116,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
         bar = progress_bar(total=len(args.seeds) * (1 + len(args.variants)), desc="runs",
                            enabled=not args.no_progress)
-        for done in futures.as_completed([pool.submit(_warm, recipe, s, folder) for s in args.seeds]):
+        warm_out = args.warm_start_out or (None if args.quick else DEFAULT_WARM_START)
+        tags = {"command": command.strip(), "package_commit": str(code.get("package_commit")),
+                "seed": "0", "recipe": json.dumps(recipe.to_dict())}
+        publish = {s: (str(warm_out), tags) if warm_out is not None and s == 0 else None for s in args.seeds}
+        for done in futures.as_completed([pool.submit(_warm, recipe, s, folder, publish[s]) for s in args.seeds]):
             info = done.result()
             warm[info["seed"]] = info
             bar.update(1)

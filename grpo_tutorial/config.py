@@ -143,7 +143,9 @@ class GRPOConfig:
             is, where TRL's default is ``"dapo"``), and later refinements are
             switched on by name; so every chapter's and golden run's numbers
             stay those of the plain k3 penalty. Set True to match TRL's default.
-            It only matters with ``beta > 0``.
+            It only matters with ``beta > 0``. The reverse-KL gradient is exact
+            at ``importance_sampling_level="token"``; at ``"sequence"`` each
+            sequence's one ratio multiplies the KL of all its tokens, as in TRL.
         vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: the shape
             of VESPO's weight phi(w) = e^lambda w^k e^(-lambda w) for positive
             and negative advantages (TRL's defaults 2, 3, 3, 2; the weight

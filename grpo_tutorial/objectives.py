@@ -265,7 +265,9 @@ def importance_weighted_kl(kl: torch.Tensor, ratio: torch.Tensor) -> torch.Tenso
     KL in expectation). TRL 1.16: ``use_bias_correction_kl=True``.
 
     ``kl`` is ``[N, T]``; ``ratio`` the importance weight, ``[N, T]`` (token
-    level; with GSPO's sequence level, each sequence's ratio on all its tokens).
+    level; with GSPO's sequence level, each sequence's ratio on all its tokens,
+    and then the gradient is no longer exactly the reverse KL's: TRL's docstring
+    says the same of its sequence level).
     """
     return kl * ratio  # [N, T]
 

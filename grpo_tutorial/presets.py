@@ -89,7 +89,7 @@ PRESETS: dict[str, GRPOConfig] = {
         system_prompt=SMOLLM2_SYSTEM_PROMPT,
         eval_batch_size=50,
     ),
-    # Chapter 9's GPU run; the values and their sources are in the chapter (section 9.7):
+    # Chapter 9's GPU run; the values and their sources are in the chapter (section 9.6):
     # TRL's GRPO defaults (G = 8, beta = 0, clip 0.2, mu = 1), a learning rate above the
     # 1e-6 of runs with 50-100x more samples per update (verl, TRL, DeepSeekMath) so that
     # 50 updates can move the weights, a 10% warmup, and ReFT's 0.1 format reward.

@@ -36,7 +36,7 @@ TAG = "committed-data"
 def test_every_data_file_is_listed_and_readable():
     from grpo_tutorial.data import DATA_FILES, read_data
 
-    on_disk = sorted(p.name for p in DATA_DIR.iterdir() if p.suffix in (".json", ".jsonl"))
+    on_disk = sorted(p.name for p in DATA_DIR.iterdir() if p.suffix in (".json", ".jsonl", ".safetensors"))
     assert on_disk == sorted(DATA_FILES)
     assert read_data("tiny_learning.json")["runs"][0]["seed"] == 0
     assert [run["seed"] for run in read_data("tiny_learning_seeds23.json")["runs"]] == [2, 3]

@@ -48,14 +48,17 @@ from .lab import mean_ci, paired_comparison
 
 __all__ = [
     "CURVE_KEYS",
+    "WARM_START_FILE",
     "ThinkingRecipe",
     "VARIANTS",
     "build_thinking_model",
     "format_only_reward",
     "heldout_stats",
+    "load_warm_start",
     "make_thinking_data",
     "random_reward",
     "run_variant",
+    "save_warm_start",
     "summarize_thinking",
     "warm_start",
     "warm_start_targets",
@@ -116,7 +119,7 @@ class ThinkingRecipe:
     sft_target: float = 0.6
     sft_check_every: int = 50
     grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(**_GRPO_SETTINGS))
-    grpo_steps: int = 80
+    grpo_steps: int = 100
     eval_every: int = 10
     num_threads: int | None = 1
 
@@ -237,8 +240,7 @@ class random_reward:  # noqa: N801 - used like a reward function
 #: the reward one of "correct", "random", "format" or "correct+soft_overlong".
 VARIANTS: dict[str, tuple[str, dict[str, Any], str]] = {
     "grpo": ("the package's defaults, correctness reward", {}, "correct"),
-    "dr_grpo": ("Dr. GRPO: a constant normaliser, no std division", {"loss_type": "dr_grpo", "scale_rewards": "none"},
-                "correct"),
+    "dr_grpo": ("Dr. GRPO's constant normaliser (the loss type alone)", {"loss_type": "dr_grpo"}, "correct"),
     "dapo": ("DAPO's token-level mean", {"loss_type": "dapo"}, "correct"),
     "bnpo": ("BNPO: the mean over the micro-batch's tokens", {"loss_type": "bnpo"}, "correct"),
     "budget": ("a 36-token budget: most worked-out sums are cut off", {"max_new_tokens": 36}, "correct"),
@@ -263,6 +265,42 @@ def _rewards(kind: str, config: GRPOConfig, seed: int) -> list[Callable]:
     if kind == "correct+soft_overlong":
         return [correctness_reward, soft_overlong_punishment(config.max_new_tokens, 16)]
     raise ValueError(f"unknown reward {kind!r}; choose correct, random, format or correct+soft_overlong")
+
+
+#: The package data file that holds seed 0's warm start (``python -m benchmarks.thinking`` writes it).
+WARM_START_FILE = "thinking_warm_start.safetensors"
+
+
+def save_warm_start(model, path, metadata: dict[str, str]) -> str:
+    """Write ``model``'s weights (float32, safetensors) with ``metadata``; return the file's sha256."""
+    import hashlib
+
+    from safetensors.torch import save_model
+
+    save_model(model, str(path), metadata=metadata)  # tied embeddings are stored once
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def load_warm_start(recipe: ThinkingRecipe | None = None, seed: int = 0):
+    """The tiny model with the shipped warm start of ``seed`` (0: the one shipped), and its tokenizer.
+
+    The weights are package data, so a notebook opened alone finds them; the
+    record ``thinking_results.json`` names the command that made them and their
+    sha256, and ``tests/test_records.py`` checks both.
+    """
+    from importlib import resources
+
+    from safetensors.torch import load_model
+
+    if seed != 0:
+        raise ValueError(f"the package ships seed 0's warm start only; run warm_start(...) for seed {seed}")
+    recipe = ThinkingRecipe() if recipe is None else recipe
+    model, tokenizer = build_thinking_model(recipe, seed)
+    with resources.as_file(resources.files("grpo_tutorial.data").joinpath(WARM_START_FILE)) as path:
+        load_model(model, str(path))
+    model.eval()
+    return model, tokenizer
 
 
 # ---------------------------------------------------------------------------

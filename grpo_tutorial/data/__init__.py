@@ -24,6 +24,11 @@ file                            what it is (who writes it)
 ``lab_results.json``            chapter 12's lab: every method and both controls,
                                 3 seeds, pass@k before/after GRPO
                                 (``python -m benchmarks.lab``)
+``thinking_results.json``      chapter 13's runs: every variant, 5 seeds, the
+                                held-out curves (``python -m benchmarks.thinking``)
+``thinking_warm_start.          the same command's warm start of seed 0, which
+safetensors``                   chapter 13 trains live (weights, not readable
+                                with ``read_data``: ``chapters.thinking.load_warm_start``)
 ``logprob_memory.json``         chapter 9's peak memory of one micro-batch's
                                 scoring and backward, before and after the
                                 block-wise scorer
@@ -49,6 +54,8 @@ DATA_FILES = (
     "tiny_learning_seeds23.json",
     "lab_results.json",
     "logprob_memory.json",
+    "thinking_results.json",
+    "thinking_warm_start.safetensors",
 )
 
 
@@ -58,6 +65,9 @@ def read_data(name: str) -> Any:
     >>> read_data("tiny_learning.json")["runs"][0]["seed"]
     0
     """
+    if name.endswith(".safetensors") and name in DATA_FILES:
+        raise ValueError(f"{name} holds model weights, not a record; load it with "
+                         "grpo_tutorial.chapters.thinking.load_warm_start()")
     if name not in DATA_FILES:
         raise ValueError(f"no committed data file named {name!r}; the package ships {list(DATA_FILES)}")
     text = resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
