@@ -14,7 +14,7 @@ or ``smollm2_history_seed<N>.jsonl``, and, for seed 0, the summary as
 
 Task: one-digit arithmetic, ``"What is 7 * 3?"`` with +, - and *. There are 300
 such problems; 200 of them are the held-out test set and GRPO trains only on the
-other 100. Settings: the ``"smollm2-cpu"`` preset (``grpo_tutorial.chapters.presets``),
+other 100. Settings: the ``"smollm2-cpu"`` preset (``grpo_tutorial.presets``),
 any field of which can be overridden with ``--set name=value``.
 
 Training stops at ``--steps``, or before a step that would (judging by the
@@ -42,8 +42,9 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from benchmarks.common import package_commit  # noqa: E402
 from grpo_tutorial import GRPOTrainer, correctness_reward, load_policy  # noqa: E402
-from grpo_tutorial.chapters.presets import get_preset, smollm2_cpu_data  # noqa: E402
+from grpo_tutorial.chapters.gsm8k import smollm2_cpu_data  # noqa: E402
 from grpo_tutorial.chapters.recipes import accuracy_with_se, paired_gain  # noqa: E402
+from grpo_tutorial.presets import get_preset  # noqa: E402
 
 OPS = ["+", "-", "*"]
 DATA_DIR = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data"  # package data

@@ -47,6 +47,7 @@ from .tasks import (
     validate_dataset,
 )
 from .config import GRPOConfig
+from .presets import get_preset
 from .evaluation import evaluate_policy
 from .metrics import TIMING_KEYS
 from .run.warn import GRPOWarning
@@ -92,6 +93,7 @@ __all__ = [
     "SFTConfig",
     "supervised_warmup",
     "GRPOConfig",
+    "get_preset",
     "GRPOTrainer",
     "evaluate_policy",
     "GRPOWarning",

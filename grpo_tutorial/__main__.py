@@ -2,77 +2,94 @@
 
 Examples::
 
-    # GRPO on the tiny model, with a supervised warm start and before/after evaluation
-    python -m grpo_tutorial train --model tiny --task addition --steps 200 --out runs/tiny \\
-        --sft-steps 450 --sft-target-accuracy 0.3 --eval-before --eval-after
+    # the tiny model learns 2-digit addition in a few minutes on a CPU: a supervised
+    # warm start, held-out accuracy, 200 GRPO steps, held-out accuracy again
+    python -m grpo_tutorial train --out runs/tiny
 
     # continue a run that was interrupted (Ctrl-C, a kill, a lost Colab session)
-    python -m grpo_tutorial train --model tiny --task addition --steps 200 --out runs/tiny --resume
+    python -m grpo_tutorial train --out runs/tiny --resume
 
-    python -m grpo_tutorial evaluate --checkpoint runs/tiny --n 500
+    # every GRPOConfig field is a flag: chapter 10's variants, for example
+    python -m grpo_tutorial train --out runs/cispo --loss-type cispo --importance-sampling-level sequence
+
+    python -m grpo_tutorial evaluate --checkpoint runs/tiny
     python -m grpo_tutorial plot runs/tiny --out runs/tiny/curves.png
+
+A run's settings are a named preset (``--preset``; :mod:`grpo_tutorial.presets`)
+with any :class:`~grpo_tutorial.config.GRPOConfig` field changed by a flag of the
+same name (``--loss-type``, ``--group-size``; ``--lr`` and ``--out`` are short
+for ``--learning-rate`` and ``--output-dir``). The flags are made from the
+dataclass's fields, with the field docs as their help, so a new field is a new
+flag. What is not a config field (model, task, steps, warm start, evaluation)
+defaults by kind of model (:data:`RUN_DEFAULTS`): the tiny model's defaults are
+chapter 8's recipe.
 
 Errors in flags and paths print one line, ``error: ...``, and exit with code 2
 (``--traceback`` shows the full traceback); Ctrl-C during training exits with 130.
-
-Every flag left out takes the model's preset (see ``PRESETS``): the tiny model
-gets DESIGN.md's calibrated CPU settings, chat models settings sized for a
-135M-0.5B model.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
+import re
 import sys
 import time
+import typing
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["PRESETS", "TASKS", "build_parser", "main"]
+from .advantages import BASELINES, MULTI_OBJECTIVE_AGGREGATIONS, SCALES, STDS
+from .config import GRPOConfig, field_docs
+from .kl import KL_KINDS
+from .objectives import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
+from .presets import PRESETS, get_preset
+
+__all__ = [
+    "FIELD_ALIASES", "FIELD_CHOICES", "RUN_DEFAULTS", "RUN_FIELDS", "TASKS", "TaskData", "build_parser",
+    "config_from_args", "main", "make_task_data", "parse_rewards", "resolve_run_defaults",
+]
 
 TASKS = ("addition", "multiplication", "countdown", "gsm8k")
 
-#: GRPOConfig values per kind of model, used for every flag not given.
-PRESETS: dict[str, dict[str, Any]] = {
-    # DESIGN.md's calibration: B=16, G=8, 4 new tokens, mu=2, lr 1e-4, clip 1.0
+#: What ``train`` does where a flag is left out, by kind of model ("tiny", or "chat" for any
+#: other). The tiny model's are chapter 8's recipe (``chapters.recipes.TinyAdditionRecipe``:
+#: its GRPO preset, data split, warm start and single thread; tests/test_cli.py checks that they
+#: agree), with 200 GRPO steps where the recipe makes 400: the held-out accuracy has risen
+#: most of the way by then. Other models get the SmolLM2 CPU run's preset and no warm start.
+RUN_DEFAULTS: dict[str, dict[str, Any]] = {
     "tiny": dict(
-        group_size=8, prompts_per_step=16, max_new_tokens=4, num_iterations=2, learning_rate=1e-4,
-        checkpoint_every=50,
+        preset="tiny-cpu", model="tiny", task="addition", steps=200, n_train=20_000, n_eval=1_000, n_probe=200,
+        sft_steps=1_000, sft_target_accuracy=0.3, sft_check_every=10, threads=1,
     ),
-    # a starting point for 135M-0.5B instruct models on CPU/GPU
     "chat": dict(
-        group_size=8, prompts_per_step=4, max_new_tokens=48, num_iterations=1, learning_rate=1e-5,
-        checkpoint_every=10,
+        preset="smollm2-cpu", task="addition", steps=200, n_train=20_000, n_eval=200, n_probe=200,
+        sft_steps=0, sft_target_accuracy=None, sft_check_every=10, threads=None,
     ),
 }
 
-_FLAG_TO_FIELD = {
-    "group_size": "group_size",
-    "prompts_per_step": "prompts_per_step",
-    "max_new_tokens": "max_new_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "lr": "learning_rate",
-    "weight_decay": "weight_decay",
-    "warmup_steps": "warmup_steps",
-    "beta": "beta",
-    "kl_kind": "kl_kind",
-    "clip_eps": "clip_eps",
-    "clip_eps_high": "clip_eps_high",
-    "num_iterations": "num_iterations",
-    "minibatch_size": "minibatch_size",
-    "micro_batch_size": "micro_batch_size",
-    "loss_type": "loss_type",
-    "scale_rewards": "scale_rewards",
-    "std": "std",
-    "max_grad_norm": "max_grad_norm",
-    "ref_sync_every": "ref_sync_every",
-    "system_prompt": "system_prompt",
-    "checkpoint_every": "checkpoint_every",
-    "eval_batch_size": "eval_batch_size",
+#: GRPOConfig fields that a command-line run sets where its preset leaves them at the
+#: config's default and no flag is given: a checkpoint every 50 steps (so ``--resume`` has
+#: something to continue from) and 4 completions every 50 steps, shown under the progress
+#: bar and kept in ``OUT/completions.jsonl``. (The chapters' presets keep runs in memory.)
+RUN_FIELDS: dict[str, Any] = dict(checkpoint_every=50, log_completions=True, log_every=50, num_completions_to_print=4)
+
+#: The allowed values of the GRPOConfig fields that take one of a few names.
+FIELD_CHOICES: dict[str, Sequence[str]] = {
+    "kl_kind": KL_KINDS,
+    "loss_type": LOSS_TYPES,
+    "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
+    "advantage_baseline": BASELINES,
+    "scale_rewards": SCALES,
+    "multi_objective_aggregation": MULTI_OBJECTIVE_AGGREGATIONS,
+    "std": STDS,
 }
+
+#: Short names that stay beside the generated ``--field-name`` flags.
+FIELD_ALIASES: dict[str, str] = {"learning_rate": "--lr", "output_dir": "--out"}
 
 
 # ---------------------------------------------------------------------------
@@ -91,21 +108,86 @@ class _DefaultsOnceFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _add_model_args(p: argparse.ArgumentParser, required: bool) -> None:
+def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
-        required=required,
-        help="'tiny', 'smollm2-135m-instruct', a Hugging Face id (online) or a local folder",
+        default=None,
+        help="'tiny', 'smollm2-135m-instruct', a Hugging Face id (online) or a local folder (train's default: tiny)",
     )
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:0 ... (default: cuda if available)")
     p.add_argument("--dtype", default=None, help="float32, bf16 or fp16 (default: by device)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for the tiny model, else torch's choice)")
 
 
-def _add_task_args(p: argparse.ArgumentParser, required: bool) -> None:
-    p.add_argument("--task", choices=TASKS, required=required, help="which problems to train/evaluate on")
+def _add_task_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", choices=TASKS, default=None, help="which problems to train/evaluate on (train's default: addition)")
     p.add_argument("--digits", type=int, default=None, help="operand digits for addition/multiplication (default 2, 1 for chat models' multiplication)")
     p.add_argument("--data-seed", type=int, default=None, help="seed of the generated problems (default: --seed)")
+
+
+def _plain(doc: str) -> str:
+    """A field doc as terminal text: reST roles and double backquotes dropped, ``%`` escaped for argparse."""
+    doc = re.sub(r":[a-z]+:`~?([^`]*)`", lambda m: m.group(1).rsplit(".", 1)[-1], doc)
+    return doc.replace("``", "").replace("%", "%%")
+
+
+def _optional(convert: Any, what: str) -> Any:
+    def parse(text: str) -> Any:
+        if text.strip().lower() == "none":
+            return None
+        try:
+            return convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} or 'none', got {text!r}") from None
+
+    parse.__name__ = what  # argparse names the type in its own errors
+    return parse
+
+
+def _tri_state(text: str) -> bool | None:
+    value = {"true": True, "false": False, "none": None}.get(text.strip().lower(), "bad")
+    if value == "bad":
+        raise argparse.ArgumentTypeError(f"expected true, false or none, got {text!r}")
+    return value
+
+
+def _add_config_args(group: argparse._ArgumentGroup) -> None:
+    """One flag per GRPOConfig field, named after it, with the field's doc as help.
+
+    The default is ``argparse.SUPPRESS``: a flag left out is absent from the parsed
+    namespace, so the preset's value stays, and a field that may be None takes
+    ``none`` as a value.
+    """
+    docs = field_docs()
+    hints = typing.get_type_hints(GRPOConfig)
+    for f in dataclasses.fields(GRPOConfig):
+        hint = hints[f.name]
+        args = typing.get_args(hint)
+        optional = type(None) in args
+        base = next((a for a in args if a is not type(None)), hint) if optional else hint
+        names = [f"--{f.name.replace('_', '-')}"] + ([FIELD_ALIASES[f.name]] if f.name in FIELD_ALIASES else [])
+        if f.name == "output_dir":
+            names.reverse()  # the usage line and the examples say --out
+        kwargs: dict[str, Any] = dict(dest=f.name, default=argparse.SUPPRESS, help=_plain(docs[f.name]))
+        if base is bool and not optional:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif base is bool:
+            kwargs.update(type=_tri_state, metavar="{true,false,none}")
+        elif typing.get_origin(base) is list:
+            item = typing.get_args(base)[0]
+            kwargs.update(nargs="+", type=_optional(item, item.__name__), metavar=item.__name__.upper())
+        elif f.name in FIELD_CHOICES:
+            kwargs["choices"] = list(FIELD_CHOICES[f.name]) + (["none"] if optional else [])
+        elif base in (int, float):
+            kwargs.update(type=_optional(base, base.__name__) if optional else base, metavar=base.__name__.upper())
+        elif base is str:
+            kwargs.update(type=_optional(str, "str") if optional else str, metavar="TEXT")
+        else:
+            raise TypeError(f"GRPOConfig.{f.name} has the type {hint}, which the command line cannot parse yet")
+        if f.name == "output_dir":
+            kwargs.update(required=True, metavar="DIR", type=str, help=kwargs["help"] + (
+                " The command line also writes run.json, eval.json and completions.jsonl there."))
+        group.add_argument(*names, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,19 +202,28 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser(
         "train",
         help="run GRPO and write history.jsonl, checkpoints and eval.json",
-        description="Run GRPO. Flags left out take the model's preset (tiny or chat).",
+        usage="%(prog)s --out DIR [--resume] [--preset NAME] [--model MODEL] [--task TASK] [--steps N] "
+        "[--FIELD-NAME VALUE ...]",
+        description="Run GRPO. With no flag but --out: the tiny model learns 2-digit addition (chapter 8's "
+        "recipe: a supervised warm start, then GRPO with the tiny-cpu preset, held-out accuracy before and "
+        "after). Every GRPOConfig field is a flag; a field left out takes the preset's value.",
         formatter_class=_DefaultsOnceFormatter,
     )
-    _add_model_args(t, required=True)
-    _add_task_args(t, required=True)
-    t.add_argument("--steps", type=int, required=True, help="total GRPO steps (a resumed run stops at the same step)")
-    t.add_argument("--out", required=True, help="output directory (history.jsonl, checkpoint/, eval.json, run.json)")
+    t.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="the named GRPOConfig every field flag starts from (default: tiny-cpu for the tiny model, "
+                   "smollm2-cpu for any other)")
+    _add_model_args(t)
+    _add_task_args(t)
+    t.add_argument("--steps", type=int, default=None, help="total GRPO steps; a resumed run stops at the same step (default: 200)")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint if it exists")
-    t.add_argument("--seed", type=int, default=0, help="seed of sampling, data order and the tiny model's init")
-    t.add_argument("--n-train", type=int, default=5000, help="training problems to generate")
-    t.add_argument("--n-eval", type=int, default=200, help="held-out problems for --eval-before/--eval-after")
-    t.add_argument("--eval-before", action="store_true", help="greedy accuracy on the held-out set before GRPO")
-    t.add_argument("--eval-after", action="store_true", help="greedy accuracy on the held-out set after GRPO")
+    t.add_argument("--n-train", type=int, default=None, help="training problems to generate (default: 20000)")
+    t.add_argument("--n-eval", type=int, default=None, help="held-out problems for the evaluations (default: 1000 for the tiny model, else 200)")
+    t.add_argument("--n-probe", type=int, default=None,
+                   help="held-out problems, apart from the evaluation's, that decide when the warm start stops (default: 200)")
+    t.add_argument("--eval-before", action=argparse.BooleanOptionalAction, default=True,
+                   help="greedy accuracy on the held-out set before GRPO")
+    t.add_argument("--eval-after", action=argparse.BooleanOptionalAction, default=True,
+                   help="greedy accuracy on the held-out set after GRPO")
     t.add_argument(
         "--reward",
         action="append",
@@ -142,33 +233,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the task's own, countdown for countdown, else correctness); e.g. "
         "--reward correctness --reward format:0.2",
     )
-    t.add_argument("--sft-steps", type=int, default=0, help="supervised warm-start steps before GRPO (tiny model)")
-    t.add_argument("--sft-target-accuracy", type=float, default=None, help="stop the warm start at this held-out greedy accuracy")
+    t.add_argument("--sft-steps", type=int, default=None,
+                   help="supervised warm-start steps before GRPO, at most (default: 1000 for the tiny model, else 0)")
+    t.add_argument("--sft-target-accuracy", type=_optional(float, "float"), default=argparse.SUPPRESS, metavar="FLOAT",
+                   help="stop the warm start once greedy accuracy on the probe set reaches this; 'none' to run "
+                   "every step (default: 0.3 for the tiny model, else none)")
+    t.add_argument("--sft-check-every", type=int, default=None, help="warm-start steps between probe checks (default: 10)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
-    g = t.add_argument_group("GRPO config (default: the model's preset)")
-    g.add_argument("--group-size", type=int, help="G, completions per prompt")
-    g.add_argument("--prompts-per-step", type=int, help="B, prompts per step")
-    g.add_argument("--max-new-tokens", type=int, help="completion budget")
-    g.add_argument("--temperature", type=float)
-    g.add_argument("--top-p", type=float)
-    g.add_argument("--lr", type=float, help="learning rate")
-    g.add_argument("--weight-decay", type=float)
-    g.add_argument("--warmup-steps", type=int, help="linear LR warmup, in optimizer updates")
-    g.add_argument("--beta", type=float, help="KL penalty weight (0 = no reference model)")
-    g.add_argument("--kl-kind", choices=("k1", "k2", "k3"))
-    g.add_argument("--clip-eps", type=float)
-    g.add_argument("--clip-eps-high", type=float, help="DAPO clip-higher, e.g. 0.28")
-    g.add_argument("--num-iterations", type=int, help="mu, passes over each batch")
-    g.add_argument("--minibatch-size", type=int, help="completions per optimizer update")
-    g.add_argument("--micro-batch-size", type=int, help="completions per forward/backward pass (memory only)")
-    g.add_argument("--loss-type", choices=("grpo", "bnpo", "dapo", "dr_grpo"))
-    g.add_argument("--scale-rewards", choices=("group", "batch", "none"))
-    g.add_argument("--std", choices=("sample", "population"))
-    g.add_argument("--max-grad-norm", type=float)
-    g.add_argument("--ref-sync-every", type=int)
-    g.add_argument("--system-prompt", help="system message for chat models")
-    g.add_argument("--checkpoint-every", type=int, help="steps between checkpoints, also saved at the end (0 = none; Ctrl-C still saves)")
-    g.add_argument("--eval-batch-size", type=int)
+    _add_config_args(t.add_argument_group("GRPOConfig fields (default: the preset's value)"))
     t.set_defaults(func=_cmd_train)
 
     # -- evaluate
@@ -179,9 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--model, --task and the other settings default to that run's.",
         formatter_class=_DefaultsOnceFormatter,
     )
-    _add_model_args(e, required=False)
-    _add_task_args(e, required=False)
+    _add_model_args(e)
+    _add_task_args(e)
     e.add_argument("--checkpoint", default=None, help="a train --out directory or a checkpoint directory")
+    e.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="without --checkpoint: the settings to evaluate with (default: as train's)")
     e.add_argument("--n", type=int, default=None, help="number of held-out problems (default: the run's --n-eval, else 200)")
     e.add_argument("--seed", type=int, default=None, help="the run's seed (default: from run.json, else 0)")
     e.add_argument("--max-new-tokens", type=int, default=None)
@@ -203,6 +277,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keys", nargs="+", default=None, help="history keys to plot (default: the standard six)")
     p.set_defaults(func=_cmd_plot)
     return parser
+
+
+def _kind(model_name: str | None) -> str:
+    return "tiny" if model_name is None or _is_tiny(model_name) else "chat"
+
+
+def resolve_run_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill every run setting left out (None) from :data:`RUN_DEFAULTS` for the model's kind, in place."""
+    defaults = RUN_DEFAULTS[_kind(args.model)]
+    for name, value in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    if not hasattr(args, "sft_target_accuracy"):  # 'none' is a value, so absence means "left out"
+        args.sft_target_accuracy = defaults["sft_target_accuracy"]
+    return args
+
+
+def config_from_args(args: argparse.Namespace) -> GRPOConfig:
+    """The run's GRPOConfig: the preset, then :data:`RUN_FIELDS` where the preset keeps the
+    config's default, then every field flag given (``--reward NAME:WEIGHT`` sets ``reward_weights``)."""
+    preset = get_preset(args.preset)
+    defaults = GRPOConfig()
+    values = {name: value for name, value in RUN_FIELDS.items() if getattr(preset, name) == getattr(defaults, name)}
+    names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    values.update({name: value for name, value in vars(args).items() if name in names})
+    for name, choices in FIELD_CHOICES.items():
+        if values.get(name) == "none" and "none" not in choices:
+            values[name] = None  # an Optional field with choices: 'none' is None
+    for name, value in list(values.items()):
+        if isinstance(value, list) and None in value:  # a list field: '--reward-weights none' is None
+            if len(value) > 1:
+                raise ValueError(f"--{name.replace('_', '-')}: 'none' stands alone, got {value}")
+            values[name] = None
+    if args.reward:
+        if "reward_weights" in vars(args):
+            raise ValueError("give reward weights either with --reward NAME:WEIGHT or with --reward-weights, not both")
+        values["reward_weights"] = parse_rewards(args.reward)[1]
+    return get_preset(args.preset, **values)
 
 
 # ---------------------------------------------------------------------------
@@ -231,21 +343,43 @@ def _load_model(args: argparse.Namespace, seed: int) -> tuple[Any, Any]:
     return load_policy(args.model, device=args.device, dtype=args.dtype)
 
 
+class TaskData(typing.NamedTuple):
+    """A task's rows: ``train``, the held-out ``test`` rows, the ``probe`` rows that decide when a
+    warm start stops (held out too, apart from ``test``), and the task's ``reward_fns``."""
+
+    train: list[dict]
+    test: list[dict]
+    probe: list[dict]
+    reward_fns: list
+
+
 def make_task_data(
-    task: str, *, tiny: bool, n_train: int, n_eval: int, seed: int, digits: int | None
-) -> tuple[list[dict], list[dict], list]:
-    """Training rows, held-out rows and reward functions for a task."""
+    task: str, *, tiny: bool, n_train: int, n_eval: int, seed: int, digits: int | None, n_probe: int = 0
+) -> TaskData:
+    """Training rows, ``n_eval`` held-out rows, ``n_probe`` more held-out rows and the reward functions.
+
+    For arithmetic the held-out rows are one draw of ``n_eval + n_probe`` distinct
+    problems, the first ``n_eval`` for evaluation and the rest for the probe, as
+    chapter 8's recipe splits them (``chapters.recipes.make_recipe_data``).
+    """
     from .rewards import correctness_reward
     from .tasks import countdown_reward, load_gsm8k, make_countdown_dataset, train_test_split_arithmetic
 
+    n_held = n_eval + n_probe
     if task in ("addition", "multiplication"):
         op = "+" if task == "addition" else "*"
         if digits is None:
             digits = 1 if (task == "multiplication" and not tiny) else 2
-        train, test = train_test_split_arithmetic(
-            n_train, n_eval, seed, op=op, digits=digits, style="plain" if tiny else "question"
+        if n_held > 10 ** (2 * digits):
+            raise ValueError(
+                f"--n-eval {n_eval} + --n-probe {n_probe} = {n_held} distinct held-out problems requested, but "
+                f"only {10 ** (2 * digits)} exist with --digits {digits}; lower them (--n-probe 0 if the warm "
+                "start has no target)"
+            )
+        train, held = train_test_split_arithmetic(
+            n_train, n_held, seed, op=op, digits=digits, style="plain" if tiny else "question"
         )
-        return train, test, [correctness_reward]
+        return TaskData(train, held[:n_eval], held[n_eval:], [correctness_reward])
     if tiny:
         raise ValueError(
             f"--task {task} has word prompts, which the tiny model's character vocabulary cannot "
@@ -254,12 +388,12 @@ def make_task_data(
     if task == "countdown":
         train = make_countdown_dataset(n_train, seed)
         seen = {row["prompt"] for row in train}
-        test = [row for row in make_countdown_dataset(n_eval * 3, seed + 1) if row["prompt"] not in seen][:n_eval]
-        return train, test, [countdown_reward]
+        held = [row for row in make_countdown_dataset(n_held * 3, seed + 1) if row["prompt"] not in seen][:n_held]
+        return TaskData(train, held[:n_eval], held[n_eval:], [countdown_reward])
     if task == "gsm8k":
         train = load_gsm8k("train")[:n_train]
-        test = load_gsm8k("test")[:n_eval]
-        return train, test, [correctness_reward]
+        held = load_gsm8k("test")[:n_held]
+        return TaskData(train, held[:n_eval], held[n_eval:], [correctness_reward])
     raise ValueError(f"--task must be one of {list(TASKS)}, got {task!r}")
 
 
@@ -295,6 +429,14 @@ def parse_rewards(specs: Sequence[str]) -> tuple[list, list[float]]:
         fns.append(named[name])
         weights.append(value)
     return fns, weights
+
+
+def _paired_change(before: dict, after: dict) -> tuple[float, float]:
+    """After minus before on the same problems, and the standard error of the per-problem differences."""
+    d = [float(bool(a)) - float(bool(b)) for a, b in zip(after["correct"], before["correct"])]
+    mean = sum(d) / len(d)
+    var = sum((x - mean) ** 2 for x in d) / max(1, len(d) - 1)
+    return after["accuracy"] - before["accuracy"], math.sqrt(var / len(d))
 
 
 def _print_eval(label: str, result: dict) -> None:
@@ -333,11 +475,11 @@ def _check_paths(args: argparse.Namespace) -> None:
     model = getattr(args, "model", None)
     named = ("tiny", "smollm2-135m-instruct")  # load_policy takes these names before folders
     if model is not None and model.strip().lower() not in named and os.path.exists(os.path.expanduser(model)):
-        from .models import _check_model_dir
+        from .models import check_model_dir
 
-        _check_model_dir(model)  # a local --model that is not a saved model fails here, before --out is made
+        check_model_dir(model)  # a local --model that is not a saved model fails here, before --out is made
     if args.command == "train":
-        _check_writable("--out", args.out, is_dir=True)
+        _check_writable("--out", args.output_dir, is_dir=True)
     elif args.command == "evaluate":
         if args.checkpoint is not None and not Path(args.checkpoint).expanduser().exists():
             raise ValueError(f"--checkpoint {args.checkpoint!r} does not exist")
@@ -376,16 +518,33 @@ def _evaluate(model: Any, tokenizer: Any, rows: list, reward_fns: Any, config: A
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    if args.steps < 1:
-        raise ValueError(f"--steps must be a positive int, got {args.steps}")
-    with _claim_out(Path(args.out)):
-        return _train(args, Path(args.out))
+    resolve_run_defaults(args)
+    for flag, value, minimum in (
+        ("--steps", args.steps, 1), ("--n-train", args.n_train, 1), ("--n-eval", args.n_eval, 1),
+        ("--n-probe", args.n_probe, 0), ("--sft-steps", args.sft_steps, 0), ("--sft-check-every", args.sft_check_every, 1),
+    ):
+        if value < minimum:
+            raise ValueError(f"{flag} must be a{' positive' if minimum else 'n'} int{'' if minimum else ' >= 0'}, got {value}")
+    if args.sft_steps and args.sft_target_accuracy is not None and args.n_probe < 1:
+        raise ValueError("--sft-target-accuracy needs probe problems: give --n-probe > 0, or --sft-target-accuracy none")
+    config = config_from_args(args)  # a bad value fails here, before --out is created
+    with _claim_out(Path(args.output_dir)):
+        return _train(args, config, Path(args.output_dir))
 
 
-def _train(args: argparse.Namespace, out: Path) -> int:
+def _print_plan(args: argparse.Namespace, config: GRPOConfig) -> None:
+    threads = "torch's choice of threads" if args.threads is None else f"{args.threads} thread{'s' * (args.threads > 1)}"
+    print(f"preset {args.preset}: model {args.model}, task {args.task}; {args.steps} GRPO steps of "
+          f"{config.prompts_per_step} prompts x {config.group_size} completions; {threads}", flush=True)
+    if args.sft_steps:
+        until = ("" if args.sft_target_accuracy is None else
+                 f", until greedy accuracy on {args.n_probe} held-out probe problems reaches {args.sft_target_accuracy:g}")
+        print(f"warm start: up to {args.sft_steps} supervised steps{until}", flush=True)
+
+
+def _train(args: argparse.Namespace, config: GRPOConfig, out: Path) -> int:
     import torch
 
-    from .config import GRPOConfig
     from .run.layout import find_checkpoint, read_meta
     from .trainer import GRPOTrainer
 
@@ -397,23 +556,27 @@ def _train(args: argparse.Namespace, out: Path) -> int:
     elif args.resume:
         print(f"--resume: no checkpoint in {out} yet, starting from step 0", flush=True)
     tiny = _is_tiny(args.model)
-    data_seed = args.seed if args.data_seed is None else args.data_seed
+    args.seed = seed = config.seed
+    data_seed = seed if args.data_seed is None else args.data_seed
+    if not (args.sft_steps and args.sft_target_accuracy is not None):
+        args.n_probe = 0  # no probe is drawn, so the held-out rows are the first n_eval of the split
 
-    # data and config first: bad flags or gsm8k offline fail before a slow model load
-    train_rows, eval_rows, reward_fns = make_task_data(
-        args.task, tiny=tiny, n_train=args.n_train, n_eval=args.n_eval, seed=data_seed, digits=args.digits
+    # data first: bad flags or gsm8k offline fail before a slow model load
+    data = make_task_data(
+        args.task, tiny=tiny, n_train=args.n_train, n_eval=args.n_eval, seed=data_seed, digits=args.digits,
+        n_probe=args.n_probe,
     )
-    weights = None
-    if args.reward:
-        reward_fns, weights = parse_rewards(args.reward)
-    preset = dict(PRESETS["tiny" if tiny else "chat"])
-    for flag, field_name in _FLAG_TO_FIELD.items():
-        value = getattr(args, flag)
-        if value is not None:
-            preset[field_name] = value
-    config = GRPOConfig(**preset, reward_weights=weights, seed=args.seed, output_dir=str(out))
-    torch.manual_seed(args.seed)
-    model, tokenizer = _load_model(args, args.seed)
+    reward_fns = parse_rewards(args.reward)[0] if args.reward else data.reward_fns
+    weights = config.reward_weights
+    if weights is not None and len(weights) != len(reward_fns):
+        raise ValueError(
+            f"reward_weights {weights} (preset {args.preset}) weigh {len(weights)} reward functions but the run has "
+            f"{len(reward_fns)}; name them with --reward NAME:WEIGHT (e.g. --reward correctness --reward format:0.1) "
+            "or pass --reward-weights none"
+        )
+    _print_plan(args, config)
+    torch.manual_seed(seed)
+    model, tokenizer = _load_model(args, seed)
     _write_json(out / "run.json", run_dir=out, data={"argv": sys.argv[1:], "args": vars(args) | {"func": None}, "config": config.to_dict()})
 
     evals: dict[str, Any] = {}
@@ -421,34 +584,17 @@ def _train(args: argparse.Namespace, out: Path) -> int:
         evals = json.loads((out / "eval.json").read_text(encoding="utf-8"))
 
     if args.sft_steps and not resuming:
-        from .sft import SFTConfig, supervised_warmup
-
-        t0 = time.perf_counter()
-        stop_when = None
-        if args.sft_target_accuracy is not None:
-            probe_rows = train_rows[-200:]  # training problems: the held-out set stays unseen
-
-            def stop_when(m: Any) -> bool:
-                probe = _evaluate(m, tokenizer, probe_rows, reward_fns, config, args.task, num_samples=0)
-                return probe["accuracy"] >= args.sft_target_accuracy
-
-        sft_history = supervised_warmup(
-            model, tokenizer, train_rows, SFTConfig(steps=args.sft_steps, seed=args.seed),
-            stop_when=stop_when, progress=not args.no_progress,
-        )
-        evals["sft"] = {"steps": len(sft_history), "seconds": time.perf_counter() - t0}
-        print(f"warm start: {len(sft_history)} supervised steps in {evals['sft']['seconds']:.1f} s", flush=True)
-        torch.manual_seed(args.seed)  # GRPO starts from the same RNG state however long the warm start ran
+        _warm_start(args, config, model, tokenizer, data, reward_fns, evals)
 
     trainer = GRPOTrainer(model, tokenizer, reward_fns, config, accuracy_fn=accuracy_fn_for(args.task))
     if args.eval_before and not resuming:
-        evals["before"] = trainer.evaluate(eval_rows)
+        evals["before"] = trainer.evaluate(data.test)
         _print_eval("before GRPO", evals["before"])
         _write_json(out / "eval.json", evals, out)
 
     t0 = time.perf_counter()
     try:
-        history = trainer.train(train_rows, args.steps, resume=args.resume, progress=not args.no_progress)
+        history = trainer.train(data.train, args.steps, resume=args.resume, progress=not args.no_progress)
     except KeyboardInterrupt as err:
         print(f"\n{err or 'interrupted'}; continue with the same command plus --resume", file=sys.stderr)
         return 130
@@ -456,21 +602,52 @@ def _train(args: argparse.Namespace, out: Path) -> int:
     print(f"GRPO: {len(history)} steps, last reward {history[-1]['reward_mean']:.3f} "
           f"({seconds:.1f} s in this process)", flush=True)
     if args.eval_after:
-        evals["after"] = trainer.evaluate(eval_rows)
+        evals["after"] = trainer.evaluate(data.test)
         _print_eval("after GRPO", evals["after"])
         if "before" in evals:
-            gain = evals["after"]["accuracy"] - evals["before"]["accuracy"]
-            print(f"change in held-out greedy accuracy: {gain:+.3f}")
+            change, se = _paired_change(evals["before"], evals["after"])
+            print(f"change in held-out greedy accuracy: {change:+.3f} (paired standard error {se:.3f})")
     if evals:
         _write_json(out / "eval.json", evals, out)
-    print(f"wrote {out / 'history.jsonl'}", flush=True)
+    print(f"wrote {out / 'history.jsonl'}" + (f" and {out / 'completions.jsonl'}" if config.log_completions else ""),
+          flush=True)
     return 0
 
 
-def _cmd_evaluate(args: argparse.Namespace) -> int:
-    import dataclasses
+def _warm_start(args: argparse.Namespace, config: GRPOConfig, model: Any, tokenizer: Any, data: TaskData,
+                reward_fns: list, evals: dict) -> None:
+    """Supervised steps until greedy accuracy on the probe rows reaches the target, as chapter 8's recipe does."""
+    import torch
 
-    from .config import GRPOConfig
+    from .sft import SFTConfig, supervised_warmup
+
+    probe_accuracy: list[float] = []
+    stop_when = None
+    if args.sft_target_accuracy is not None:
+
+        def stop_when(m: Any) -> bool:  # the probe is evaluated as the GRPO phase will evaluate
+            probe = _evaluate(m, tokenizer, data.probe, reward_fns, config, args.task, num_samples=0)
+            probe_accuracy.append(probe["accuracy"])
+            return probe["accuracy"] >= args.sft_target_accuracy
+
+    t0 = time.perf_counter()
+    torch.manual_seed(config.seed)
+    history = supervised_warmup(
+        model, tokenizer, data.train, SFTConfig(steps=args.sft_steps, seed=config.seed),
+        stop_when=stop_when, check_every=args.sft_check_every, progress=not args.no_progress,
+    )
+    reached = bool(history and history[-1].get("stopped"))
+    evals["sft"] = {"steps": len(history), "seconds": time.perf_counter() - t0, "reached_target": reached,
+                    "probe_accuracy": probe_accuracy[-1] if probe_accuracy else None}
+    note = ""
+    if probe_accuracy:
+        note = (f", probe accuracy {probe_accuracy[-1]:.3f}"
+                f" ({'reached' if reached else 'below'} the target {args.sft_target_accuracy:g})")
+    print(f"warm start: {len(history)} supervised steps in {evals['sft']['seconds']:.1f} s{note}", flush=True)
+    torch.manual_seed(config.seed)  # GRPO starts from the same RNG state however long the warm start ran
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
     from .run.checkpoint import load_model_state
     from .run.layout import find_checkpoint
 
@@ -497,8 +674,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     n = args.n if args.n is not None else run.get("n_eval", 200)
     tiny = _is_tiny(model_name)
 
-    _, eval_rows, reward_fns = make_task_data(
-        task, tiny=tiny, n_train=1, n_eval=n, seed=data_seed, digits=digits
+    # the run's split: its held-out draw included the warm start's probe rows
+    _, eval_rows, _, reward_fns = make_task_data(
+        task, tiny=tiny, n_train=1, n_eval=n, seed=data_seed, digits=digits, n_probe=run.get("n_probe", 0)
     )
     model, tokenizer = _load_model(args, seed)
     config_values: dict[str, Any]
@@ -507,7 +685,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         fields = {f.name for f in dataclasses.fields(GRPOConfig)}
         config_values = {k: v for k, v in meta["config"].items() if k in fields and k != "output_dir"}
     else:
-        config_values = dict(PRESETS["tiny" if tiny else "chat"])
+        preset = args.preset or RUN_DEFAULTS[_kind(model_name)]["preset"]
+        config_values = {k: v for k, v in get_preset(preset).to_dict().items() if k != "output_dir"}
     if args.max_new_tokens is not None:
         config_values["max_new_tokens"] = args.max_new_tokens
     if args.system_prompt is not None:

@@ -8,7 +8,9 @@ Chapter 11 maps these names to TRL's ``GRPOConfig``.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -16,7 +18,7 @@ from ._checks import check_choice, check_flag, check_int, check_number, config_e
 from .advantages import BASELINES, MULTI_OBJECTIVE_AGGREGATIONS, SCALES, STDS
 from .loss import OPTION_NAMES, LossOptions
 
-__all__ = ["GRPOConfig"]
+__all__ = ["GRPOConfig", "field_docs"]
 
 _OWNER = "GRPOConfig"
 
@@ -27,10 +29,11 @@ class GRPOConfig:
 
     The defaults are the settings first calibrated for the tiny model on a
     2-core CPU (B = 16 prompts, G = 8, 4 new tokens, temperature 1, lr 1e-4,
-    clip 0.2, gradient clip 1.0), except mu = 1 where that calibration used 2;
-    chapter 8's recipe (:mod:`grpo_tutorial.chapters.recipes`) is the tuned
-    version. For a real LLM on a GPU, typical values are ``group_size=8..16``,
-    ``max_new_tokens=256..1024``, ``learning_rate=1e-6..1e-5``.
+    clip 0.2, gradient clip 1.0), except mu = 1 where that calibration used 2.
+    The tuned tiny run (chapter 8's recipe) and the runs of a real LLM are named
+    presets (:func:`grpo_tutorial.presets.get_preset`). For a real LLM on a GPU,
+    typical values are ``group_size=8..16``, ``max_new_tokens=256..1024``,
+    ``learning_rate=1e-6..1e-5``.
 
     Batches and updates. A step samples a *generation batch* of B*G completions.
     ``minibatch_size`` sets the size of one optimizer update (None: the whole
@@ -387,3 +390,33 @@ class GRPOConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+_ENTRY = re.compile(r"^([a-z_][a-z0-9_]*(?:, [a-z_][a-z0-9_]*)*): (.*)$")
+
+
+def field_docs() -> dict[str, str]:
+    """Each :class:`GRPOConfig` field's doc, from the class docstring's ``Attributes:`` section.
+
+    One entry may document several fields (``learning_rate, weight_decay: AdamW
+    settings.``); each of them gets its text. The text is joined into one line,
+    markup and all. The command line's ``train --help`` is made from it, and a
+    test checks that every field has one, so a new field cannot go undocumented.
+    """
+    lines = inspect.cleandoc(GRPOConfig.__doc__ or "").splitlines()
+    if "Attributes:" not in lines:
+        raise RuntimeError("GRPOConfig's docstring has no 'Attributes:' section")
+    docs: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in lines[lines.index("Attributes:") + 1:]:
+        if line and not line.startswith(" "):
+            break  # the section ends at the next unindented line
+        text = line.strip()
+        entry = _ENTRY.match(text) if line.startswith("    ") and not line.startswith("     ") else None
+        if entry:
+            current = [entry.group(2)]
+            for name in entry.group(1).split(", "):
+                docs[name] = current
+        elif text:
+            current.append(text)
+    return {name: " ".join(parts) for name, parts in docs.items()}

@@ -47,7 +47,8 @@ from ._checks import check_int
 
 TINY_NAME = "tiny"
 SMOLLM2_NAME = "smollm2-135m-instruct"
-PRESETS = (TINY_NAME, SMOLLM2_NAME)
+#: The names :func:`load_policy` knows besides hub ids and folders.
+MODEL_NAMES = (TINY_NAME, SMOLLM2_NAME)
 
 #: The characters of the tiny tokenizer's default vocabulary: digits, the
 #: arithmetic symbols ``+ - * = ( )`` and the space (17 characters).
@@ -587,7 +588,7 @@ _WEIGHT_FILES = (
 )
 
 
-def _check_model_dir(path: str | os.PathLike) -> Path:
+def check_model_dir(path: str | os.PathLike) -> Path:
     """Check that ``path`` is a folder saved with ``save_pretrained``; return it as a Path.
 
     Raises ``ValueError`` naming the path and what is missing: the folder itself
@@ -673,7 +674,7 @@ def load_policy(
     elif key == SMOLLM2_NAME:
         model, tokenizer = _load_smollm2(dt)
     elif os.path.exists(os.path.expanduser(name)):
-        folder = _check_model_dir(name)
+        folder = check_model_dir(name)
         model, tokenizer = _from_pretrained(str(folder), dt, local_files_only=True)
     elif _looks_like_path(name):
         raise ValueError(f"name={name!r} looks like a folder, but there is no such directory")
@@ -681,7 +682,7 @@ def load_policy(
         model, tokenizer = _load_hub(name, dt)
     else:
         raise ValueError(
-            f"unknown policy name={name!r}; expected one of {list(PRESETS)}, "
+            f"unknown policy name={name!r}; expected one of {list(MODEL_NAMES)}, "
             "a Hugging Face hub id such as 'Qwen/Qwen2.5-0.5B-Instruct', or a local directory"
         )
     model = model.to(device=dev, dtype=dt)

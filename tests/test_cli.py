@@ -1,7 +1,9 @@
 """The command line (python -m grpo_tutorial) and the training-curve plot."""
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -13,8 +15,21 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
-from grpo_tutorial.__main__ import main, parse_rewards
+from grpo_tutorial.__main__ import (
+    FIELD_CHOICES,
+    RUN_DEFAULTS,
+    RUN_FIELDS,
+    build_parser,
+    config_from_args,
+    main,
+    make_task_data,
+    parse_rewards,
+    resolve_run_defaults,
+)
+from grpo_tutorial.config import GRPOConfig, field_docs
+from grpo_tutorial.objectives import LOSS_TYPES
 from grpo_tutorial.plotting import moving_average, plot_history
+from grpo_tutorial.presets import PRESETS, get_preset
 from grpo_tutorial.rewards import correctness_reward, format_reward
 
 
@@ -103,17 +118,21 @@ def test_train_evaluate_plot_smoke(tmp_path, capsys):
     out = tmp_path / "run"
     code = main([
         "train", "--model", "tiny", "--task", "addition", "--digits", "1", "--steps", "2", "--out", str(out),
-        "--prompts-per-step", "4", "--group-size", "4", "--n-train", "50", "--n-eval", "8",
+        "--prompts-per-step", "4", "--group-size", "4", "--minibatch-size", "none", "--n-train", "50",
+        "--n-eval", "8", "--sft-steps", "0", "--no-eval-before",
         "--checkpoint-every", "1", "--eval-after", "--no-progress", "--reward", "partial_credit",
     ])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "after GRPO: accuracy" in printed
+    assert "after GRPO: accuracy" in printed and "before GRPO" not in printed and "warm start" not in printed
     rows = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert "reward/partial_credit_reward" in rows[0]
     run = json.loads((out / "run.json").read_text())
-    assert run["config"]["group_size"] == 4 and run["config"]["num_iterations"] == 2  # tiny preset
+    assert run["config"]["group_size"] == 4 and run["config"]["minibatch_size"] is None  # the flags
+    tiny_cpu = get_preset("tiny-cpu")
+    assert (run["config"]["num_iterations"], run["config"]["eval_batch_size"]) == (
+        tiny_cpu.num_iterations, tiny_cpu.eval_batch_size)  # the rest: the tiny-cpu preset
     evals = json.loads((out / "eval.json").read_text())
     assert evals["after"]["n"] == 8
 
@@ -151,18 +170,24 @@ def _subcommand_parsers():
 def test_help_states_each_default_once(command, capsys):
     sub = _subcommand_parsers()[command]
     formatter = sub._get_formatter()
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     for action in sub._actions:
         if not action.help:
             continue
         text = formatter._expand_help(action)
         assert "(default: None)" not in text and "(default: False)" not in text, (action.dest, text)
+        if command == "train" and action.dest in fields:
+            # a field's doc may speak of defaults (TRL's, the package's); the preset gives the value,
+            # so the formatter appends nothing to it
+            assert "(default:" not in text.replace(action.help % {}, ""), (action.dest, text)
+            continue
         assert text.lower().count("default") <= 1, (action.dest, text)
     with pytest.raises(SystemExit):
         main([command, "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "(default: None)" not in out
     if command == "train":  # the defaults argparse knows still show, once
-        assert "(default: 0)" in out and "(default: 5000)" in out
+        assert "(default: True)" in out and "(default: 200)" in out
         assert out.count("(default: cuda if available)") == 1
 
 
@@ -305,3 +330,189 @@ def test_read_only_parent_of_out_is_one_line(tmp_path, capsys, monkeypatch):
         f"error: --out '{tmp_path / 'run'}' cannot be created: '{tmp_path}' is not writable by this user\n"
     )
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------
+# Every GRPOConfig field is a flag; the no-flag run is chapter 8's recipe
+# ---------------------------------------------------------------------------
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def test_train_help_lists_every_config_field_with_its_doc(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    flat = " ".join(out.split())
+    docs = field_docs()
+    for f in dataclasses.fields(GRPOConfig):
+        assert _flag(f.name) in out, f.name
+        first_words = " ".join(docs[f.name].replace("``", "").split()[:3])
+        assert first_words in flat, (f.name, first_words)
+    assert "{" + ",".join(LOSS_TYPES) + "}" in flat  # choices from the package's constants
+    # every field that takes one of a few names has its choices (a new one must be added to FIELD_CHOICES)
+    assert {f.name for f in dataclasses.fields(GRPOConfig) if f.type == "str"} == set(FIELD_CHOICES)
+    assert "--no-mask-truncated-completions" in out and "--lr" in out and "--out" in out
+    assert "{" + ",".join(sorted(PRESETS)) + "}" in flat
+
+
+def _parse(*flags: str) -> GRPOConfig:
+    args = build_parser().parse_args(["train", "--out", "somewhere", *flags])
+    return config_from_args(resolve_run_defaults(args))
+
+
+def _other_value(name: str, value, hint: str):
+    """A command-line spelling of a valid value other than ``value``, and the value it means."""
+    special = {
+        "top_p": None,  # only 1.0 trains; checked on its own below
+        "group_size": ("4", 4), "prompts_per_step": ("16", 16), "minibatch_size": ("64", 64),
+        "micro_batch_size": ("32", 32), "clip_eps_high": ("0.28", 0.28), "delta": ("2.0", 2.0),
+        "reward_weights": (["1", "0.5"], [1.0, 0.5]), "entropy_coef": ("0.01", 0.01),
+        "entropy_coef_min": ("0.001", 0.001), "use_adaptive_entropy": None, "output_dir": None,
+        "system_prompt": ("Be brief.", "Be brief."), "log_completions": ("--no-log-completions", False),
+    }
+    if name in special:
+        return special[name]
+    if name in FIELD_CHOICES:
+        other = next(c for c in FIELD_CHOICES[name] if c != value)
+        return other, other
+    if isinstance(value, bool):
+        return ("--no-" if value else "--") + name.replace("_", "-"), not value
+    if value is None and "bool" in hint:
+        return "false", False
+    if value is None:
+        return ("3", 3) if "int" in hint else ("0.5", 0.5)
+    if isinstance(value, int):
+        return str(value + 1), value + 1
+    return (str(value / 2), value / 2) if value else ("0.5", 0.5)
+
+
+def test_every_config_field_can_be_set_from_the_command_line():
+    preset = _parse()
+    hints = {f.name: str(f.type) for f in dataclasses.fields(GRPOConfig)}
+    set_once = []
+    for f in dataclasses.fields(GRPOConfig):
+        other = _other_value(f.name, getattr(preset, f.name), hints[f.name])
+        if other is None:
+            continue
+        text, expected = other
+        if isinstance(text, list):
+            flags = [_flag(f.name), *text]
+        elif text.startswith("--"):
+            flags = [text]
+        else:
+            flags = [_flag(f.name), text]
+        config = _parse(*flags)
+        assert getattr(config, f.name) == expected != getattr(preset, f.name), (f.name, flags)
+        set_once.append(f.name)
+    assert _parse("--use-adaptive-entropy").use_adaptive_entropy is True
+    assert _parse("--out", "elsewhere").output_dir == "elsewhere"
+    with pytest.raises(ValueError, match="top_p must be 1.0"):
+        _parse("--top-p", "0.9")
+    assert set(set_once) | {"top_p", "use_adaptive_entropy", "output_dir"} == {f.name for f in dataclasses.fields(GRPOConfig)}
+
+
+def test_optional_fields_take_none_and_bools_turn_off():
+    assert _parse("--max-grad-norm", "none").max_grad_norm is None
+    assert _parse("--minibatch-size", "None").minibatch_size is None
+    assert _parse("--reward-weights", "none").reward_weights is None
+    assert _parse("--onednn-generation", "false").onednn_generation is False
+    assert _parse("--onednn-generation", "none").onednn_generation is None
+    assert _parse("--scale-rewards", "none").scale_rewards == "none"  # a choice named 'none' stays a name
+    assert _parse("--no-share-prompt-cache").share_prompt_cache is False
+    assert _parse("--lr", "3e-4").learning_rate == 3e-4
+
+
+@pytest.mark.parametrize("flags", [["--group-size", "x"], ["--max-grad-norm", "big"], ["--loss-type", "ppo"],
+                                   ["--onednn-generation", "maybe"]])
+def test_bad_field_values_are_argparse_errors(flags, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--out", "x", *flags])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and flags[0] in err  # the short usage line and the error, nothing more
+
+
+def test_the_no_flag_run_is_chapter_8s_recipe():
+    """``train --out DIR`` runs TinyAdditionRecipe's settings: preset, data split, warm start, model, threads."""
+    import inspect
+
+    from grpo_tutorial.chapters.recipes import TinyAdditionRecipe, make_recipe_data
+    from grpo_tutorial.models import build_tiny_policy
+    from grpo_tutorial.sft import SFTConfig
+
+    recipe = TinyAdditionRecipe()
+    args = resolve_run_defaults(build_parser().parse_args(["train", "--out", "somewhere"]))
+    config = config_from_args(args)
+    assert dataclasses.replace(config, output_dir=None, **{k: getattr(recipe.grpo, k) for k in RUN_FIELDS}) == recipe.grpo
+    assert config.output_dir == "somewhere" and {k: getattr(config, k) for k in RUN_FIELDS} == RUN_FIELDS
+    assert (args.model, args.task, args.preset, args.digits) == ("tiny", "addition", "tiny-cpu", None)
+    assert SFTConfig(steps=args.sft_steps, seed=0) == recipe.sft_config(0)
+    assert (args.sft_target_accuracy, args.sft_check_every) == (recipe.sft_target_accuracy, recipe.sft_check_every)
+    assert (args.n_train, args.n_eval, args.n_probe) == (recipe.n_train, recipe.n_test, recipe.n_probe)
+    assert args.threads == recipe.num_threads and args.eval_before and args.eval_after
+    assert 0 < args.steps <= recipe.grpo_steps
+    defaults = {k: p.default for k, p in inspect.signature(build_tiny_policy).parameters.items()}
+    assert [defaults[k] for k in ("hidden_size", "num_layers", "num_heads", "intermediate_size")] == [
+        recipe.hidden_size, recipe.num_layers, recipe.num_heads, recipe.intermediate_size]
+    data = make_task_data("addition", tiny=True, n_train=args.n_train, n_eval=args.n_eval, n_probe=args.n_probe,
+                          seed=0, digits=args.digits)
+    assert recipe.data_seed == 0 and recipe.digits == 2
+    split = make_recipe_data(recipe)
+    assert (data.train, data.test, data.probe) == (split["train"], split["test"], split["probe"])
+
+
+def test_chat_models_get_the_smollm2_preset_and_no_warm_start():
+    args = resolve_run_defaults(build_parser().parse_args(["train", "--out", "x", "--model", "smollm2-135m-instruct"]))
+    assert (args.preset, args.sft_steps, args.sft_target_accuracy, args.threads) == ("smollm2-cpu", 0, None, None)
+    config = config_from_args(args)
+    assert config.system_prompt == get_preset("smollm2-cpu").system_prompt and config.log_completions
+    assert RUN_DEFAULTS.keys() == {"tiny", "chat"}
+
+
+def test_a_preset_that_logs_and_checkpoints_keeps_its_own_settings():
+    t4 = get_preset("qwen2.5-0.5b-colab-t4")
+    config = _parse("--preset", "qwen2.5-0.5b-colab-t4")
+    assert dataclasses.replace(config, output_dir=None) == t4  # its log_every=10, checkpoint_every=25 stay
+    assert _parse("--log-every", "7").log_every == 7 and _parse("--no-log-completions").log_completions is False
+
+
+def test_reward_weights_must_match_the_reward_functions(tmp_path, capsys):
+    assert main(["train", "--out", str(tmp_path / "r"), "--preset", "qwen2.5-0.5b-colab-t4", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: reward_weights [1.0, 0.1] (preset qwen2.5-0.5b-colab-t4) weigh 2 reward functions")
+    assert "--reward correctness --reward format:0.1" in err
+    assert main(["train", "--out", str(tmp_path / "r"), "--reward", "correctness", "--reward-weights", "1"]) == 2
+    assert "either with --reward NAME:WEIGHT or with --reward-weights" in capsys.readouterr().err
+    assert _parse("--reward", "correctness", "--reward", "format:0.2").reward_weights == [1.0, 0.2]
+
+
+QUICK = ["--digits", "1", "--n-train", "50", "--n-eval", "4", "--prompts-per-step", "2", "--group-size", "4",
+         "--minibatch-size", "none", "--sft-steps", "0", "--no-eval-before", "--no-eval-after", "--no-progress"]
+
+
+@pytest.mark.parametrize("flags", [
+    ["--loss-type", "cispo", "--importance-sampling-level", "sequence", "--clip-eps-high", "4.0"],
+    ["--loss-type", "luspo", "--importance-sampling-level", "sequence"],
+    ["--loss-type", "vespo", "--vespo-k-pos", "1.5", "--use-bias-correction-kl", "--beta", "0.04"],
+    ["--advantage-baseline", "rloo", "--dynamic-sampling", "--max-sampling-rounds", "2", "--entropy-coef", "0.01"],
+])
+def test_a_variant_trains_from_the_command_line(tmp_path, capsys, flags):
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out), "--steps", "2", "--log-every", "1", *QUICK, *flags]) == 0
+    rows = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
+    config = json.loads((out / "run.json").read_text())["config"]
+    for i, name in enumerate(flags):
+        field = name[2:].replace("-", "_")
+        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+            value = flags[i + 1]
+            assert str(config[field]) == value or config[field] == float(value), (field, config[field])
+        elif name.startswith("--"):
+            assert config[field] is True, field
+    completions = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert [c["step"] for c in completions] == [1] * 4 + [2] * 4  # RUN_FIELDS: 4 completions each time
+    printed = capsys.readouterr().out
+    assert "step 2: 4 of 8 completions" in printed and f"and {out / 'completions.jsonl'}" in printed

@@ -32,7 +32,8 @@ ARGS = [
     "train", "--model", "tiny", "--task", "addition", "--digits", "1",
     "--steps", str(STEPS), "--checkpoint-every", "2",
     "--prompts-per-step", "4", "--group-size", "4", "--num-iterations", "2",
-    "--n-train", "64", "--n-eval", "16", "--sft-steps", "3", "--eval-after",
+    "--minibatch-size", "none",  # one update per pass over the 16 completions
+    "--n-train", "64", "--n-eval", "16", "--sft-steps", "3", "--sft-target-accuracy", "none", "--eval-after",
     # partial credit gives a random model varied rewards, so every step updates
     "--reward", "partial_credit", "--beta", "0.05",
     "--threads", "1", "--no-progress",

@@ -18,7 +18,7 @@ import torch
 from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, correctness_reward, evaluate_policy
 from grpo_tutorial.chapters import gsm8k, lab, recipes
 from grpo_tutorial.chapters.gsm8k import GSM8K_PRESET, gsm8k_run, read_gsm8k_jsonl
-from grpo_tutorial.chapters.presets import get_preset
+from grpo_tutorial.presets import get_preset
 from test_gsm8k_run import FIXTURE, smollm2_tokenizer, tiny_qwen2_answering_digits
 
 SYSTEM = "Answer with one digit."

@@ -40,6 +40,8 @@ CLI = [
     sys.executable, "-m", "grpo_tutorial", "train", "--model", "tiny", "--task", "addition", "--digits", "1",
     "--prompts-per-step", "4", "--group-size", "4", "--n-train", "200", "--n-eval", "20",
     "--reward", "partial_credit", "--seed", "3", "--threads", "1", "--no-progress",
+    # GRPO alone, two passes over each batch of 16 (not the tiny-cpu recipe's warm start and evaluations)
+    "--minibatch-size", "none", "--num-iterations", "2", "--sft-steps", "0", "--no-eval-before", "--no-eval-after",
 ]
 
 
@@ -180,9 +182,12 @@ def _first_command_paused_in_training(out, steps):
     """)
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=ENV)
-    line = child.stdout.readline()
-    assert line.strip() == "training", line + child.stderr.read()
-    return child
+    printed = []
+    for line in child.stdout:  # the command prints its plan first, then "training" from the patched train
+        printed.append(line)
+        if line.strip() == "training":
+            return child
+    raise AssertionError("".join(printed) + child.stderr.read())
 
 
 def test_a_second_train_command_fails_at_once_and_the_first_finishes(tmp_path):

@@ -31,7 +31,7 @@ from grpo_tutorial.chapters.gsm8k import (
     gsm8k_run,
     read_gsm8k_jsonl,
 )
-from grpo_tutorial.chapters.presets import get_preset
+from grpo_tutorial.presets import get_preset
 from grpo_tutorial.rewards import extract_answer
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k_mini.jsonl"

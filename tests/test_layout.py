@@ -63,7 +63,7 @@ def test_detector_catches_every_spelling(tmp_path):
         "from . import chapters",
         "from grpo_tutorial.chapters.pitfalls import gallery_step",
         "from grpo_tutorial import chapters",
-        "import grpo_tutorial.chapters.presets",
+        "import grpo_tutorial.chapters.costs",
         "def f():\n    from .chapters import inspection",
     ]
     for line in spellings:
@@ -84,8 +84,18 @@ def test_importing_the_package_loads_no_chapter_tools():
 
 def test_chapter_tools_live_only_in_the_subpackage():
     chapter_modules = {p.stem for p in (PACKAGE / "chapters").glob("*.py")} - {"__init__"}
-    assert {"bandit", "kl_estimators", "reward_design", "inspection", "recipes", "presets", "pitfalls"} <= chapter_modules
+    assert {"bandit", "kl_estimators", "reward_design", "inspection", "recipes", "costs", "pitfalls"} <= chapter_modules
     assert chapter_modules.isdisjoint({p.stem for p in CORE_MODULES})
+
+
+def test_the_preset_registry_is_core_and_builds_on_the_config_alone():
+    """grpo_tutorial/presets.py is the one registry of named GRPOConfigs that the command line, the
+    chapters and the benchmarks share: a top-level module (so the command line may use it), importing
+    nothing of the package but the config, so it stays a table of settings."""
+    presets = PACKAGE / "presets.py"
+    assert presets in CORE_MODULES and chapter_imports(presets) == []
+    assert {name for _, name in imported_modules(presets)} == {"grpo_tutorial.config"}
+    assert not (PACKAGE / "chapters" / "presets.py").exists()
 
 
 # ---------------------------------------------------------------------------

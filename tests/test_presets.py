@@ -1,27 +1,90 @@
-"""Named presets and the training-memory estimate."""
+"""Named presets (the one registry, grpo_tutorial.presets) and what a run costs (chapters.costs)."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+from pathlib import Path
+
 import pytest
 
+import grpo_tutorial
 from grpo_tutorial import GRPOConfig
-from grpo_tutorial.chapters.presets import (
-    PRESETS,
-    SMOLLM2_SYSTEM_PROMPT,
-    get_preset,
-    logits_memory_bytes,
-    smollm2_cpu_data,
-    rl_step_cost,
-    training_memory_bytes,
-)
+from grpo_tutorial.chapters.costs import logits_memory_bytes, rl_step_cost, training_memory_bytes
+from grpo_tutorial.chapters.gsm8k import smollm2_cpu_data
+from grpo_tutorial.presets import PRESETS, SMOLLM2_SYSTEM_PROMPT, get_preset
 
 
 def test_every_preset_is_a_valid_config():
-    assert set(PRESETS) == {"smollm2-cpu", "qwen2.5-0.5b-colab-t4"}
+    assert set(PRESETS) == {"tiny-cpu", "smollm2-cpu", "qwen2.5-0.5b-colab-t4"}
     for name, config in PRESETS.items():
         assert isinstance(config, GRPOConfig), name
         # re-running validation on the same values must not raise
         GRPOConfig(**config.to_dict())
+
+
+def _changed(config: GRPOConfig) -> dict:
+    """The fields a preset sets away from GRPOConfig's defaults."""
+    default = GRPOConfig()
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if getattr(config, f.name) != getattr(default, f.name)}
+
+
+def test_tiny_cpu_is_the_calibrated_recipe():
+    """Chapter 8's GRPO phase, with the values the committed records (grpo_tutorial/data/) were made with."""
+    from grpo_tutorial.chapters.recipes import TinyAdditionRecipe
+
+    assert _changed(get_preset("tiny-cpu")) == {"prompts_per_step": 32, "minibatch_size": 128, "eval_batch_size": 250}
+    assert TinyAdditionRecipe().grpo == get_preset("tiny-cpu")
+    cfg = get_preset("tiny-cpu")
+    assert (cfg.group_size, cfg.max_new_tokens, cfg.learning_rate, cfg.num_iterations, cfg.beta) == (8, 4, 1e-4, 1, 0.0)
+    assert cfg.updates_per_step == 2
+
+
+def test_t4_preset_values_are_those_chapter_9_cites():
+    assert _changed(get_preset("qwen2.5-0.5b-colab-t4")) == {
+        "prompts_per_step": 8, "max_new_tokens": 256, "learning_rate": 5e-6, "warmup_steps": 5,
+        "micro_batch_size": 8, "reward_weights": [1.0, 0.1],
+        "system_prompt": "Solve the problem step by step, briefly. Put the final number in \\boxed{}.",
+        "log_every": 10, "log_completions": True, "num_completions_to_print": 4, "checkpoint_every": 25,
+    }
+
+
+def _module_level_presets(path: Path) -> list[str]:
+    """Statements of ``path`` at module or class level (a dataclass field's default included) that
+    name a ``PRESETS`` table or build a GRPOConfig; code inside functions builds configs from arguments."""
+    found = []
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    for node in tree.body + [statement for cls in classes for statement in cls.body]:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        names = [t.id for t in targets if isinstance(t, ast.Name)]
+        builds = any(isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == "GRPOConfig"
+                     for n in ast.walk(node.value)) if node.value is not None else False
+        if "PRESETS" in names or builds:
+            found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+#: Chapter tools still holding their own GRPO settings, being written on another branch (issue 22's
+#: chapter 13). The set only shrinks: move the settings into grpo_tutorial/presets.py, then remove the file.
+NOT_YET_IN_THE_REGISTRY = {"thinking.py"}
+
+
+def test_the_registry_is_the_only_place_that_names_settings():
+    """The command line, the chapters and the benchmarks take named settings from grpo_tutorial.presets."""
+    root = Path(grpo_tutorial.__file__).parent
+    files = sorted(root.rglob("*.py")) + sorted((root.parent / "benchmarks").glob("*.py"))
+    files = [path for path in files if path != root / "presets.py"]
+    offenders = {path.name: hits for path in files if (hits := _module_level_presets(path))}
+    new = {name: hits for name, hits in offenders.items() if name not in NOT_YET_IN_THE_REGISTRY}
+    assert new == {}, f"keep named settings in grpo_tutorial/presets.py: {new}"
+    assert NOT_YET_IN_THE_REGISTRY <= set(offenders), "remove the files that use the registry now"
+    assert _module_level_presets(root / "presets.py") != []  # the detector sees the registry itself
+    source = "\n".join(path.read_text(encoding="utf-8") for path in files if path.name not in NOT_YET_IN_THE_REGISTRY)
+    assert "_GRPO_SETTINGS" not in source and "_FLAG_TO_FIELD" not in source
 
 
 def test_cpu_preset_values():
@@ -83,7 +146,7 @@ def test_training_memory_bytes_exact():
 
 
 def test_training_memory_bytes_bad_input():
-    with pytest.raises(ValueError, match="num_params must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="num_params must be an int >= 1, got 0"):
         training_memory_bytes(0)
     with pytest.raises(ValueError, match="weights='int8' is not a known dtype"):
         training_memory_bytes(10, weights="int8")
@@ -98,9 +161,9 @@ def test_logits_memory_bytes():
     assert logits_memory_bytes(2, 3, 5, dtype="fp16") == 60
     # Qwen2.5's vocabulary: 8 rows of 400 tokens in float32 is about 1.9 GB
     assert logits_memory_bytes(8, 400, 151_936) == 8 * 400 * 151_936 * 4
-    with pytest.raises(ValueError, match="vocab_size must be a positive int, got -1"):
+    with pytest.raises(ValueError, match="vocab_size must be an int >= 1, got -1"):
         logits_memory_bytes(1, 1, -1)
-    with pytest.raises(ValueError, match="rows must be a positive int, got True"):
+    with pytest.raises(TypeError, match="rows must be an int >= 1, got True"):  # a bool is no int here
         logits_memory_bytes(True, 1, 1)
 
 
@@ -151,9 +214,9 @@ def test_rl_step_cost_exact_counts():
 def test_rl_step_cost_bad_input():
     with pytest.raises(ValueError, match="algorithm='dpo' is not supported"):
         rl_step_cost("dpo", 10)
-    with pytest.raises(ValueError, match="mu must be a positive int"):
+    with pytest.raises(ValueError, match=r"mu must be an int >= 1, got 0 \(update epochs per batch\)"):
         rl_step_cost("grpo", 10, mu=0)
     with pytest.raises(ValueError, match="beta must be a number >= 0, got -0.1"):
         rl_step_cost("grpo", 10, beta=-0.1)
-    with pytest.raises(ValueError, match="num_params must be a positive int"):
+    with pytest.raises(ValueError, match="num_params must be an int >= 1"):
         rl_step_cost("grpo", 0)

@@ -99,7 +99,8 @@ def _smollm2_config(args: list[str]):
     from benchmarks import smollm2_run
 
     parser_args = smollm2_run.build_parser().parse_args(args)
-    from grpo_tutorial.chapters.presets import get_preset, smollm2_cpu_data
+    from grpo_tutorial.chapters.gsm8k import smollm2_cpu_data
+    from grpo_tutorial.presets import get_preset
 
     config = get_preset(parser_args.preset, seed=parser_args.seed, **smollm2_run.parse_overrides(parser_args.set))
     data = smollm2_cpu_data(parser_args.n_train, parser_args.n_test, parser_args.data_seed)

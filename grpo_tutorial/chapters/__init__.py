@@ -13,8 +13,8 @@ Chapter  Module                What it holds
 6        ``reward_design``     reward-hacking audits, format and monitor rewards
 7        ``inspection``        per-token tables and heatmaps of one training step
 0, 8     ``recipes``           the tiny-addition recipe (warm start + GRPO), held-out evaluation
-0, 9     ``presets``           named GRPOConfig presets, memory estimates, PPO vs GRPO counts
-9        ``gsm8k``             the GPU run (Qwen2.5 on GSM8K) as one function, T4 step estimate
+0, 9     ``costs``             memory of the model state and logits, PPO vs GRPO counts per step
+9        ``gsm8k``             the GPU run (Qwen2.5 on GSM8K) as one function, T4 step estimate, CPU run data
 10       ``pitfalls``          the bug gallery: a written-out step with bug switches
 11       ``trl_multiprocess``  TRL's GRPOTrainer in two CPU processes (torchrun)
 12       ``lab``               the variant lab: runs, statistics, pass@k

@@ -1,4 +1,4 @@
-"""Chapter 9's GPU run as one function: a chat model trained with GRPO on GSM8K.
+"""Chapter 9's runs: the GPU run as one function (a chat model on GSM8K), and the CPU run's data.
 
 The notebook's GPU branch, a user's script and the test
 ``tests/test_gsm8k_run.py`` all call the same code:
@@ -12,6 +12,8 @@ The notebook's GPU branch, a user's script and the test
   greedily on the held-out rows, trains, and evaluates again; with
   ``output_dir`` it checkpoints and stores both evaluations there, and
   ``resume=True`` continues an interrupted run to the same total of steps;
+- :func:`smollm2_cpu_data` is the CPU run's data (SmolLM2 on one-digit
+  arithmetic, the ``"smollm2-cpu"`` preset);
 - :func:`estimate_step_seconds` is a roofline estimate of one step's time from
   the FLOPs of generation and training and a GPU's peak FLOP rate and memory
   bandwidth (:data:`T4_FP32_FLOPS`, :data:`T4_BANDWIDTH`).
@@ -29,7 +31,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .presets import get_preset
 from .recipes import paired_gain
 from .._checks import check_flag, check_int, check_number
 from ..answers import completion_to_text, last_boxed, last_number
@@ -37,6 +38,7 @@ from ..rewards import correctness_reward
 from ..tasks import DatasetUnavailableError, gsm8k_rows, load_gsm8k, train_test_split_arithmetic
 from ..run import dataset_fingerprint, disk_errors, find_checkpoint, read_meta
 from ..run.disk import write_durably
+from ..presets import get_preset
 from ..trainer import GRPOConfig, GRPOTrainer
 
 __all__ = [
@@ -50,10 +52,21 @@ __all__ = [
     "gsm8k_data",
     "gsm8k_run",
     "read_gsm8k_jsonl",
+    "smollm2_cpu_data",
 ]
 
 #: The preset of chapter 9's GPU run.
 GSM8K_PRESET = "qwen2.5-0.5b-colab-t4"
+
+
+def smollm2_cpu_data(n_train: int = 2000, n_test: int = 200, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """The CPU run's data: one-digit ``+``, ``-`` and ``*`` questions (``"What is 7 * 3?"``).
+
+    There are 300 such problems. ``n_test`` distinct ones are held out; the
+    ``n_train`` training rows are drawn, with repeats, from the others only. The
+    committed run (``benchmarks/smollm2_run.py``) and chapter 9 both call this.
+    """
+    return train_test_split_arithmetic(n_train, n_test, seed, op=["+", "-", "*"], digits=1, style="question")
 
 
 def boxed_reward(completions: Sequence, **kwargs: Any) -> list[float]:
@@ -166,7 +179,7 @@ def gsm8k_run(
             chapter 9.3) and its tokenizer. The trainer uses the tokenizer's chat
             template when it has one, with the preset's system prompt; the
             evaluations use exactly what training uses (``trainer.evaluate``).
-        preset: a preset name (:func:`~grpo_tutorial.chapters.presets.get_preset`) or a
+        preset: a preset name (:func:`~grpo_tutorial.presets.get_preset`) or a
             ready :class:`~grpo_tutorial.trainer.GRPOConfig`.
         train_rows, eval_rows: ``prompt``/``answer`` rows, e.g. from
             :func:`gsm8k_data` or :func:`read_gsm8k_jsonl`. ``eval_rows`` may be

@@ -37,10 +37,12 @@ from grpo_tutorial.rewards import correctness_reward
 from grpo_tutorial.sft import SFTConfig, supervised_warmup
 from grpo_tutorial.tasks import train_test_split_arithmetic
 from grpo_tutorial.config import GRPOConfig
+from grpo_tutorial.presets import get_preset
 from grpo_tutorial.evaluation import evaluate_policy
 from grpo_tutorial.trainer import GRPOTrainer
 
 __all__ = [
+    "GRPO_PRESET",
     "RESULT_KEYS",
     "TinyAdditionRecipe",
     "accuracy_with_se",
@@ -76,13 +78,11 @@ RESULT_KEYS = (
 # The recipe
 # ---------------------------------------------------------------------------
 
-# The recipe's warm start and GRPO phase, written once as the configs they are.
+# The recipe's warm start, written once as the config it is; its GRPO phase is the
+# registry's "tiny-cpu" preset (grpo_tutorial/presets.py, where its calibration is explained).
 _SFT_SETTINGS: dict[str, Any] = dict(steps=1_000, batch_size=64, learning_rate=1e-3, warmup_steps=100)
-_GRPO_SETTINGS: dict[str, Any] = dict(
-    group_size=8, prompts_per_step=32, max_new_tokens=4, temperature=1.0, learning_rate=1e-4,
-    warmup_steps=0, beta=0.0, clip_eps=0.2, num_iterations=1, minibatch_size=128, loss_type="grpo",
-    max_grad_norm=1.0, eval_batch_size=250,
-)
+#: The preset of the GRPO phase (:func:`grpo_tutorial.presets.get_preset`).
+GRPO_PRESET = "tiny-cpu"
 
 # Flat names for settings inside ``sft`` and ``grpo``: ``--set`` on the benchmark,
 # :meth:`TinyAdditionRecipe.with_settings`, and recipe records stored before the
@@ -115,17 +115,10 @@ class TinyAdditionRecipe:
     how many GRPO steps, when to evaluate). The seed of each run is set by
     :meth:`sft_config` and :meth:`grpo_config`, not stored here.
 
-    Compared with the first calibration (16 prompts, mu = 2; still
-    :class:`~grpo_tutorial.config.GRPOConfig`'s defaults, with mu = 1), the
-    defaults sample 32 prompts per step and make a single pass over each batch
-    (mu = 1) in two minibatches of 128 completions, so two optimizer updates
-    per step. For the same CPU time that learned faster in our runs: a second
-    pass over a batch costs as much as a fresh batch and teaches less, and more
-    prompts per step average out the noise of the gradient. The second
-    minibatch is scored after the first update, so its ratios differ from 1
-    and clipping has something to do. Raising the learning rate instead does
-    not work: at 2e-4 (16 prompts) the gain was a fraction of the gain at 1e-4,
-    and 1e-3 collapses the policy (chapter 8 shows it).
+    The GRPO phase's defaults are the ``"tiny-cpu"`` preset of
+    :mod:`grpo_tutorial.presets`, which says why they are what they are (32
+    prompts per step, mu = 1, two minibatches of 128 completions);
+    ``python -m grpo_tutorial train`` with no flag runs the same recipe.
 
     Attributes:
         digits: operand size; 2 means operands 0-99 (answers 0-198).
@@ -167,7 +160,7 @@ class TinyAdditionRecipe:
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(**_SFT_SETTINGS))
     sft_target_accuracy: float = 0.3
     sft_check_every: int = 10
-    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(**_GRPO_SETTINGS))
+    grpo: GRPOConfig = field(default_factory=lambda: get_preset(GRPO_PRESET))
     grpo_steps: int = 400
     eval_every: int = 50
     num_threads: int | None = 1

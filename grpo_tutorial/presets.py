@@ -1,0 +1,135 @@
+"""Named runs: the one registry of complete :class:`~grpo_tutorial.config.GRPOConfig` s.
+
+In the spirit of nanoGPT's CPU and GPU command lines: one small setting that runs
+on a laptop CPU, and the scale-up values for a GPU, each written down once, here.
+The command line (``python -m grpo_tutorial train --preset NAME``), the chapters
+(the tiny recipe of chapters 0, 8 and 12, chapter 9's two runs) and the benchmarks
+all take their settings from :func:`get_preset`.
+
+- ``"tiny-cpu"``: the tiny character-level Qwen2 learning 2-digit addition on a
+  CPU, after a supervised warm start: the GRPO phase of chapter 8's calibrated
+  recipe (:class:`~grpo_tutorial.chapters.recipes.TinyAdditionRecipe`), and what
+  ``python -m grpo_tutorial train --out DIR`` runs with no other flag. 32 prompts
+  per step, G = 8, one pass over each batch (mu = 1) in two minibatches of 128
+  completions, so two optimizer updates per step. The first calibration (16
+  prompts, mu = 2; GRPOConfig's defaults keep it, with mu = 1) learned less for
+  the same CPU time: a second pass over a batch costs as much as a fresh batch and
+  teaches less, and more prompts per step average out the gradient's noise. The
+  second minibatch is scored after the first update, so its ratios differ from
+  1 and clipping has something to do. Raising the learning rate instead does not
+  work: at 2e-4 the gain was a fraction of the gain at 1e-4, and 1e-3 collapses
+  the policy (chapter 8 shows it).
+- ``"smollm2-cpu"``: SmolLM2-135M-Instruct on a 2-core CPU, one-digit arithmetic,
+  an 8-token answer budget and a two-word system prompt. The settings of the
+  committed CPU run in ``grpo_tutorial/data/smollm2_history.jsonl`` (see
+  ``benchmarks/smollm2_run.py`` and chapter 9).
+- ``"qwen2.5-0.5b-colab-t4"``: Qwen2.5-0.5B-Instruct on a free Colab T4 (16 GB,
+  no bfloat16), with GSM8K-length answers. Weights, gradients and Adam states
+  stay in float32 (chapter 9 explains why that fits and why pure float16 weights
+  would not train). The B*G = 64 completions go through the model 8 at a time
+  (``micro_batch_size``), with their gradients accumulated into ONE optimizer
+  update per generation batch: on-policy, as with a bigger GPU. Its rewards are
+  ``chapters.gsm8k.GSM8K_REWARDS`` with weights 1 and 0.1. Every 10 steps it
+  prints 4 of the step's completions with their rewards (``log_completions``),
+  and saves them in ``output_dir/completions.jsonl``.
+
+:func:`get_preset` returns a fresh copy, with any fields overridden.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+from .config import GRPOConfig
+
+__all__ = ["PRESETS", "QWEN_SYSTEM_PROMPT", "SMOLLM2_SYSTEM_PROMPT", "get_preset"]
+
+#: The CPU run's system prompt: two words (5 tokens with SmolLM2's tokenizer),
+#: instead of the ~20-token default system prompt the chat template would add.
+SMOLLM2_SYSTEM_PROMPT = "Be brief."
+
+#: The GPU run's system prompt: reason briefly, then give a number that
+#: ``extract_answer`` can find (it reads ``\boxed{...}`` first).
+QWEN_SYSTEM_PROMPT = (
+    "Solve the problem step by step, briefly. Put the final number in \\boxed{}."
+)
+
+#: Every named run, by name. Use :func:`get_preset`, which returns a copy.
+PRESETS: dict[str, GRPOConfig] = {
+    # Chapter 8's recipe; the committed records in grpo_tutorial/data/ and tests/test_golden.py
+    # were made with these values (the reasons are in the module docstring).
+    "tiny-cpu": GRPOConfig(
+        group_size=8,
+        prompts_per_step=32,
+        max_new_tokens=4,
+        temperature=1.0,
+        learning_rate=1e-4,
+        warmup_steps=0,
+        beta=0.0,
+        clip_eps=0.2,
+        num_iterations=1,
+        minibatch_size=128,  # two optimizer updates per step of B*G = 256 completions
+        loss_type="grpo",
+        max_grad_norm=1.0,
+        eval_batch_size=250,
+    ),
+    "smollm2-cpu": GRPOConfig(
+        group_size=8,
+        prompts_per_step=2,
+        max_new_tokens=8,
+        temperature=1.0,
+        learning_rate=3e-5,
+        num_iterations=1,
+        beta=0.0,
+        clip_eps=0.2,
+        loss_type="grpo",
+        max_grad_norm=1.0,
+        system_prompt=SMOLLM2_SYSTEM_PROMPT,
+        eval_batch_size=50,
+    ),
+    # Chapter 9's GPU run; the values and their sources are in the chapter (section 9.6):
+    # TRL's GRPO defaults (G = 8, beta = 0, clip 0.2, mu = 1), a learning rate above the
+    # 1e-6 of runs with 50-100x more samples per update (verl, TRL, DeepSeekMath) so that
+    # 50 updates can move the weights, a 10% warmup, and ReFT's 0.1 format reward.
+    "qwen2.5-0.5b-colab-t4": GRPOConfig(
+        group_size=8,
+        prompts_per_step=8,
+        max_new_tokens=256,
+        temperature=1.0,
+        learning_rate=5e-6,
+        warmup_steps=5,
+        num_iterations=1,
+        micro_batch_size=8,  # memory: 8 completions per forward/backward, one update per batch of 64
+        beta=0.0,
+        clip_eps=0.2,
+        loss_type="grpo",
+        max_grad_norm=1.0,
+        reward_weights=[1.0, 0.1],  # correctness_reward, boxed_reward (chapters.gsm8k.GSM8K_REWARDS)
+        system_prompt=QWEN_SYSTEM_PROMPT,
+        checkpoint_every=25,  # one checkpoint is ~6 GB (float32 weights + Adam): twice in a 50-step run
+        eval_batch_size=64,
+        log_completions=True,  # show what the model writes: 4 of the 64 completions every 10 steps
+        num_completions_to_print=4,
+        log_every=10,
+    ),
+}
+
+
+def get_preset(name: str, **overrides: Any) -> GRPOConfig:
+    """A copy of the preset ``name``, with ``overrides`` applied (and validated).
+
+    >>> get_preset("smollm2-cpu", learning_rate=1e-5).learning_rate
+    1e-05
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a preset name (a str), got {type(name).__name__}: {name!r}")
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset name={name!r}; expected one of {sorted(PRESETS)}")
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"overrides {unknown} are not GRPOConfig fields; expected some of {sorted(fields)}")
+    # dataclasses.replace re-runs GRPOConfig's validation on the new values
+    return dataclasses.replace(copy.deepcopy(PRESETS[name]), **overrides)
