@@ -18,6 +18,7 @@ Chapter  Module                What it holds
 10       ``pitfalls``          the bug gallery: a written-out step with bug switches
 11       ``trl_multiprocess``  TRL's GRPOTrainer in two CPU processes (torchrun)
 12       ``lab``               the variant lab: runs, statistics, pass@k
+13       ``thinking``          long addition guessed or worked out: warm start, variants, statistics
 =======  ====================  ==================================================================
 
 This package ``__init__`` imports nothing, so importing one chapter's tools does

@@ -39,6 +39,7 @@ from .._checks import check_int, check_number
 from ..config import GRPOConfig
 from ..evaluation import evaluate_policy
 from ..models import build_tiny_policy
+from ..presets import get_preset
 from ..rewards import correctness_reward, soft_overlong_punishment
 from ..rollout import generate_rollouts
 from ..sft import SFTConfig, supervised_warmup
@@ -77,8 +78,6 @@ CURVE_KEYS = (
 # ---------------------------------------------------------------------------
 
 _SFT_SETTINGS: dict[str, Any] = dict(steps=2_000, batch_size=64, learning_rate=1e-3, warmup_steps=100)
-# The package's GRPO defaults, with a budget that fits a worked-out 4-digit sum (33-44 tokens).
-_GRPO_SETTINGS: dict[str, Any] = dict(max_new_tokens=48, eval_batch_size=200)
 
 
 @dataclass
@@ -98,7 +97,8 @@ class ThinkingRecipe:
         sft_target: stop the warm start once greedy accuracy on the probe set, with
             the completion started by ``(`` (worked out), reaches this.
         sft_check_every: check it every this many supervised steps.
-        grpo: the GRPO phase's settings: the package's defaults, except the budget.
+        grpo: the GRPO phase's settings: the preset ``"long-addition-cpu"`` (the
+            package's defaults, except the budget).
         grpo_steps: GRPO steps per run.
         eval_every: held-out statistics every this many steps (and at step 0).
         num_threads: torch CPU threads during a run (None: leave torch's setting).
@@ -118,7 +118,7 @@ class ThinkingRecipe:
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(**_SFT_SETTINGS))
     sft_target: float = 0.6
     sft_check_every: int = 50
-    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(**_GRPO_SETTINGS))
+    grpo: GRPOConfig = field(default_factory=lambda: get_preset("long-addition-cpu"))
     grpo_steps: int = 100
     eval_every: int = 10
     num_threads: int | None = 1
