@@ -1,9 +1,9 @@
 """Chapter 13, "Thinking longer": a task where working it out pays, and what GRPO makes of it.
 
 The task is long addition (:func:`~grpo_tutorial.tasks.make_long_addition_dataset`):
-a completion may state the sum at once, a *guess* (``"8577"``), or first *work it
+a completion may state the sum at once, a *guess* (``"85772"``), or first *work it
 out* column by column (:func:`~grpo_tutorial.tasks.worked_addition`,
-``"(1+6=7)(2+5=7)(7+8=15)(4+3+1=8)8577"``), about six times longer. The reward is
+``"(1+1=2)(1+6=7)(2+5=7)(7+8=15)(4+3+1=8)85772"``), about seven times longer. The reward is
 correctness alone; nothing pays for length or for the steps.
 
 The warm start (:func:`warm_start`) teaches both styles from one supervised mix in
@@ -77,7 +77,7 @@ CURVE_KEYS = (
 # The recipe
 # ---------------------------------------------------------------------------
 
-_SFT_SETTINGS: dict[str, Any] = dict(steps=2_000, batch_size=64, learning_rate=1e-3, warmup_steps=100)
+_SFT_SETTINGS: dict[str, Any] = dict(steps=3_000, batch_size=64, learning_rate=1e-3, warmup_steps=100)
 
 
 @dataclass
@@ -85,7 +85,10 @@ class ThinkingRecipe:
     """Every setting of chapter 13's runs.
 
     Attributes:
-        digits: digits of each operand (4: sums of 1000-9999 and 1000-9999).
+        digits: digits of each operand (5: sums of two numbers 10000-99999). With 4
+            digits the model could also learn to guess within the warm start, and
+            some seeds then learned to guess rather than to work it out (chapter 13,
+            section 13.9).
         n_train, n_probe, n_test: training rows; held-out problems that decide when
             the warm start stops; held-out problems of the curves. No prompt is in
             two of them; the split depends on ``data_seed`` only.
@@ -104,7 +107,7 @@ class ThinkingRecipe:
         num_threads: torch CPU threads during a run (None: leave torch's setting).
     """
 
-    digits: int = 4
+    digits: int = 5
     n_train: int = 20_000
     n_probe: int = 200
     n_test: int = 400
@@ -243,10 +246,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], str]] = {
     "dr_grpo": ("Dr. GRPO's constant normaliser (the loss type alone)", {"loss_type": "dr_grpo"}, "correct"),
     "dapo": ("DAPO's token-level mean", {"loss_type": "dapo"}, "correct"),
     "bnpo": ("BNPO: the mean over the micro-batch's tokens", {"loss_type": "bnpo"}, "correct"),
-    "budget": ("a 36-token budget: most worked-out sums are cut off", {"max_new_tokens": 36}, "correct"),
-    "budget_masked": ("the 36-token budget, truncated completions left out of the loss",
-                      {"max_new_tokens": 36, "mask_truncated_completions": True}, "correct"),
-    "soft_overlong": ("DAPO's soft overlong punishment beyond 32 of the 48 tokens", {}, "correct+soft_overlong"),
+    "budget": ("a 46-token budget: most worked-out sums are cut off", {"max_new_tokens": 46}, "correct"),
+    "budget_masked": ("the 46-token budget, truncated completions left out of the loss",
+                      {"max_new_tokens": 46, "mask_truncated_completions": True}, "correct"),
+    "soft_overlong": ("DAPO's soft overlong punishment beyond 48 of the 64 tokens", {}, "correct+soft_overlong"),
     "random_reward": ("control: a coin flip for every completion", {}, "random"),
     "format_reward": ("control: 1 for steps-then-a-number, right or wrong", {}, "format"),
     "G2": ("2 completions per prompt, 64 prompts per step", {"group_size": 2, "prompts_per_step": 64}, "correct"),
