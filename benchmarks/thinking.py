@@ -9,16 +9,20 @@ against GRPO's, paired by seed) go into ONE file inside the package data,
 ``grpo_tutorial/data/thinking_results.json``, which chapter 13 reads. The file also
 records the command, the package commit, the CPU, the wall time and the machine's load.
 
-``--jobs N`` (default 2) runs warm starts, then (seed, variant) runs, in parallel
-processes; every run is independent of the others, so the numbers are the same
-whatever N is, only the wall time changes. ``--quick`` is a seconds-long smoke run of
-the test recipe that proves nothing.
+``--jobs N`` (default 2) runs warm starts, and each seed's (seed, variant) runs as soon
+as its warm start is done, in parallel processes; every run is independent of the
+others, so the numbers are the same whatever N is, only the wall time changes.
+``--cache DIR`` keeps each warm start and each finished run in DIR; run the same
+command again after an interruption and it picks up what is there (refusing a cache
+made with another recipe). ``--quick`` is a seconds-long smoke run of the test recipe
+that proves nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -64,8 +68,14 @@ def _warm(recipe: ThinkingRecipe, seed: int, folder: str, publish: tuple[str, di
     torch.set_num_threads(recipe.num_threads or torch.get_num_threads())
     data = make_thinking_data(recipe)
     model, tokenizer = build_thinking_model(recipe, seed)
-    info = warm_start(model, tokenizer, data, recipe, seed, progress=False)
-    torch.save(model.state_dict(), Path(folder) / f"warm_{seed}.pt")
+    cached = Path(folder) / f"warm_{seed}.json"
+    if cached.exists():  # an earlier, interrupted run of the same command made it
+        info = json.loads(cached.read_text())
+        model.load_state_dict(torch.load(Path(folder) / f"warm_{seed}.pt"))
+    else:
+        info = warm_start(model, tokenizer, data, recipe, seed, progress=False)
+        torch.save(model.state_dict(), Path(folder) / f"warm_{seed}.pt")
+        _write_atomic(cached, json.dumps(info))  # NaN kept as NaN
     if publish is not None:
         info["published"] = {"file": Path(publish[0]).name, "sha256": save_warm_start(model, publish[0], publish[1])}
     return {"seed": seed, **info}
@@ -73,14 +83,38 @@ def _warm(recipe: ThinkingRecipe, seed: int, folder: str, publish: tuple[str, di
 
 def _variant(recipe: ThinkingRecipe, seed: int, variant: str, folder: str) -> dict:
     """Phase 2 (one process): one variant from the seed's warm start."""
+    cached = Path(folder) / f"run_{seed}_{variant}.json"
+    if cached.exists():
+        return json.loads(cached.read_text())
     torch.set_num_threads(recipe.num_threads or torch.get_num_threads())
     data = make_thinking_data(recipe)
     model, tokenizer = build_thinking_model(recipe, seed)
     model.load_state_dict(torch.load(Path(folder) / f"warm_{seed}.pt"))
     result = run_variant(variant, model, tokenizer, data, recipe, seed)
     history = [{k: row[k] for k in HISTORY_KEYS if k in row} for row in result["history"]]
-    return {"seed": seed, "variant": variant, "curve": result["curve"], "history": history,
-            "seconds": result["seconds"]}
+    run = {"seed": seed, "variant": variant, "curve": result["curve"], "history": history,
+           "seconds": result["seconds"]}
+    _write_atomic(cached, json.dumps(run))
+    return run
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _open_cache(cache: Path | None, recipe: ThinkingRecipe, stack: contextlib.ExitStack) -> str:
+    """The folder for warm starts and finished runs: ``cache`` (checked against the
+    recipe it was made with) or a temporary one."""
+    if cache is None:
+        return stack.enter_context(tempfile.TemporaryDirectory())
+    cache.mkdir(parents=True, exist_ok=True)
+    stamp, made = cache / "recipe.json", json.dumps(recipe.to_dict(), sort_keys=True)
+    if stamp.exists() and stamp.read_text() != made:
+        raise SystemExit(f"error: {cache} holds runs of another recipe; give another --cache or empty it")
+    stamp.write_text(made)
+    return str(cache)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="the seconds-long test recipe (proves nothing)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="default: %(default)s")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="keep warm starts and finished runs here, and reuse them (default: a temporary folder)")
     parser.add_argument("--warm-start-out", type=Path, default=None,
                         help=f"where seed 0's warm start goes (default: {DEFAULT_WARM_START} for a full run, "
                              "nowhere with --quick)")
@@ -112,29 +148,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     warm: dict[int, dict] = {}
     runs: dict[tuple[int, str], dict] = {}
-    with LoadSampler(every=10.0) as sampler, tempfile.TemporaryDirectory() as folder, \
+    with LoadSampler(every=10.0) as sampler, contextlib.ExitStack() as stack, \
             futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        folder = _open_cache(args.cache, recipe, stack)
         bar = progress_bar(total=len(args.seeds) * (1 + len(args.variants)), desc="runs",
                            enabled=not args.no_progress)
         warm_out = args.warm_start_out or (None if args.quick else DEFAULT_WARM_START)
         tags = {"command": command.strip(), "package_commit": str(code.get("package_commit")),
                 "seed": "0", "recipe": json.dumps(recipe.to_dict())}
         publish = {s: (str(warm_out), tags) if warm_out is not None and s == 0 else None for s in args.seeds}
-        for done in futures.as_completed([pool.submit(_warm, recipe, s, folder, publish[s]) for s in args.seeds]):
-            info = done.result()
-            warm[info["seed"]] = info
-            bar.update(1)
-            print(f"seed {info['seed']} warm start: {info['steps']} steps, {info['seconds']:.0f} s, "
-                  f"probe worked out {info['probe'][-1][1]:.3f}", flush=True)
-        pending = [pool.submit(_variant, recipe, s, v, folder) for s in args.seeds for v in args.variants]
-        for done in futures.as_completed(pending):
-            run = done.result()
-            runs[run["seed"], run["variant"]] = run
-            bar.update(1)
-            last = run["curve"][-1]
-            print(f"seed {run['seed']} {run['variant']:14s} accuracy {last['accuracy']:.3f} worked "
-                  f"{last['worked_share']:.3f} length {last['length']:5.1f}  {run['seconds']:6.0f} s "
-                  f"(total {time.perf_counter() - t0:.0f} s)", flush=True)
+        pending = {pool.submit(_warm, recipe, s, folder, publish[s]) for s in args.seeds}
+        while pending:
+            finished, pending = futures.wait(pending, return_when=futures.FIRST_COMPLETED)
+            for done in finished:
+                out = done.result()
+                bar.update(1)
+                if "variant" not in out:  # a warm start: its seed's variants can start
+                    warm[out["seed"]] = out
+                    print(f"seed {out['seed']} warm start: {out['steps']} steps, {out['seconds']:.0f} s, "
+                          f"probe worked out {out['probe'][-1][1]:.3f}", flush=True)
+                    pending |= {pool.submit(_variant, recipe, out["seed"], v, folder) for v in args.variants}
+                    continue
+                runs[out["seed"], out["variant"]] = out
+                last = out["curve"][-1]
+                print(f"seed {out['seed']} {out['variant']:14s} accuracy {last['accuracy']:.3f} worked "
+                      f"{last['worked_share']:.3f} length {last['length']:5.1f}  {out['seconds']:6.0f} s "
+                      f"(total {time.perf_counter() - t0:.0f} s)", flush=True)
         bar.close()
     wall = time.perf_counter() - t0
     seeds = [{"seed": s, "warm_start": warm[s],
