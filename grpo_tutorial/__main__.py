@@ -287,10 +287,11 @@ def resolve_run_defaults(args: argparse.Namespace) -> argparse.Namespace:
     """Fill every run setting left out (None) from :data:`RUN_DEFAULTS` for the model's kind, in place."""
     defaults = RUN_DEFAULTS[_kind(args.model)]
     for name, value in defaults.items():
-        if getattr(args, name, None) is None:
+        if name == "sft_target_accuracy":  # 'none' is a value (None), so only absence means "left out"
+            if not hasattr(args, name):
+                args.sft_target_accuracy = value
+        elif getattr(args, name, None) is None:
             setattr(args, name, value)
-    if not hasattr(args, "sft_target_accuracy"):  # 'none' is a value, so absence means "left out"
-        args.sft_target_accuracy = defaults["sft_target_accuracy"]
     return args
 
 
@@ -310,6 +311,7 @@ def config_from_args(args: argparse.Namespace) -> GRPOConfig:
             if len(value) > 1:
                 raise ValueError(f"--{name.replace('_', '-')}: 'none' stands alone, got {value}")
             values[name] = None
+    _scale_minibatch(preset, values)
     if args.reward:
         if "reward_weights" in vars(args):
             raise ValueError("give reward weights either with --reward NAME:WEIGHT or with --reward-weights, not both")
@@ -320,6 +322,25 @@ def config_from_args(args: argparse.Namespace) -> GRPOConfig:
 # ---------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------
+
+
+def _scale_minibatch(preset: GRPOConfig, values: dict[str, Any]) -> None:
+    """A batch size changed on the command line keeps the preset's number of optimizer
+    updates per pass (tiny-cpu: two minibatches), where the new batch divides evenly,
+    unless ``--minibatch-size`` is given; otherwise one update per pass, said aloud."""
+    if "minibatch_size" in values or preset.minibatch_size is None:
+        return
+    batch = values.get("prompts_per_step", preset.prompts_per_step) * values.get("group_size", preset.group_size)
+    if batch == preset.prompts_per_step * preset.group_size:
+        return
+    updates = preset.prompts_per_step * preset.group_size // preset.minibatch_size
+    if batch % updates == 0:
+        values["minibatch_size"] = batch // updates
+    else:
+        values["minibatch_size"] = None
+        print(f"note: the preset's {updates} minibatches do not divide a batch of {batch} completions; "
+              "one optimizer update per pass (give --minibatch-size to choose)", file=sys.stderr, flush=True)
+
 
 
 def _is_tiny(model_name: str) -> bool:

@@ -516,3 +516,25 @@ def test_a_variant_trains_from_the_command_line(tmp_path, capsys, flags):
     assert [c["step"] for c in completions] == [1] * 4 + [2] * 4  # RUN_FIELDS: 4 completions each time
     printed = capsys.readouterr().out
     assert "step 2: 4 of 8 completions" in printed and f"and {out / 'completions.jsonl'}" in printed
+
+
+def test_sft_target_accuracy_none_is_kept_not_replaced_by_the_default():
+    """'--sft-target-accuracy none' is a value: a warm start of a fixed length, no probe drawn."""
+    args = resolve_run_defaults(build_parser().parse_args(
+        ["train", "--out", "x", "--sft-steps", "3", "--sft-target-accuracy", "none"]))
+    assert args.sft_target_accuracy is None and args.sft_steps == 3
+    left_out = resolve_run_defaults(build_parser().parse_args(["train", "--out", "x"]))
+    assert left_out.sft_target_accuracy == RUN_DEFAULTS["tiny"]["sft_target_accuracy"]
+
+
+def test_a_smaller_batch_keeps_the_presets_updates_per_pass(capsys):
+    """tiny-cpu makes two updates per step (minibatches of 128 of 256 completions); a batch
+    changed on the command line keeps two where it divides, else one, said on stderr."""
+    preset = get_preset("tiny-cpu")
+    assert preset.prompts_per_step * preset.group_size // preset.minibatch_size == 2
+    assert _parse("--prompts-per-step", "4", "--group-size", "4").minibatch_size == 8
+    assert _parse("--prompts-per-step", "3", "--group-size", "3").minibatch_size is None
+    assert "do not divide a batch of 9" in capsys.readouterr().err
+    assert _parse("--prompts-per-step", "4", "--minibatch-size", "16").minibatch_size == 16  # given: kept
+    assert _parse("--prompts-per-step", "4", "--minibatch-size", "none").minibatch_size is None
+    assert _parse().minibatch_size == preset.minibatch_size

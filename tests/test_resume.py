@@ -22,6 +22,7 @@ ARGS = [
     "train", "--model", "tiny", "--task", "addition", "--digits", "1",
     "--steps", str(STEPS), "--checkpoint-every", "2",
     "--prompts-per-step", "4", "--group-size", "4", "--n-train", "200", "--n-eval", "20",
+    "--sft-steps", "0",  # from the untrained model: this is about resuming, not learning
     # partial credit gives a random model varied rewards, so every step really updates
     "--reward", "partial_credit", "--beta", "0.05", "--seed", "3",
     "--threads", "1", "--no-progress",
