@@ -134,6 +134,11 @@ def test_tiny_lab_run_and_summary():
             assert [p[0] for p in m["heldout_curve"]] == [0, 1, 2]
             # every method starts from the same warm start: same step-0 accuracy
             assert m["heldout_curve"][0][1] == r["methods"]["grpo"]["heldout_curve"][0][1]
+            # the per-problem outcomes behind the step-0 and final accuracies (for paired gains)
+            n = len(m["final_correct"])
+            assert len(m["start_correct"]) == n == settings.recipe.n_test
+            assert sum(m["start_correct"]) / n == pytest.approx(m["heldout_curve"][0][1])
+            assert sum(m["final_correct"]) / n == pytest.approx(m["final_accuracy"])
         rft = r["methods"]["rft"]["curve"]
         assert all(0 <= row["reward_mean"] <= 1 for row in rft)
         assert len(r["passk"]["before"]) == 6 and all(0 <= c <= 4 for c in r["passk"]["after"])

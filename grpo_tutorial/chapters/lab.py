@@ -422,7 +422,8 @@ def run_method(
 
     Returns ``method``, ``seed``, ``curve`` (per-step training rows with the keys
     the lab plots), ``heldout_curve`` (``[step, accuracy, se]``), ``final``
-    (held-out greedy accuracy, its SE and per-problem outcomes), ``seconds``
+    (held-out greedy accuracy, its SE and per-problem outcomes), ``start`` (the same
+    at step 0), ``seconds``
     (training only) and ``model``.
     """
     if method not in LAB_METHODS:
@@ -461,6 +462,7 @@ def run_method(
         "seed": seed,
         "curve": curve,
         "heldout_curve": heldout_curve,
+        "start": first,
         "final": point,
         "seconds": seconds,
         "model": model,
@@ -489,7 +491,8 @@ def run_seed(
 
     Returns a JSON-safe dict: ``seed``, ``warm_start`` (steps, seconds, probe
     accuracy), ``methods`` (per method: ``curve``, ``heldout_curve``,
-    ``final_accuracy``, ``final_se``, ``seconds``, ``steps``), ``passk``
+    ``final_accuracy``, ``final_se``, ``start_correct`` and ``final_correct`` (0/1 per
+    held-out problem, for a paired gain), ``seconds``, ``steps``), ``passk``
     (``before``/``after`` correct counts per problem, and ``seconds``) and
     ``seconds`` for the whole seed.
     """
@@ -521,6 +524,9 @@ def run_seed(
                 "heldout_curve": result["heldout_curve"],
                 "final_accuracy": result["final"]["accuracy"],
                 "final_se": result["final"]["se"],
+                # per held-out problem, 1 if answered right: for a paired gain (recipes.paired_gain)
+                "start_correct": [None if c is None else int(c) for c in result["start"]["correct"]],
+                "final_correct": [None if c is None else int(c) for c in result["final"]["correct"]],
                 "seconds": result["seconds"],
                 "steps": len(result["curve"]),
             }
