@@ -18,7 +18,7 @@ export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
 
-.PHONY: setup test test-fast book book-noexec check-book bench clean colab-env test-colab
+.PHONY: setup test test-fast test-records book book-noexec check-book bench clean colab-env test-colab
 
 setup: $(STAMP)
 
@@ -39,7 +39,12 @@ $(MATHJAX_DIR)/node_modules/mathjax/es5/tex-chtml.js:
 	npm install --silent --no-audit --no-fund --prefix $(MATHJAX_DIR) mathjax@3 </dev/null
 
 test: $(STAMP)
-	$(BIN)/python -m pytest --nbmake --nbmake-kernel=python3 tests notebooks $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --nbmake --nbmake-kernel=python3 -m "not rerun" tests notebooks $(PYTEST_ARGS)
+
+# Re-run every committed record's expensive phase too (chapter 13's warm start: minutes).
+# Run it after regenerating a record; `make test` leaves these out to keep CI short.
+test-records: $(STAMP)
+	$(BIN)/python -m pytest -m "rerun or slow" tests/test_records.py $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" tests $(PYTEST_ARGS)
