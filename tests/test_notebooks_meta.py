@@ -37,6 +37,7 @@ NAME_RE = re.compile(r"^(\d{2})_[a-z0-9_]+\.ipynb$")
 SKIPPED_SOLUTIONS = {
     ("08_tiny_transformer.ipynb", "ch8-ex-target"): "trains two recipe models for all their GRPO steps",
     ("08_tiny_transformer.ipynb", "ch8-ex-mu"): "a full GRPO run of the recipe with mu = 2",
+    ("13_thinking_longer.ipynb", "ch13-ex-warm"): "two warm starts of the long-addition model, minutes each",
 }
 SKIP_TAG = "skip-execution"
 SKIP_FIRST_LINE = "# Not run by the tests or the book build:"

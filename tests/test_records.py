@@ -12,7 +12,10 @@ with the record:
   warm start (how many steps, the probe accuracy at every check), the 'before'
   accuracy and the held-out accuracy after the first ``eval_every`` GRPO steps;
 - ``lab_results.json`` (chapter 12): seed 0's warm start, its 'before'
-  accuracy and GRPO's first step.
+  accuracy and GRPO's first step;
+- ``thinking_results.json`` (chapter 13): the shipped warm start is the record's
+  seed 0 (its sha256), the command's warm start gives it again bit for bit, and
+  from it the 'grpo' setting's held-out statistics at step 0 and its first steps.
 
 Counts (problems right, steps taken) must be equal. Floats that a step computes
 (entropy, gradient norm) may differ by float rounding between CPUs: the
@@ -48,6 +51,8 @@ PROVENANCE = {
     "tiny_learning_seeds23.json": ("tiny_learning_seeds23.json", None),
     "lab_results.json": ("lab_results.json", None),
     "logprob_memory.json": ("logprob_memory.json", None),
+    "thinking_results.json": ("thinking_results.json", None),
+    "thinking_warm_start.safetensors": ("thinking_results.json", None),
 }
 
 
@@ -235,6 +240,88 @@ def test_lab_record_reproduces_its_first_step():
     grpo = stored["methods"]["grpo"]
     assert result["heldout_curve"][0] == pytest.approx(grpo["heldout_curve"][0])  # before GRPO
     _same_step(result["curve"][0], grpo["curve"][0], ("step_seconds",), "lab_results.json")
+
+
+# ---------------------------------------------------------------------------
+# Chapter 13: thinking longer
+# ---------------------------------------------------------------------------
+
+
+def _thinking_record():
+    from benchmarks import thinking as bench
+    from grpo_tutorial.chapters.thinking import ThinkingRecipe
+
+    record = read_data("thinking_results.json")
+    same_cpu_or_skip(record)
+    args = bench.build_parser().parse_args(script_args(record["command"], "benchmarks.thinking"))
+    recipe = bench.recipe_for(args)
+    assert recipe.to_dict() == ThinkingRecipe.from_dict(record["recipe"]).to_dict() == record["recipe"]
+    assert args.seeds[0] == record["seeds"][0]["seed"] == 0
+    return record, recipe
+
+
+def _shipped_sha256() -> str:
+    import hashlib
+    from importlib import resources
+
+    from grpo_tutorial.chapters.thinking import WARM_START_FILE
+
+    return hashlib.sha256(resources.files("grpo_tutorial.data").joinpath(WARM_START_FILE).read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_thinking_record_reproduces_its_first_steps_from_the_shipped_warm_start():
+    from grpo_tutorial.chapters.thinking import load_warm_start, make_thinking_data, run_variant
+
+    record, recipe = _thinking_record()
+    seed0 = record["seeds"][0]
+    assert seed0["warm_start"]["published"]["sha256"] == _shipped_sha256()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(recipe.num_threads)
+    try:
+        model, tokenizer = load_warm_start(recipe)
+        first = dataclasses.replace(recipe, grpo_steps=2, eval_every=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = run_variant("grpo", model, tokenizer, make_thinking_data(recipe), first, seed=0)
+    finally:
+        torch.set_num_threads(previous)
+    stored = seed0["variants"]["grpo"]
+    assert result["curve"][0] == pytest.approx(stored["curve"][0], rel=1e-9, nan_ok=True)  # step 0, sampled
+    for got, want in zip(result["history"], stored["history"][:2], strict=True):
+        _same_step(got, want, (), "thinking_results.json")
+
+
+@pytest.mark.slow
+@pytest.mark.rerun  # about 6 minutes on one core: `make test-records`, not `make test`
+def test_thinking_warm_start_is_what_the_command_makes():
+    import tempfile
+
+    from grpo_tutorial.chapters.thinking import build_thinking_model, make_thinking_data, save_warm_start, warm_start
+
+    record, recipe = _thinking_record()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(recipe.num_threads)
+    try:
+        model, tokenizer = build_thinking_model(recipe, 0)
+        info = warm_start(model, tokenizer, make_thinking_data(recipe), recipe, 0, progress=False)
+    finally:
+        torch.set_num_threads(previous)
+    stored = record["seeds"][0]["warm_start"]
+    assert info["steps"] == stored["steps"] and info["probe"] == stored["probe"]
+    from grpo_tutorial.chapters.thinking import load_warm_start
+
+    shipped, _ = load_warm_start(recipe)
+    for (name, got), (_, want) in zip(model.state_dict().items(), shipped.state_dict().items(), strict=True):
+        assert torch.equal(got, want), name
+    with tempfile.TemporaryDirectory() as folder:  # and the file it writes is the shipped file, byte for byte
+        from safetensors import safe_open
+
+        with safe_open(str(Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data"
+                           / "thinking_warm_start.safetensors"), "pt") as f:
+            metadata = f.metadata()
+        assert metadata["command"] == record["command"]
+        assert save_warm_start(model, Path(folder) / "w.safetensors", metadata) == _shipped_sha256()
 
 
 # ---------------------------------------------------------------------------

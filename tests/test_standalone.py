@@ -109,6 +109,7 @@ def test_the_notebooks_tag_their_committed_data_cells():
         assert all(s in tagged for s in reads), f"{name.name}: a cell calls read_data but is not tagged {TAG!r}"
     assert len(_tagged_cells("08_tiny_transformer.ipynb")) >= 2
     assert len(_tagged_cells("09_real_llm.ipynb")) >= 4
+    assert len(_tagged_cells("13_thinking_longer.ipynb")) >= 1
 
 
 CHECK_CELL = textwrap.dedent(
@@ -158,7 +159,7 @@ def test_wheel_ships_the_data_and_the_data_cells_run_outside_the_repository(tmp_
     # the tagged cells of each notebook, after a cell that proves where the package comes from
     run_dir = tmp_path / "alone"
     run_dir.mkdir()
-    for name in ("08_tiny_transformer.ipynb", "09_real_llm.ipynb"):
+    for name in ("08_tiny_transformer.ipynb", "09_real_llm.ipynb", "13_thinking_longer.ipynb"):
         nb = nbformat.v4.new_notebook()
         nb.metadata = nbformat.read(ROOT / "notebooks" / name, as_version=4).metadata
         nb.cells = [nbformat.v4.new_code_cell(CHECK_CELL)] + [nbformat.v4.new_code_cell(s) for s in _tagged_cells(name)]
@@ -177,12 +178,13 @@ def test_wheel_ships_the_data_and_the_data_cells_run_outside_the_repository(tmp_
         """
     )
     proc = subprocess.run(
-        [sys.executable, "-c", runner, "08_tiny_transformer.ipynb", "09_real_llm.ipynb"],
+        [sys.executable, "-c", runner, "08_tiny_transformer.ipynb", "09_real_llm.ipynb", "13_thinking_longer.ipynb"],
         cwd=run_dir, env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     out = proc.stdout
-    assert out.count("grpo_tutorial from " + str((site / "grpo_tutorial").resolve())) == 2, out[:2000]
+    assert out.count("grpo_tutorial from " + str((site / "grpo_tutorial").resolve())) == 3, out[:2000]
     assert "seed 3:" in out  # chapter 8: both benchmark records
     assert "held-out greedy accuracy, n = 200" in out  # chapter 9: the committed run
     assert "GRPO runs with the chosen settings" in out
+    assert "seed 0's warm start:" in out and "loaded it from the package:" in out  # chapter 13: weights too

@@ -54,6 +54,8 @@ DATA_FILES = (
     "tiny_learning_seeds23.json",
     "lab_results.json",
     "logprob_memory.json",
+    "thinking_results.json",
+    "thinking_warm_start.safetensors",
 )
 
 
