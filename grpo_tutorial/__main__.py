@@ -342,7 +342,6 @@ def _scale_minibatch(preset: GRPOConfig, values: dict[str, Any]) -> None:
               "one optimizer update per pass (give --minibatch-size to choose)", file=sys.stderr, flush=True)
 
 
-
 def _is_tiny(model_name: str) -> bool:
     return model_name.strip().lower() == "tiny"
 

@@ -86,9 +86,9 @@ class ThinkingRecipe:
 
     Attributes:
         digits: digits of each operand (5: sums of two numbers 10000-99999). With 4
-            digits the model could also learn to guess within the warm start, and
-            some seeds then learned to guess rather than to work it out (chapter 13,
-            section 13.9).
+            digits the model often learned to guess within the warm start, and those
+            seeds then learned to guess rather than to work it out; with 5 some seeds
+            still do (chapter 13, sections 13.4 and 13.9).
         n_train, n_probe, n_test: training rows; held-out problems that decide when
             the warm start stops; held-out problems of the curves. No prompt is in
             two of them; the split depends on ``data_seed`` only.
