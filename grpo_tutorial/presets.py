@@ -23,10 +23,10 @@ all take their settings from :func:`get_preset`.
   an 8-token answer budget and a two-word system prompt. The settings of the
   committed CPU run in ``grpo_tutorial/data/smollm2_history.jsonl`` (see
   ``benchmarks/smollm2_run.py`` and chapter 9).
-- ``"long-addition-cpu"``: chapter 13's runs, the tiny model on 5-digit sums that it
+- ``"long-addition-cpu"``: chapter 13's runs, the tiny model on 6-digit sums that it
   may guess or work out (:mod:`grpo_tutorial.chapters.thinking`): the package's
   GRPO defaults (16 prompts, G = 8, lr 1e-4, one update per step), with a budget of
-  64 new tokens, which fits a worked-out sum (41-55 tokens with its EOS).
+  72 new tokens, which fits a worked-out sum (49-66 tokens with its EOS).
 - ``"qwen2.5-0.5b-colab-t4"``: Qwen2.5-0.5B-Instruct on a free Colab T4 (16 GB,
   no bfloat16), with GSM8K-length answers. Weights, gradients and Adam states
   stay in float32 (chapter 9 explains why that fits and why pure float16 weights
@@ -94,7 +94,7 @@ PRESETS: dict[str, GRPOConfig] = {
         eval_batch_size=50,
     ),
     # Chapter 13: GRPOConfig's defaults, and room for a worked-out 5-digit sum.
-    "long-addition-cpu": GRPOConfig(max_new_tokens=64, eval_batch_size=200),
+    "long-addition-cpu": GRPOConfig(max_new_tokens=72, eval_batch_size=200),
     # Chapter 9's GPU run; the values and their sources are in the chapter (section 9.6):
     # TRL's GRPO defaults (G = 8, beta = 0, clip 0.2, mu = 1), a learning rate above the
     # 1e-6 of runs with 50-100x more samples per update (verl, TRL, DeepSeekMath) so that
