@@ -93,7 +93,7 @@ PRESETS: dict[str, GRPOConfig] = {
         system_prompt=SMOLLM2_SYSTEM_PROMPT,
         eval_batch_size=50,
     ),
-    # Chapter 13: GRPOConfig's defaults, and room for a worked-out 5-digit sum.
+    # Chapter 13: GRPOConfig's defaults, and room for a worked-out 6-digit sum.
     "long-addition-cpu": GRPOConfig(max_new_tokens=72, eval_batch_size=200),
     # Chapter 9's GPU run; the values and their sources are in the chapter (section 9.6):
     # TRL's GRPO defaults (G = 8, beta = 0, clip 0.2, mu = 1), a learning rate above the

@@ -227,6 +227,6 @@ def test_chapter_13_runs_the_package_defaults_with_room_to_work_it_out():
     evaluation batch, which decides nothing the model sees) differ from GRPOConfig()."""
     from grpo_tutorial.chapters.thinking import ThinkingRecipe
 
-    assert _changed(PRESETS["long-addition-cpu"]) == {"max_new_tokens": 64, "eval_batch_size": 200}
+    assert _changed(PRESETS["long-addition-cpu"]) == {"max_new_tokens": 72, "eval_batch_size": 200}
     assert ThinkingRecipe().grpo == get_preset("long-addition-cpu")
 

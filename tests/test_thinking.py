@@ -30,7 +30,7 @@ def test_the_three_splits_share_no_prompt():
     assert len(data["probe"]) == 100 and len(data["test"]) == 200 == len(prompts["test"])
     assert not prompts["train"] & prompts["test"] and not prompts["train"] & prompts["probe"]
     assert not prompts["probe"] & prompts["test"]
-    assert all(10_000 <= r["a"] <= 99_999 and 10_000 <= r["b"] <= 99_999 for r in data["train"])
+    assert all(100_000 <= r["a"] <= 999_999 and 100_000 <= r["b"] <= 999_999 for r in data["train"])  # 6 digits
 
 
 def test_warm_start_targets_mix_the_two_styles_as_asked():
