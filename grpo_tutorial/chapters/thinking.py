@@ -1,9 +1,9 @@
 """Chapter 13, "Thinking longer": a task where working it out pays, and what GRPO makes of it.
 
 The task is long addition (:func:`~grpo_tutorial.tasks.make_long_addition_dataset`):
-a completion may state the sum at once, a *guess* (``"85772"``), or first *work it
+a completion may state the sum at once, a *guess* (``"385777"``), or first *work it
 out* column by column (:func:`~grpo_tutorial.tasks.worked_addition`,
-``"(1+1=2)(1+6=7)(2+5=7)(7+8=15)(4+3+1=8)85772"``), about seven times longer. The reward is
+``"(3+4=7)(1+6=7)(2+5=7)(7+8=15)(4+3+1=8)(2+1=3)385777"``), about seven times longer. The reward is
 correctness alone; nothing pays for length or for the steps.
 
 The warm start (:func:`warm_start`) teaches both styles from one supervised mix in
