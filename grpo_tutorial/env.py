@@ -51,3 +51,119 @@ def glue(name: str, value, display: bool = False):
         return value
     myst_glue(name, value, display=display)
     return value
+
+
+def kernel_fingerprint(threads: int = 1) -> str:
+    """A short hash of what this machine's floating-point kernels compute, run at ``threads``.
+
+    Two machines give a run bit for bit only when every kernel the run uses rounds
+    the same way there. A CPU's name or ``torch.backends.cpu.get_cpu_capability()``
+    does not tell that: an Intel and an AMD CPU both say ``AVX512`` and their BLAS
+    sums in another order, and ``MKL_ENABLE_INSTRUCTIONS`` or ``ONEDNN_MAX_CPU_ISA``
+    change the bits while the capability stays the same. So this function asks the
+    kernels themselves: it computes a fixed set of probes (matrix products of the
+    shapes a tiny model uses, ``log_softmax`` and other vectorised math, the normal
+    sampler that initialises weights, the oneDNN linear generation uses, and one
+    forward, backward and fused AdamW step of a tiny Qwen2 on fixed tokens) and
+    hashes every bit of their outputs. The inputs are small integers divided by
+    powers of two, exact in float32, so only the kernels can make two machines
+    disagree.
+
+    Records and golden runs store the fingerprint of the machine that made them;
+    a test compares bit for bit only where the fingerprints are equal, and up to
+    rounding (or statistically) elsewhere. Equal fingerprints are strong evidence,
+    not proof, that a long run repeats: if one does not, the probe missed a kernel.
+    The global RNG and the thread count are left as they were.
+
+    >>> len(kernel_fingerprint())
+    16
+    """
+    import hashlib
+
+    import torch
+
+    from ._checks import check_int
+
+    check_int(None, "threads", threads, 1)
+    digest = hashlib.sha256()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            for tensor in _kernel_probes():
+                digest.update(tensor.detach().contiguous().numpy().tobytes())
+    finally:
+        torch.set_num_threads(previous)
+    return digest.hexdigest()[:16]
+
+
+#: The environment variables that choose PyTorch's, MKL's and oneDNN's kernels on a CPU.
+KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR")
+
+
+def describe_kernels(threads: int = 1) -> dict:
+    """The kernel fingerprint at ``threads`` and, for a reader, what it was measured on.
+
+    Records store this beside their numbers: ``fingerprint`` is what a test compares;
+    the CPU's model name, PyTorch's capability, the torch version and the kernel
+    variables that were set only help a person tell two machines apart.
+    """
+    import torch
+
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "fingerprint": kernel_fingerprint(threads),
+        "threads": threads,
+        "cpu": cpu,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "variables": {name: os.environ[name] for name in KERNEL_VARIABLES if name in os.environ},
+    }
+
+
+def _kernel_probes():
+    """The outputs :func:`kernel_fingerprint` hashes, one tensor at a time."""
+    import torch
+    import torch.nn.functional as F
+
+    from . import onednn
+    from .models import build_tiny_policy
+
+    g = torch.Generator().manual_seed(1234)
+
+    def exact(*shape: int) -> torch.Tensor:  # small integers / 256: exact in float32
+        return torch.randint(-512, 512, shape, generator=g).float() / 256
+
+    a, b, bias = exact(37, 128), exact(128, 512), exact(512)
+    yield a @ b  # a GEMM of the tiny model's MLP shape
+    yield exact(1, 128) @ b  # one row: generation's matrix-vector products
+    yield F.linear(a, b.T.contiguous(), bias)
+    yield torch.bmm(exact(8, 11, 32), exact(8, 32, 11))  # attention's batched products
+    logits = exact(64, 21) * 8
+    yield torch.log_softmax(logits, dim=-1)
+    yield torch.softmax(logits, dim=-1)
+    yield torch.logsumexp(exact(4, 151_936), dim=-1)  # a long reduction over a real vocabulary
+    x = exact(4096)
+    yield torch.stack([x.exp(), x.tanh(), F.silu(x), x.sigmoid(), (x.abs() + 1).rsqrt()])
+    yield torch.stack([x.sum(), x.square().mean(), (x[:4000] * x[96:]).sum()])  # vectorised reductions
+    yield torch.randn(4099, generator=g)  # the vectorised normal sampler behind weight init
+    yield torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=g).float()
+    if onednn.available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(b.T.contiguous(), 8)
+        yield torch.ops.mkldnn._linear_pointwise(exact(8, 128), packed, bias, "none", [], "")
+    model, _ = build_tiny_policy(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256, seed=0)
+    yield torch.cat([p.detach().flatten() for p in model.parameters()])
+    model.train()
+    ids = torch.randint(3, model.config.vocab_size, (4, 12), generator=g)
+    logits = model(input_ids=ids).logits
+    loss = -torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).mean()
+    loss.backward()
+    yield logits
+    yield torch.cat([p.grad.flatten() for p in model.parameters()])
+    torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True).step()
+    yield torch.cat([p.detach().flatten() for p in model.parameters()])

@@ -14,23 +14,29 @@ prompt encoded once per pass) has its own fixture,
 tokens, and its floats differ from the full pass's only by rounding, which
 :func:`test_the_shared_prompt_fixture_is_the_full_pass_up_to_rounding` checks.
 
-Floats depend on the CPU's vector instructions. PyTorch's kernels and its BLAS pick
-their code by the widest instruction set the processor has
-(``torch.backends.cpu.get_cpu_capability()``: ``AVX2``, ``AVX512``...), and a wider
-vector sums in another order, so the same code gives floats that differ in the
-last bits on another kind of CPU (measured: a grad norm of 2.7039294 on AVX512 and
-2.7039297 on AVX2 after 5 steps, every sampled token the same). Each fixture
-therefore holds one stored run per capability, made by the same code. On a CPU
-whose capability has a stored run, the check is bit for bit; on any CPU, the
-history must also agree with every stored run up to rounding
+Floats depend on the kernels that compute them, not only on the code. PyTorch's
+kernels, MKL's matrix products and oneDNN pick their code by the processor (vendor and
+model, not only its widest instruction set) and by environment variables such as
+``ATEN_CPU_CAPABILITY``, ``MKL_ENABLE_INSTRUCTIONS`` and ``ONEDNN_MAX_CPU_ISA``, and a
+wider vector or another blocking sums in another order: the same code gives floats
+that differ in the last bits (measured: an Intel and an AMD Xeon/EPYC, both
+``AVX512`` to PyTorch, differ from row 0 of the defaults run). So each fixture holds
+one stored run per *kernel set*, keyed by
+:func:`grpo_tutorial.env.kernel_fingerprint` (a hash of what a fixed set of probes
+computes at one thread, the golden runs' setting). Where this machine's fingerprint
+has a stored run, the check is bit for bit; on any machine, the history must also
+agree with every stored run up to rounding
 (:func:`test_history_is_the_stored_run_up_to_rounding_on_every_platform`), so a
-machine of a new kind still catches a real change of the numbers.
+machine of a new kind still catches a real change of the numbers. The two runs stored
+before fingerprints existed (an AMD EPYC, at its native kernels and at AVX2) are kept
+as rounding references only: their fingerprints were never measured.
 
 If a deliberate numerical change moves these numbers, regenerate the fixtures in
-that commit with ``python tests/test_golden.py --write`` and say why in the
-commit message. ``--write`` keeps only this machine's capability (the others'
-stored runs would be stale); ``--write --add`` adds this capability's run to
-fixtures made by the same code on another kind of CPU.
+that commit with ``python tests/test_golden.py --write`` and say why in the commit
+message. ``--write`` keeps only this machine's kernel set (the others' stored runs
+would be stale); ``--write --add`` adds this kernel set's run to fixtures made by the
+same code on other kernels (run it again under the kernel variables of
+``make test-kernels`` to add that set too).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import pytest
 import torch
 
 from grpo_tutorial import GRPOConfig, GRPOTrainer, TIMING_KEYS, build_tiny_policy, make_arithmetic_dataset
+from grpo_tutorial.env import describe_kernels, kernel_fingerprint
 from grpo_tutorial.rewards import correctness_reward, partial_credit_reward
 
 FIXTURE = Path(__file__).parent / "fixtures" / "golden_history.json"
@@ -76,9 +83,14 @@ RUNS = {
 }
 
 
-def cpu_capability() -> str:
-    """The instruction set PyTorch's CPU kernels dispatch to here (the key of a stored run)."""
-    return torch.backends.cpu.get_cpu_capability()
+def kernels() -> str:
+    """This machine's kernel fingerprint at one thread, the golden runs' setting (the key of a stored run)."""
+    return kernel_fingerprint(threads=1)
+
+
+def kernel_description() -> dict:
+    """What a stored run was made on, for a reader (the fingerprint is what the test compares)."""
+    return describe_kernels(threads=1)
 
 
 def _weights_digest(model: torch.nn.Module) -> str:
@@ -120,8 +132,8 @@ def _same(a, b) -> bool:
 
 
 def stored_runs(fixture: Path) -> dict[str, dict]:
-    """``{capability: {run name: {"history", "weights_sha256"}}}`` from a fixture file."""
-    return json.loads(fixture.read_text(encoding="utf-8"))["platforms"]
+    """``{kernel fingerprint: {run name: {"history", "weights_sha256"}}}`` from a fixture file."""
+    return {key: entry["runs"] for key, entry in json.loads(fixture.read_text(encoding="utf-8"))["kernels"].items()}
 
 
 def _check_against(want_runs: dict, share_prompt_cache: bool, *, exact: bool) -> None:
@@ -151,13 +163,14 @@ def _check_against(want_runs: dict, share_prompt_cache: bool, *, exact: bool) ->
 
 def _stored_here(fixture: Path) -> dict:
     platforms = stored_runs(fixture)
-    if cpu_capability() not in platforms:
+    if kernels() not in platforms:
         pytest.skip(
-            f"{fixture.name} holds runs for {sorted(platforms)}, not for this CPU ({cpu_capability()}); "
-            "the up-to-rounding check still runs. To add this kind of CPU, run "
-            "`python tests/test_golden.py --write --add` on code that passes that check."
+            f"{fixture.name} holds no run made with this machine's kernels (fingerprint {kernels()}; stored: "
+            f"{sorted(platforms)}), so a bit-for-bit comparison would prove nothing; the up-to-rounding check "
+            "still runs. To add these kernels, run `python tests/test_golden.py --write --add` on code that "
+            "passes that check."
         )
-    return platforms[cpu_capability()]
+    return platforms[kernels()]
 
 
 def test_history_and_weights_are_bit_identical_to_the_stored_run():
@@ -229,12 +242,13 @@ if __name__ == "__main__":
         runs = {name: run(name, share_prompt_cache=share) for name in RUNS}
         for result in runs.values():
             del result["model"]
-        platforms = stored_runs(path) if "--add" in args and path.exists() else {}
-        platforms[cpu_capability()] = runs
+        entries = json.loads(path.read_text(encoding="utf-8"))["kernels"] if "--add" in args and path.exists() else {}
+        entries[kernels()] = {"made_on": kernel_description(), "runs": runs}
         record = {
-            "about": "5-step tiny GRPO runs of tests/test_golden.py, one per CPU capability "
-            "(torch.backends.cpu.get_cpu_capability()); regenerate with python tests/test_golden.py --write",
-            "platforms": platforms,
+            "about": "5-step tiny GRPO runs of tests/test_golden.py, one per kernel set, keyed by "
+            "grpo_tutorial.env.kernel_fingerprint(threads=1); regenerate with python tests/test_golden.py --write "
+            "(--add keeps the other kernel sets)",
+            "kernels": entries,
         }
         path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {path} ({', '.join(sorted(platforms))})")
+        print(f"wrote {path} ({', '.join(sorted(entries))})")
