@@ -101,6 +101,7 @@ def machine(threads: int) -> dict[str, Any]:
     import transformers
 
     import grpo_tutorial
+    from grpo_tutorial.env import describe_kernels
 
     info: dict[str, Any] = {
         "cpu": cpu_model(),
@@ -110,6 +111,8 @@ def machine(threads: int) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        # what tests/test_records.py compares before it asks for the same bits
+        "kernels": describe_kernels(threads),
         "transformers": transformers.__version__,
         "grpo_tutorial": grpo_tutorial.__version__,
     }

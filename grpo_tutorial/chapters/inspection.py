@@ -9,6 +9,13 @@ completion's tokens next to the numbers and padding blanked out:
 * :func:`token_strings`: the token each position holds, as readable text.
 * :func:`format_token_matrix`: a ``[N, T]`` tensor as a small text table.
 * :func:`plot_token_heatmaps`: several ``[N, T]`` tensors side by side as heatmaps.
+
+The chapter's policy is a tiny Qwen2 after 100 supervised steps
+(:func:`make_step_policy`). Those 100 steps amplify the last-bit differences
+between two machines' floating-point kernels until the sampled batch can differ,
+so the chapter steps from the weights the package ships (:func:`load_step_policy`,
+made by ``python -m benchmarks.step_policy``) and every machine sees the batch and
+the step the prose describes.
 """
 
 from __future__ import annotations
@@ -21,7 +28,62 @@ import torch
 
 from grpo_tutorial._checks import check_int, require_tensor
 
-__all__ = ["format_token_matrix", "plot_token_heatmaps", "token_strings"]
+__all__ = [
+    "STEP_POLICY_FILE",
+    "format_token_matrix",
+    "load_step_policy",
+    "make_step_policy",
+    "plot_token_heatmaps",
+    "token_strings",
+]
+
+#: The shipped weights of chapter 7's policy (package data, written by ``python -m benchmarks.step_policy``).
+STEP_POLICY_FILE = "step_policy.safetensors"
+#: The tiny model of chapter 7: narrower than chapter 8's, so a step's tables fit on a page.
+STEP_POLICY_SHAPE = dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256, seed=0)
+
+
+def make_step_policy(progress: bool = False):
+    """Chapter 7's policy made from scratch: the tiny Qwen2, then 100 supervised steps on one-digit sums.
+
+    Returns ``(model, tokenizer, history)``, ``history`` being the warm start's rows
+    (``loss`` per step). Run at one thread, as the chapter and the command that
+    made the shipped weights do; on another machine's kernels the weights come out
+    slightly different (see the module docstring).
+    """
+    from grpo_tutorial.models import build_tiny_policy
+    from grpo_tutorial.sft import SFTConfig, supervised_warmup
+    from grpo_tutorial.tasks import make_arithmetic_dataset
+
+    rows = make_arithmetic_dataset(2000, seed=0, digits=1)  # "4+9=" -> "13"
+    model, tokenizer = build_tiny_policy(**STEP_POLICY_SHAPE)
+    config = SFTConfig(steps=100, batch_size=64, learning_rate=1e-3, warmup_steps=20, seed=0)
+    history = supervised_warmup(model, tokenizer, rows, config, progress=progress)
+    model.eval()
+    return model, tokenizer, history
+
+
+def load_step_policy():
+    """Chapter 7's policy from the shipped weights, its tokenizer, and the file's metadata.
+
+    The metadata names the command and package commit that wrote the file and the
+    kernel fingerprint of the machine it ran on (``tests/test_records.py`` re-makes
+    the weights with that command: bit for bit where the fingerprint matches).
+    """
+    from importlib import resources
+
+    from safetensors import safe_open
+    from safetensors.torch import load_model
+
+    from grpo_tutorial.models import build_tiny_policy
+
+    model, tokenizer = build_tiny_policy(**STEP_POLICY_SHAPE)
+    with resources.as_file(resources.files("grpo_tutorial.data").joinpath(STEP_POLICY_FILE)) as path:
+        load_model(model, str(path))
+        with safe_open(str(path), framework="pt") as f:
+            metadata = dict(f.metadata())
+    model.eval()
+    return model, tokenizer, metadata
 
 MASKED = "·"  # what a padding position shows instead of its number
 

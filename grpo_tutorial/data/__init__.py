@@ -29,6 +29,12 @@ file                            what it is (who writes it)
 ``thinking_warm_start.          the same command's warm start of seed 0, which
 safetensors``                   chapter 13 trains live (weights, not readable
                                 with ``read_data``: ``chapters.thinking.load_warm_start``)
+``step_policy.safetensors``     chapter 7's policy: the tiny Qwen2 after 100
+                                supervised steps, so that every machine samples
+                                the batch the chapter describes
+                                (``python -m benchmarks.step_policy``; weights,
+                                read with ``chapters.inspection.load_step_policy``,
+                                provenance in the file's metadata)
 ``logprob_memory.json``         chapter 9's peak memory of one micro-batch's
                                 scoring and backward, before and after the
                                 block-wise scorer
@@ -56,6 +62,7 @@ DATA_FILES = (
     "logprob_memory.json",
     "thinking_results.json",
     "thinking_warm_start.safetensors",
+    "step_policy.safetensors",
 )
 
 
