@@ -166,7 +166,10 @@ def test_hand_assembled_step_matches_train_step(trainer_order, share):
     assert row["reward_mean"] == pytest.approx(rewards.mean().item(), abs=1e-6)
     assert row["grad_norm"] == pytest.approx(norm, rel=1e-5)
     assert row["loss"] == pytest.approx(loss, abs=1e-6)
-    assert row["kl"] == 0.0  # reference = policy before the update
+    # The reference is the policy before the update: the KL is 0 in exact arithmetic, but the
+    # reference's own scoring pass may round differently (8.3e-15 on an Intel Xeon, exactly 0
+    # on an AMD EPYC); a real one-step KL is of order 1e-2, eleven orders above the bound.
+    assert abs(row["kl"]) < 1e-9
     moved = any(not torch.equal(p, q) for p, q in zip(hand_model.parameters(), initial.parameters()))
     assert moved
     for p, q in zip(hand_model.parameters(), trainer_model.parameters()):

@@ -17,17 +17,25 @@ with the record:
   seed 0 (its sha256), the command's warm start gives it again bit for bit, and
   from it the 'grpo' setting's held-out statistics at step 0 and its first steps.
 
-Counts (problems right, steps taken) must be equal. Floats that a step computes
-(entropy, gradient norm) may differ by float rounding between CPUs: the
-records were made on an AVX512 CPU, and PyTorch's kernels for another
-instruction set round differently (``tests/test_golden.py`` keeps one fixture
-per capability for the same reason), so they are compared to a relative
-``1e-4``.
+Where the comparison is exact depends on the kernels, not on the code. A record
+made since kernel fingerprints exist stores one
+(:func:`grpo_tutorial.env.describe_kernels`, at the record's thread count); where
+this machine computes the same fingerprint, counts (problems right, steps taken)
+must be equal and floats equal to rounding. Elsewhere, and for every record made
+before fingerprints existed (all of them made on an AMD EPYC), a machine's kernels
+round differently and long runs diverge, so a check that can still fail for a real
+bug takes over: the deterministic parts exactly (the command, the recipe, the
+seeds), floats that a step computes before sampling can diverge to a stated
+relative tolerance, and what a whole phase learns statistically, against the
+spread over the record's seeds (:func:`assert_like_the_seeds`). Each statistical
+check was seen to fail on planted bugs (GRPO's learning rate 0; the advantages'
+sign flipped; the warm start's learning rate 0).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import shlex
 import subprocess
@@ -38,6 +46,7 @@ import pytest
 import torch
 
 from grpo_tutorial.data import DATA_FILES, read_data
+from grpo_tutorial.env import kernel_fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,26 +62,61 @@ PROVENANCE = {
     "logprob_memory.json": ("logprob_memory.json", None),
     "thinking_results.json": ("thinking_results.json", None),
     "thinking_warm_start.safetensors": ("thinking_results.json", None),
+    "step_policy.safetensors": ("step_policy.safetensors", "metadata"),  # its own metadata
 }
 
 
-def same_cpu_or_skip(record: dict) -> None:
-    """Exact comparisons need the instruction set the record was made on (floats round differently)."""
-    made_on = record.get("cpu_capability") or record.get("machine", {}).get("cpu_capability")
-    here = torch.backends.cpu.get_cpu_capability()
-    if made_on is not None and made_on != here:
-        pytest.skip(f"the record was made on a {made_on} CPU and this one is {here}: PyTorch's kernels "
-                    "round differently, so long runs diverge; regenerate the record here to compare")
+def same_kernels(record: dict) -> bool:
+    """Whether this machine's kernels are the record's: its stored fingerprint, at its thread count.
+
+    A record made before fingerprints existed has none, and is never compared bit for bit.
+    """
+    kernels = record.get("kernels") or record.get("machine", {}).get("kernels")
+    if not kernels:
+        return False
+    return kernel_fingerprint(kernels["threads"]) == kernels["fingerprint"]
+
+
+#: How many standard deviations of the record's seeds a re-run on other kernels may lie from their mean.
+SEED_SPREAD_SDS = 3.0
+
+
+def assert_like_the_seeds(what: str, value: float, seeds: list[float], sds: float = SEED_SPREAD_SDS) -> None:
+    """``value``, a re-run on other kernels, lies within ``sds`` standard deviations of the record's seeds.
+
+    On other kernels a run is one more draw of the same random process (its floats
+    round differently, and sampling amplifies that), so the yardstick is how much
+    the record's own seeds differ from each other, not the standard error of one
+    run. With 3 to 5 seeds the standard deviation is itself rough: 3 of them is wide
+    on purpose, and the planted bugs land far outside it.
+    """
+    import statistics
+
+    assert len(seeds) >= 3, f"{what}: a spread needs at least 3 seeds, got {seeds}"
+    mean, sd = statistics.mean(seeds), statistics.stdev(seeds)
+    assert abs(value - mean) <= sds * sd, (
+        f"{what}: {value} here, but the record's seeds give {seeds} (mean {mean:.4g}, sd {sd:.3g}): "
+        f"{abs(value - mean) / sd:.1f} sd away, more than {sds}"
+    )
 
 
 def provenance(name: str) -> dict:
     """``{"command", "package_commit"}`` of a shipped file."""
     record_name, seed = PROVENANCE[name]
+    if seed == "metadata":
+        metadata = _safetensors_content(_data_path(record_name))[0]
+        return {"command": metadata["command"], "package_commit": metadata["package_commit"]}
     record = read_data(record_name)
     if seed is None:
         return {"command": record["command"], "package_commit": record["package_commit"]}
     (run,) = [t for t in record["tried"] if t["kind"].startswith("GRPO run") and t["seed"] == seed]
     return {"command": run["command"], "package_commit": run["package_commit"]}
+
+
+def _data_path(name: str) -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("grpo_tutorial.data").joinpath(name)))
 
 
 def script_args(command: str, script: str) -> list[str]:
@@ -123,7 +167,7 @@ def test_smollm2_records_reproduce_their_first_step():
     from grpo_tutorial.metrics import TIMING_KEYS
 
     record = read_data("smollm2_eval.json")
-    same_cpu_or_skip(record)
+    exact = same_kernels(record)
     args, config, (train_rows, test_rows) = _smollm2_config(script_args(record["command"], "smollm2_run.py"))
     assert {k: v for k, v in config.to_dict().items() if k in record["config"]} == record["config"]
     previous = torch.get_num_threads()
@@ -132,8 +176,14 @@ def test_smollm2_records_reproduce_their_first_step():
         model, tokenizer = load_policy("smollm2-135m-instruct", device="cpu")
         first = test_rows[: config.eval_batch_size]  # the first generate call of the 'before' evaluation
         before = evaluate_policy(model, tokenizer, first, config)
-        assert before["correct"] == record["correct_before"][: len(first)]
-        assert [e["completion"] for e in record["before"]["examples"]] == before["completions"][: len(record["before"]["examples"])]
+        shown = [e["completion"] for e in record["before"]["examples"]]
+        if exact:
+            assert before["correct"] == record["correct_before"][: len(first)]
+            assert shown == before["completions"][: len(shown)]
+        else:  # greedy from the same weights: only a near-tie of two tokens can flip an answer
+            differ = sum(a != b for a, b in zip(before["correct"], record["correct_before"][: len(first)]))
+            assert differ <= max(1, len(first) // 50), f"{differ} of {len(first)} greedy answers differ from the record's"
+            assert sum(a == b for a, b in zip(shown, before["completions"])) >= 0.8 * len(shown)
         for seed, history_file in ((0, "smollm2_history.jsonl"), (1, "smollm2_history_seed1.jsonl"),
                                    (2, "smollm2_history_seed2.jsonl")):
             run_args, run_config, (run_train, _) = _smollm2_config(
@@ -145,25 +195,52 @@ def test_smollm2_records_reproduce_their_first_step():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 row = trainer.train(run_train, 1, progress=False)[0]
-            _same_step(row, read_data(history_file)[0], TIMING_KEYS, history_file)
+            _same_step(row, read_data(history_file)[0], TIMING_KEYS, history_file, same_kernels=exact)
             model, tokenizer = load_policy("smollm2-135m-instruct", device="cpu")  # untrained again
     finally:
         torch.set_num_threads(previous)
 
 
-def _same_step(got: dict, want: dict, timing_keys, where: str) -> None:
+#: A history row's fields that count sampled completions (equal where the same tokens were sampled).
+COUNTED = ("reward_mean", "accuracy", "frac_zero_std", "frac_truncated", "completion_len_mean",
+           "completion_len_max", "step", "skipped_updates", "reward_std")
+
+
+def _same_step(got: dict, want: dict, timing_keys, where: str, *, same_kernels: bool = True) -> None:
+    """One history row against the record's: the same step, or (other kernels) the same up to a flip or two.
+
+    From the same weights (a shipped model, or SmolLM2's), other kernels round the
+    sampling probabilities differently in the last bits, so a token flips only where
+    a probability sits within rounding of a sampling boundary: rare, but over
+    thousands of sampled tokens it can happen. So on other kernels a counted field may
+    move by ``FLIP`` (a few completions' worth) and, when every count came out equal
+    (the same tokens were sampled), the floats a step computes must agree to
+    ``1e-4`` relative, as on the same kernels; after a flip they are only checked to
+    ``FLIPPED_REL``.
+    """
     import math
 
+    counted = [k for k in want if k in got and k not in timing_keys and (k in COUNTED or k.startswith("reward/"))]
+    flipped = any(got[k] != pytest.approx(want[k], rel=1e-9, abs=1e-12, nan_ok=True) for k in counted)
+    if same_kernels:
+        assert not flipped, (where, {k: (got[k], want[k]) for k in counted if got[k] != pytest.approx(want[k], rel=1e-9, abs=1e-12, nan_ok=True)})
     for key, value in want.items():
         if key in timing_keys or key not in got:
             continue
         if isinstance(value, float) and math.isnan(value):
             assert math.isnan(got[key]), (where, key, got[key])
-        elif key in ("reward_mean", "accuracy", "frac_zero_std", "frac_truncated", "completion_len_mean",
-                     "completion_len_max", "step", "skipped_updates", "reward_std") or key.startswith("reward/"):
-            assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), (where, key, got[key], value)
+        elif key in counted:
+            tolerance = dict(rel=1e-9, abs=1e-12) if same_kernels else dict(rel=FLIP_REL, abs=FLIP)
+            assert got[key] == pytest.approx(value, **tolerance), (where, key, got[key], value)
         else:
-            assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (where, key, got[key], value)
+            rel = FLIPPED_REL if flipped else 1e-4
+            assert got[key] == pytest.approx(value, rel=rel, abs=1e-6), (where, key, got[key], value)
+
+
+#: On other kernels, how far a counted field may move: a few flipped completions' worth (of 64 and more).
+FLIP, FLIP_REL = 0.05, 0.05
+#: On other kernels after a flip, how far a float a step computes may move.
+FLIPPED_REL = 0.25
 
 
 # ---------------------------------------------------------------------------
@@ -178,7 +255,6 @@ def test_tiny_learning_records_reproduce_their_first_phase(name):
     from grpo_tutorial.chapters.recipes import TinyAdditionRecipe, run_tiny_addition
 
     record = read_data(name)
-    same_cpu_or_skip(record)
     args = tiny_learning.build_parser().parse_args(script_args(record["command"], "tiny_learning.py"))
     recipe = (TinyAdditionRecipe.quick() if args.quick else TinyAdditionRecipe()).with_settings(
         **tiny_learning.parse_overrides(args.overrides)
@@ -195,10 +271,40 @@ def test_tiny_learning_records_reproduce_their_first_phase(name):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = run_tiny_addition(first, seed=run["seed"], progress=False)
-    assert result["warm_start"]["steps"] == run["warm_start"]["steps"]
-    assert [list(p) for p in result["warm_start"]["probe_accuracy"]] == run["warm_start"]["probe_accuracy"]
-    assert result["before"]["accuracy"] == run["before"]["accuracy"]
-    assert [result["after"]["accuracy"]] == [p[1] for p in run["heldout_curve"] if p[0] == recipe.eval_every]
+    if same_kernels(record):
+        assert result["warm_start"]["steps"] == run["warm_start"]["steps"]
+        assert [list(p) for p in result["warm_start"]["probe_accuracy"]] == run["warm_start"]["probe_accuracy"]
+        assert result["before"]["accuracy"] == run["before"]["accuracy"]
+        assert [result["after"]["accuracy"]] == [p[1] for p in run["heldout_curve"] if p[0] == recipe.eval_every]
+        return
+    assert_learns_like_the_tiny_seeds(result, recipe.eval_every)
+
+
+def tiny_learning_seeds() -> list[dict]:
+    """Every seed of chapter 8's two records (the same command and recipe, seeds 0 to 3)."""
+    return [run for name in ("tiny_learning.json", "tiny_learning_seeds23.json") for run in read_data(name)["runs"]]
+
+
+def assert_learns_like_the_tiny_seeds(result: dict, steps: int) -> None:
+    """A first phase made on other kernels: a warm start, a 'before' and a gain like the record's seeds'.
+
+    The gain after ``steps`` GRPO steps must also be a real one, more than 3 of its own
+    standard errors (the problems are the same before and after, so the standard
+    error of the difference is at most the two added in quadrature). Planted bugs,
+    each seen to fail here: GRPO's learning rate 0 (gain exactly 0), the advantages'
+    sign flipped (the gain turns negative), the warm start's learning rate 0 (it never
+    reaches its target: 1000 steps, 9 sd away).
+    """
+    import math
+
+    seeds = tiny_learning_seeds()
+    gain = result["after"]["accuracy"] - result["before"]["accuracy"]
+    at = {run["seed"]: dict((p[0], p[1]) for p in run["heldout_curve"]) for run in seeds}
+    assert_like_the_seeds("warm-start steps", result["warm_start"]["steps"], [r["warm_start"]["steps"] for r in seeds])
+    assert_like_the_seeds("accuracy before GRPO", result["before"]["accuracy"], [r["before"]["accuracy"] for r in seeds])
+    assert_like_the_seeds(f"gain after {steps} GRPO steps", gain, [at[r["seed"]][steps] - at[r["seed"]][0] for r in seeds])
+    se = math.hypot(result["before"]["se"], result["after"]["se"])
+    assert gain > 3 * se, f"GRPO did not learn: gain {gain:+.3f} after {steps} steps, 3 SE = {3 * se:.3f}"
 
 
 # ---------------------------------------------------------------------------
@@ -213,7 +319,6 @@ def test_lab_record_reproduces_its_first_step():
     from grpo_tutorial.chapters.recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, warm_start
 
     record = read_data("lab_results.json")
-    same_cpu_or_skip(record)
     args = lab_benchmark.build_parser().parse_args(script_args(record["command"], "benchmarks.lab"))
     settings = lab_benchmark.settings_for(args)
     stored_recipe = TinyAdditionRecipe.from_dict(record["settings"]["recipe"])  # stored with flat names
@@ -229,8 +334,6 @@ def test_lab_record_reproduces_its_first_step():
         data = make_recipe_data(recipe)
         model, tokenizer = build_recipe_model(recipe, seed)
         sft = warm_start(model, tokenizer, data, recipe, seed, progress=False)
-        assert sft["steps"] == stored["warm_start"]["steps"]
-        assert sft["probe_accuracy"][-1][1] == stored["warm_start"]["probe_accuracy"]
         one_step = dataclasses.replace(settings, recipe=recipe.with_settings(grpo_steps=1, eval_every=1))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -238,8 +341,20 @@ def test_lab_record_reproduces_its_first_step():
     finally:
         torch.set_num_threads(previous)
     grpo = stored["methods"]["grpo"]
-    assert result["heldout_curve"][0] == pytest.approx(grpo["heldout_curve"][0])  # before GRPO
-    _same_step(result["curve"][0], grpo["curve"][0], ("step_seconds",), "lab_results.json")
+    if same_kernels(record):
+        assert sft["steps"] == stored["warm_start"]["steps"]
+        assert sft["probe_accuracy"][-1][1] == stored["warm_start"]["probe_accuracy"]
+        assert result["heldout_curve"][0] == pytest.approx(grpo["heldout_curve"][0])  # before GRPO
+        _same_step(result["curve"][0], grpo["curve"][0], ("step_seconds",), "lab_results.json")
+        return
+    # Other kernels: the warm start and GRPO's first step are draws like the record's 3 seeds.
+    # (Whether GRPO learns is the tiny-learning test's statistical check: the same trainer.)
+    seeds = record["seeds"]
+    assert_like_the_seeds("warm-start steps", sft["steps"], [s["warm_start"]["steps"] for s in seeds])
+    assert_like_the_seeds("accuracy before GRPO", result["heldout_curve"][0][1],
+                          [s["methods"]["grpo"]["heldout_curve"][0][1] for s in seeds])
+    for key in ("accuracy", "frac_zero_std", "entropy", "completion_len_mean"):
+        assert_like_the_seeds(f"step 1's {key}", result["curve"][0][key], [s["methods"]["grpo"]["curve"][0][key] for s in seeds])
 
 
 # ---------------------------------------------------------------------------
@@ -252,7 +367,6 @@ def _thinking_record():
     from grpo_tutorial.chapters.thinking import ThinkingRecipe
 
     record = read_data("thinking_results.json")
-    same_cpu_or_skip(record)
     args = bench.build_parser().parse_args(script_args(record["command"], "benchmarks.thinking"))
     recipe = bench.recipe_for(args)
     assert recipe.to_dict() == ThinkingRecipe.from_dict(record["recipe"]).to_dict() == record["recipe"]
@@ -287,9 +401,19 @@ def test_thinking_record_reproduces_its_first_steps_from_the_shipped_warm_start(
     finally:
         torch.set_num_threads(previous)
     stored = seed0["variants"]["grpo"]
-    assert result["curve"][0] == pytest.approx(stored["curve"][0], rel=1e-9, nan_ok=True)  # step 0, sampled
+    exact = same_kernels(record)
+    if exact:
+        assert result["curve"][0] == pytest.approx(stored["curve"][0], rel=1e-9, nan_ok=True)  # step 0, sampled
+    else:  # sampled from the same shipped weights: a flip or two of the held-out completions at most
+        assert sorted(result["curve"][0]) == sorted(stored["curve"][0])
+        for key, want in stored["curve"][0].items():
+            got = result["curve"][0][key]
+            if key in ("step", "n"):
+                assert got == want, key
+            elif not (math.isnan(got) and math.isnan(want)):
+                assert got == pytest.approx(want, rel=FLIP_REL, abs=FLIP), (key, got, want)
     for got, want in zip(result["history"], stored["history"][:2], strict=True):
-        _same_step(got, want, (), "thinking_results.json")
+        _same_step(got, want, (), "thinking_results.json", same_kernels=exact)
 
 
 @pytest.mark.slow
@@ -308,6 +432,9 @@ def test_thinking_warm_start_is_what_the_command_makes():
     finally:
         torch.set_num_threads(previous)
     stored = record["seeds"][0]["warm_start"]
+    if not same_kernels(record):  # other kernels: a warm start like the record's 5 seeds'; the bytes cannot match
+        assert_like_the_seeds("warm-start steps", info["steps"], [s["warm_start"]["steps"] for s in record["seeds"]])
+        return
     assert info["steps"] == stored["steps"] and info["probe"] == stored["probe"]
     from grpo_tutorial.chapters.thinking import load_warm_start
 
@@ -370,3 +497,39 @@ def test_logprob_memory_record_reproduces_its_after_figure():
     assert got["peak_bytes_above_start"] == pytest.approx(want["peak_bytes_above_start"], rel=0.15)
     for key in ("loss", "entropy_mean", "logp_sum"):
         assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+
+
+# ---------------------------------------------------------------------------
+# Chapter 7: the shipped policy
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_step_policy_is_what_its_command_makes():
+    """The command in the file's metadata makes the shipped weights again (bit for bit on their kernels).
+
+    On other kernels the 100 supervised steps drift apart by rounding: the first loss
+    (before any update) agrees to rounding, the last to 2% (measured: 0.4-0.5% under
+    other kernel variables on an Intel Xeon); a warm start that does not learn (its
+    learning rate 0: final loss 3.1) fails.
+    """
+    import json
+    import tempfile
+
+    from benchmarks import step_policy
+    from grpo_tutorial.chapters.inspection import STEP_POLICY_FILE
+
+    shipped_meta, shipped = _safetensors_content(_data_path(STEP_POLICY_FILE))
+    assert shipped_meta["command"] == step_policy.COMMAND
+    assert step_policy.build_parser().parse_args(script_args(shipped_meta["command"], "benchmarks.step_policy")).out is None
+    with tempfile.TemporaryDirectory() as folder:
+        made = step_policy.make(Path(folder) / "w.safetensors")
+        _, got = _safetensors_content(Path(folder) / "w.safetensors")
+    kernels = json.loads(shipped_meta["kernels"])
+    assert made["sft_steps"] == shipped_meta["sft_steps"] == "100"
+    if kernel_fingerprint(kernels["threads"]) == kernels["fingerprint"]:
+        assert got == shipped
+        assert (made["first_loss"], made["final_loss"]) == (shipped_meta["first_loss"], shipped_meta["final_loss"])
+        return
+    assert float(made["first_loss"]) == pytest.approx(float(shipped_meta["first_loss"]), rel=1e-5)
+    assert float(made["final_loss"]) == pytest.approx(float(shipped_meta["final_loss"]), rel=0.02)
