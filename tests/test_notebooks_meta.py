@@ -412,3 +412,17 @@ def test_headings_skip_code_nested_in_directives():
         "## Exercises\n````{solution} x\n:class: dropdown\n```python\n# a comment\n```\n## Not a heading\n````\n## Summary"
     )]
     assert headings(nb, 2) == ["Exercises", "Summary"]
+
+
+def test_the_book_excludes_every_environment_the_makefile_makes():
+    """`make test-colab` or `make test-torch-latest` leaves a virtual environment in the tree; a
+    `make book` after it must not read that environment's package files as book sources."""
+    import fnmatch
+    import re
+
+    makefile = (ROOT / "Makefile").read_text(encoding="utf8")
+    made = re.findall(r"^[A-Z_]*VENV\s*\?=\s*(\S+)", makefile, flags=re.M)
+    assert {".venv", ".venv-colab", ".venv-torch-latest"} <= set(made), made
+    patterns = load_config()["exclude_patterns"]
+    for folder in made:
+        assert any(fnmatch.fnmatch(folder, p) for p in patterns), f"{folder} is not in _config.yml's exclude_patterns"
