@@ -138,7 +138,13 @@ def hand_step(model, tok, batch, cfg, *, trainer_order: bool):
     if trainer_order:
         rows = torch.randperm(len(rollout), generator=torch.Generator().manual_seed(derive_seed(cfg.seed, 2, 0)))
     logp = completion_logprobs(model, rollout.input_ids[rows], rollout.attention_mask[rows], Tc)
-    loss, _ = grpo_loss(logp, old[rows], adv[rows], rollout.completion_mask[rows], ref_logp=ref_logp[rows],
+    # The separate no-grad pass gives the old log-probs up to rounding; with one update per step
+    # the trainer takes them from this very pass (detached), the same bits on every machine (a
+    # no-grad pass in eval mode and a training pass may pick different kernels: on an Intel Xeon
+    # under ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 they differ in the last bits).
+    torch.testing.assert_close(old[rows], logp.detach(), rtol=0, atol=1e-5)
+    old = logp.detach() if trainer_order else old[rows]
+    loss, _ = grpo_loss(logp, old, adv[rows], rollout.completion_mask[rows], ref_logp=ref_logp[rows],
                         beta=cfg.beta, clip_eps=cfg.clip_eps, max_completion_length=cfg.max_new_tokens)
     opt.zero_grad()
     loss.backward()
