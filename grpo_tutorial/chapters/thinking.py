@@ -49,6 +49,7 @@ from .lab import mean_ci, paired_comparison
 
 __all__ = [
     "CURVE_KEYS",
+    "EVAL_SEED_OFFSET",
     "WARM_START_FILE",
     "ThinkingRecipe",
     "VARIANTS",
@@ -270,6 +271,10 @@ def _rewards(kind: str, config: GRPOConfig, seed: int) -> list[Callable]:
     raise ValueError(f"unknown reward {kind!r}; choose correct, random, format or correct+soft_overlong")
 
 
+#: :func:`run_variant` measures seed ``s``'s curve with ``heldout_stats(..., seed=EVAL_SEED_OFFSET + s)``;
+#: a notebook that samples with the same seed sees the record's step 0 again.
+EVAL_SEED_OFFSET = 10_000
+
 #: The package data file that holds seed 0's warm start (``python -m benchmarks.thinking`` writes it).
 WARM_START_FILE = "thinking_warm_start.safetensors"
 
@@ -404,7 +409,7 @@ def run_variant(variant: str, start_model, tokenizer, data: dict[str, list[dict]
     config = recipe.grpo_config(seed, **changes)
     model = copy.deepcopy(start_model)
     trainer = GRPOTrainer(model, tokenizer, _rewards(reward, config, seed), config)
-    eval_seed = 10_000 + seed
+    eval_seed = EVAL_SEED_OFFSET + seed
 
     def point() -> dict:
         return {"step": trainer.step, **heldout_stats(model, tokenizer, data["test"], config, eval_seed)}
