@@ -63,8 +63,10 @@ def kernel_fingerprint(threads: int = 1) -> str:
     change the bits while the capability stays the same. So this function asks the
     kernels themselves: it computes a fixed set of probes (matrix products of the
     shapes a tiny model uses, ``log_softmax`` and other vectorised math, the normal
-    sampler that initialises weights, the oneDNN linear generation uses, and one
-    forward, backward and fused AdamW step of a tiny Qwen2 on fixed tokens) and
+    sampler that initialises weights, the oneDNN linear generation uses, attention
+    over a cached prefix, one forward, backward and fused AdamW step of a tiny Qwen2
+    on fixed tokens, then its batched generation and both scoring passes, with
+    trainable and with frozen weights, as the reference model has) and
     hashes every bit of their outputs. The inputs are small integers divided by
     powers of two, exact in float32, so only the kernels can make two machines
     disagree.
@@ -110,12 +112,13 @@ def describe_kernels(threads: int = 1) -> dict:
     """
     import torch
 
+    from pathlib import Path
+
     cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpuinfo = Path("/proc/cpuinfo")  # Linux; elsewhere the platform's own name
+    if cpuinfo.is_file():
+        lines = cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), cpu)
     return {
         "fingerprint": kernel_fingerprint(threads),
         "threads": threads,
@@ -128,11 +131,15 @@ def describe_kernels(threads: int = 1) -> dict:
 
 def _kernel_probes():
     """The outputs :func:`kernel_fingerprint` hashes, one tensor at a time."""
+    import copy
+
     import torch
     import torch.nn.functional as F
 
     from . import onednn
+    from .logprobs import completion_logprobs
     from .models import build_tiny_policy
+    from .rollout import generate_rollouts
 
     g = torch.Generator().manual_seed(1234)
 
@@ -156,7 +163,7 @@ def _kernel_probes():
     if onednn.available():
         packed = torch.ops.mkldnn._reorder_linear_weight(b.T.contiguous(), 8)
         yield torch.ops.mkldnn._linear_pointwise(exact(8, 128), packed, bias, "none", [], "")
-    model, _ = build_tiny_policy(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256, seed=0)
+    model, tokenizer = build_tiny_policy(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256, seed=0)
     yield torch.cat([p.detach().flatten() for p in model.parameters()])
     model.train()
     ids = torch.randint(3, model.config.vocab_size, (4, 12), generator=g)
@@ -167,3 +174,21 @@ def _kernel_probes():
     yield torch.cat([p.grad.flatten() for p in model.parameters()])
     torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True).step()
     yield torch.cat([p.detach().flatten() for p in model.parameters()])
+    # attention over a cached prefix (queries shorter than keys, a padding mask): what the
+    # KV cache and the shared-prompt scoring pass run, and what the square case above does not
+    q, k, v = exact(2, 4, 3, 16), exact(2, 4, 11, 16), exact(2, 4, 11, 16)
+    keep = torch.ones(2, 1, 3, 11, dtype=torch.bool)
+    keep[0, ..., :2] = False  # a left-padded row
+    yield F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    # the package's own sampling and scoring: a batched generate with its KV cache, then the
+    # full and the shared-prompt scoring passes of the sampled batch
+    model.eval()
+    rollout = generate_rollouts(model, tokenizer, ["4+9=", "12+7=", "3+3="], group_size=2, max_new_tokens=6,
+                                generator_seed=7)
+    yield rollout.completion_ids.float()
+    width = rollout.completion_ids.shape[1]
+    frozen = copy.deepcopy(model).requires_grad_(False)  # as the reference model is: another dispatch
+    with torch.no_grad():
+        for scored in (model, frozen):
+            for share in (False, True):
+                yield completion_logprobs(scored, rollout.input_ids, rollout.attention_mask, width, share_prompts=share)

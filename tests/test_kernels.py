@@ -17,8 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _fingerprint_in_subprocess(**variables: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in KERNEL_VARIABLES}
-    env.update(variables, CUDA_VISIBLE_DEVICES="")
+    env = {**os.environ, **variables, "CUDA_VISIBLE_DEVICES": ""}  # this process's kernel variables, and these
     code = "from grpo_tutorial.env import kernel_fingerprint; print(kernel_fingerprint())"
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -56,6 +55,8 @@ def test_fingerprint_changes_with_the_kernels_when_the_cpu_name_does_not():
 
 
 def test_describe_kernels_names_the_fingerprint_and_the_variables(monkeypatch):
+    for name in KERNEL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MKL_CBWR", "AUTO")
     info = describe_kernels(threads=1)
     assert info["fingerprint"] == kernel_fingerprint(1) and info["threads"] == 1
