@@ -55,14 +55,10 @@ def load_average() -> list[float]:
 
 
 def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else platform.processor()."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    """The CPU's model name (:func:`grpo_tutorial.env.cpu_name`: /proc/cpuinfo, else platform.processor())."""
+    from grpo_tutorial.env import cpu_name
+
+    return cpu_name()
 
 
 def peak_rss_mb() -> float:

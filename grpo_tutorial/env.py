@@ -103,6 +103,18 @@ def kernel_fingerprint(threads: int = 1) -> str:
 KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR")
 
 
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else ``platform.processor()``."""
+    from pathlib import Path
+
+    cpu = platform.processor() or "unknown"
+    cpuinfo = Path("/proc/cpuinfo")  # Linux; elsewhere the platform's own name
+    if cpuinfo.is_file():
+        lines = cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), cpu)
+    return cpu
+
+
 def describe_kernels(threads: int = 1) -> dict:
     """The kernel fingerprint at ``threads`` and, for a reader, what it was measured on.
 
@@ -112,13 +124,7 @@ def describe_kernels(threads: int = 1) -> dict:
     """
     import torch
 
-    from pathlib import Path
-
-    cpu = platform.processor() or "unknown"
-    cpuinfo = Path("/proc/cpuinfo")  # Linux; elsewhere the platform's own name
-    if cpuinfo.is_file():
-        lines = cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines()
-        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), cpu)
+    cpu = cpu_name()
     return {
         "fingerprint": kernel_fingerprint(threads),
         "threads": threads,
