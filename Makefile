@@ -19,7 +19,7 @@ export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
 
-.PHONY: setup test test-fast test-records test-kernels book book-noexec check-book bench clean colab-env test-colab torch-latest-env test-torch-latest
+.PHONY: gpu-proof setup test test-fast test-records test-kernels book book-noexec check-book bench clean colab-env test-colab torch-latest-env test-torch-latest
 
 setup: $(STAMP)
 
@@ -59,6 +59,15 @@ test-kernels: $(STAMP)
 	variables="$$($(BIN)/python .ci/kernel_variant.py)" && echo "test-kernels: $$variables" && \
 	env $$variables $(BIN)/python -m pytest --nbmake --nbmake-kernel=python3 -m "not rerun" \
 	  $(KERNEL_TESTS) $(KERNEL_NOTEBOOKS) $(PYTEST_ARGS)
+
+# Chapter 9's GPU path measured on a CUDA GPU (benchmarks/gpu_proof.py, about 5 minutes on an H100):
+# the CUDA tests, one step of the T4 preset at Qwen2.5-0.5B's size under a T4's memory cap, and the
+# tiny recipe learning; it writes grpo_tutorial/data/gpu_proof.json, which chapter 9 prints. It uses
+# the machine's own torch (a GPU machine may have no network for .venv); without CUDA it is a dry run
+# on the CPU with a tiny stand-in, written to runs/gpu_proof_dry_run.json.
+GPU_PROOF_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+gpu-proof:
+	env -u CUDA_VISIBLE_DEVICES $(GPU_PROOF_PYTHON) -m benchmarks.gpu_proof $(GPU_PROOF_ARGS)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" tests $(PYTEST_ARGS)

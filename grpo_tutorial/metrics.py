@@ -21,18 +21,51 @@ __all__ = [
     "check_failure_modes",
     "step_row",
     "timed",
+    "watch_stages",
 ]
 
 #: History fields that measure wall-clock time. They are the only fields allowed
 #: to differ between two runs with the same seed (or a run and its resumption).
 #: The ``*_seconds`` fields split ``step_seconds`` by stage; ``forward``, ``backward``
-#: and ``optimizer`` split ``update_seconds`` (on a GPU, kernels run asynchronously,
-#: so those three are only indicative there).
+#: and ``optimizer`` split ``update_seconds``. On a GPU, where kernels run
+#: asynchronously, each stage waits for its kernels before its clock stops.
 STAGE_SECONDS = ("generate_seconds", "reward_seconds", "score_seconds", "reference_seconds", "update_seconds")
 UPDATE_SECONDS = ("forward_seconds", "backward_seconds", "optimizer_seconds")
 TIMING_KEYS = frozenset(
     {"step_seconds", "rollout_seconds", "tokens_per_s", "other_seconds", *STAGE_SECONDS, *UPDATE_SECONDS}
 )
+
+
+#: Who is told when a stage ends (:func:`watch_stages`).
+_WATCHERS: list[Callable[[str], None]] = []
+
+
+def _stage_ended(name: str) -> None:
+    """A stage's work is done: wait for its GPU kernels (if CUDA runs), then tell the watchers."""
+    if torch.cuda.is_initialized():  # kernels run asynchronously: the stage ends when they do
+        torch.cuda.synchronize()
+    for watcher in tuple(_WATCHERS):
+        watcher(name)
+
+
+@contextmanager
+def watch_stages(watcher: Callable[[str], None]) -> Iterator[None]:
+    """Call ``watcher(name)`` each time a stage of a training step ends, inside the block.
+
+    The names are :class:`StageClock`'s laps (``"generate"``, ``"reward"``,
+    ``"score"``, ``"reference"``, ``"update"``) and, within ``"update"``, each
+    micro-batch's ``"forward_seconds"`` and ``"backward_seconds"`` and each
+    update's ``"optimizer_seconds"`` (:func:`timed`). On a GPU the call comes
+    after the stage's kernels have finished, so a watcher can read the stage's
+    peak memory (``benchmarks/gpu_proof.py`` does).
+    """
+    if not callable(watcher):
+        raise TypeError(f"watcher must be a function of the stage name, got {type(watcher).__name__}")
+    _WATCHERS.append(watcher)
+    try:
+        yield
+    finally:
+        _WATCHERS.remove(watcher)
 
 
 class StageClock:
@@ -43,6 +76,7 @@ class StageClock:
         self.seconds: dict[str, float] = {}
 
     def lap(self, name: str) -> None:
+        _stage_ended(name)
         now = time.perf_counter()
         self.seconds[name] = self.seconds.get(name, 0.0) + now - self.mark
         self.mark = now
@@ -62,6 +96,7 @@ def timed(seconds: dict[str, float], name: str) -> Iterator[None]:
     backward and optimizer split of ``update_seconds``)."""
     started = time.perf_counter()
     yield
+    _stage_ended(name)
     seconds[name] += time.perf_counter() - started
 
 

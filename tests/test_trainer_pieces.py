@@ -18,9 +18,9 @@ import warnings
 import pytest
 import torch
 
-from grpo_tutorial import GRPOConfig, build_tiny_policy
+from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy
 from grpo_tutorial.loss import LossOptions, update_normalisers
-from grpo_tutorial.metrics import timed
+from grpo_tutorial.metrics import timed, watch_stages
 from grpo_tutorial.models import frozen_reference
 from grpo_tutorial.objectives import EntropyControl, adapt_entropy_coef
 from grpo_tutorial.optim import SKIPPED, finish_update, make_optimizer
@@ -125,6 +125,23 @@ def test_timed_adds_the_block_s_seconds():
     with timed(seconds, "forward_seconds"):
         pass
     assert 1.0 <= seconds["forward_seconds"] < 2.0
+
+
+def test_watch_stages_hears_each_stage_of_a_step_in_order_and_only_inside_the_block():
+    model, tokenizer = build_tiny_policy(seed=0)
+    config = GRPOConfig(group_size=2, prompts_per_step=2, max_new_tokens=3, micro_batch_size=2, seed=0)
+    trainer = GRPOTrainer(model, tokenizer, lambda completions, **kw: [len(c) % 2 * 1.0 for c in completions], config)
+    batch = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "2+2=", "answer": "4"}]
+    heard: list[str] = []
+    with watch_stages(heard.append):
+        trainer.train_step(batch)
+    micro_batch = ["forward_seconds", "backward_seconds"]  # 4 completions, 2 at a time, one update
+    assert heard == ["generate", "reward", "score", "reference", *micro_batch, *micro_batch, "optimizer_seconds", "update"]
+    trainer.train_step(batch)
+    assert len(heard) == 10  # the watcher is gone after the block
+    with pytest.raises(TypeError, match="watcher must be a function"):
+        with watch_stages("generate"):
+            pass
 
 
 # ---------------------------------------------------------------------------

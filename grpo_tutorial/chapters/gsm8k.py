@@ -47,6 +47,7 @@ __all__ = [
     "T4_BANDWIDTH",
     "T4_FP32_FLOPS",
     "boxed_reward",
+    "enable_gradient_checkpointing",
     "estimate_step_seconds",
     "forward_flops_per_token",
     "gsm8k_data",
@@ -240,16 +241,7 @@ def gsm8k_run(
     if not train_rows:
         raise ValueError("train_rows is empty; pass prompt/answer rows, e.g. from gsm8k_data()")
     if gradient_checkpointing:
-        # transformers 5 renamed it (the old name warns); Colab may have either
-        enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
-            model, "gradient_checkpointing_enable", None
-        )
-        if enable is None:
-            raise TypeError(
-                f"gradient_checkpointing=True needs a transformers model with gradient_checkpointing_enable(); "
-                f"got {type(model).__name__} (pass gradient_checkpointing=False)"
-            )
-        enable()  # active in train mode only: generation (eval mode) keeps its KV cache
+        enable_gradient_checkpointing(model)
     if progress is None:
         progress = _on_gpu(model)
     out = Path(config.output_dir) if config.output_dir is not None else None
@@ -294,6 +286,24 @@ def gsm8k_run(
         "before_from": before_from,
         "trainer": trainer,
     }
+
+
+def enable_gradient_checkpointing(model: Any) -> None:
+    """Recompute each layer's activations in the backward pass (train mode only), as chapter 9's GPU run does.
+
+    Generation runs in eval mode and keeps its KV cache. ``benchmarks/gpu_proof.py``
+    measures the GPU run's step with it.
+    """
+    # transformers 5 renamed it (the old name warns); Colab may have either
+    enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
+        model, "gradient_checkpointing_enable", None
+    )
+    if enable is None:
+        raise TypeError(
+            f"gradient_checkpointing=True needs a transformers model with gradient_checkpointing_enable(); "
+            f"got {type(model).__name__} (pass gradient_checkpointing=False)"
+        )
+    enable()
 
 
 def _on_gpu(model: Any) -> bool:

@@ -412,6 +412,7 @@ def run_tiny_addition(
     progress: bool = True,
     output_dir: str | None = None,
     on_phase: Callable[[str, dict], None] | None = None,
+    device: str | torch.device | None = None,
 ) -> dict:
     """Warm start, evaluate, GRPO, evaluate: the tiny model learns 2-digit addition.
 
@@ -424,6 +425,8 @@ def run_tiny_addition(
         output_dir: where the trainer writes ``history.jsonl`` (None = memory only).
         on_phase: optional callback ``(phase_name, info)`` after each phase, for
             printing progress.
+        device: where the model trains (None: the CPU, where it is built), e.g.
+            ``"cuda"`` (``benchmarks/gpu_proof.py`` runs the recipe there).
 
     Returns:
         A dict with the keys in :data:`RESULT_KEYS`:
@@ -450,7 +453,7 @@ def run_tiny_addition(
     if recipe.num_threads is not None:
         torch.set_num_threads(recipe.num_threads)
     try:
-        return _run_phases(recipe, seed, progress=progress, output_dir=output_dir, on_phase=on_phase)
+        return _run_phases(recipe, seed, progress=progress, output_dir=output_dir, on_phase=on_phase, device=device)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -462,6 +465,7 @@ def _run_phases(
     progress: bool,
     output_dir: str | None,
     on_phase: Callable[[str, dict], None] | None,
+    device: str | torch.device | None = None,
 ) -> dict:
     """The body of :func:`run_tiny_addition`, with the thread count already set."""
     notify = on_phase or (lambda name, info: None)
@@ -470,6 +474,8 @@ def _run_phases(
 
     data = make_recipe_data(recipe)
     model, tokenizer = build_recipe_model(recipe, seed)
+    if device is not None:
+        model.to(device)
 
     sft = warm_start(model, tokenizer, data, recipe, seed, progress=progress)
     notify("warm_start", sft)

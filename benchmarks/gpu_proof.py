@@ -1,0 +1,461 @@
+"""``make gpu-proof``: chapter 9's GPU path, measured on CUDA at Qwen2.5-0.5B's size under a T4's memory.
+
+Chapter 9's Colab run cannot be executed by the book's build (no GPU), so its
+settings rest on estimates. This script measures them wherever a CUDA GPU is
+lent, in one call of about five minutes on an H100, and writes one JSON record
+that chapter 9 prints (``grpo_tutorial/data/gpu_proof.json``):
+
+1. ``tests``: the CUDA unit tests (``tests/test_cuda.py``, skipped without a GPU, and
+   ``tests/test_gpu_path.py``), in a pytest subprocess.
+2. ``qwen_step``: the ``qwen2.5-0.5b-colab-t4`` preset on a model with Qwen2.5-0.5B's
+   architecture (24 layers, hidden 896, 14 heads, 2 KV heads, vocabulary 151,936, tied
+   embeddings; random weights in float32, gradient checkpointing on, as chapter 9
+   trains it) and prompts of 150 synthetic token ids, with PyTorch's CUDA allocator
+   capped at what a Colab T4 leaves it (:data:`T4_CAP_BYTES`). One warm-up step, one
+   measured step and a checkpoint save; for each stage (generation with its KV
+   cache, the scoring forward pass, backward, optimizer step, checkpoint save) the
+   seconds and the peak allocated and reserved memory. Full fine-tuning; LoRA is
+   recorded as not measured until the trainer trains adapters.
+3. ``tiny_recipe``: chapter 8's tiny recipe (warm start, GRPO, held-out accuracy
+   before and after) for one seed, on the GPU.
+
+Without CUDA (or with ``--dry-run``) it runs the same code on the CPU with a tiny
+stand-in model, the quick recipe and fewer tokens, and writes a record of the same
+shape (``tests/test_gpu_proof.py`` runs it in ``make test``)::
+
+    make gpu-proof                                  # on a CUDA machine
+    python -m benchmarks.gpu_proof --dry-run --out /tmp/gpu_proof.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from benchmarks.common import ROOT, package_commit  # noqa: E402
+
+DEFAULT_OUT = ROOT / "grpo_tutorial" / "data" / "gpu_proof.json"
+DRY_RUN_OUT = ROOT / "runs" / "gpu_proof_dry_run.json"  # runs/ is not committed
+COMMAND = "make gpu-proof"  # what regenerates the committed record (on a CUDA machine)
+PRESET = "qwen2.5-0.5b-colab-t4"
+PROMPT_TOKENS = 150  # chapter 9's assumption for a GSM8K prompt with its system prompt and template
+GiB = 2**30
+#: What PyTorch reports as a Colab T4's total memory (``torch.cuda.get_device_properties``;
+#: "GPU 0 has a total capacity of 14.56 GiB" in its out-of-memory messages) ...
+T4_TOTAL_BYTES = int(14.56 * GiB)
+#: ... less about half a GiB that the CUDA context takes there outside PyTorch's allocator.
+T4_CONTEXT_BYTES = GiB // 2
+#: The cap on this process's allocator: what a T4 leaves PyTorch.
+T4_CAP_BYTES = T4_TOTAL_BYTES - T4_CONTEXT_BYTES
+#: Qwen2.5-0.5B-Instruct's architecture (its config.json on the Hugging Face hub).
+QWEN_ARCHITECTURE = dict(
+    vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+    num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32_768,
+    rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+)
+#: The dry run's stand-in: the same model class, tiny.
+TINY_ARCHITECTURE = dict(
+    vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
+)
+#: The stages of one step that the record measures: the watcher's names (metrics.watch_stages) -> the record's.
+STAGES = {
+    "generate": "generation", "reward": "reward", "forward_seconds": "scoring_forward",
+    "backward_seconds": "backward", "optimizer_seconds": "optimizer_step",
+}
+CUDA_TESTS = ("tests/test_cuda.py", "tests/test_gpu_path.py")
+LORA_NOT_MEASURED = "GRPOTrainer has no LoRA adapters yet (issue 32); this script measures them once it does"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; tests/test_records.py parses the record's command with it."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.gpu_proof",
+        description="Chapter 9's GPU path on CUDA: the CUDA tests, one step of the T4 preset at "
+        "Qwen2.5-0.5B's size under a T4's memory, and the tiny recipe learning; one JSON record.",
+    )
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"the JSON record (default: {DEFAULT_OUT.relative_to(ROOT)} on a GPU, "
+                        f"{DRY_RUN_OUT.relative_to(ROOT)} for a dry run)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="the CPU with a tiny stand-in (the default where CUDA is not available)")
+    parser.add_argument("--tests", nargs="*", default=list(CUDA_TESTS), metavar="TEST",
+                        help="pytest node ids to run first (default: %(default)s; none: skip)")
+    parser.add_argument("--seed", type=int, default=0, help="the tiny recipe's seed (default: 0)")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="the step's completion budget (default: the preset's; the dry run's: 16)")
+    return parser
+
+
+# ---------------------------------------------------------------------------
+# What it runs on
+# ---------------------------------------------------------------------------
+
+
+def device_info(device: torch.device) -> dict[str, Any]:
+    """The GPU (or the CPU of a dry run): name, driver, CUDA, memory."""
+    info: dict[str, Any] = {"type": device.type, "name": None, "driver": None, "cuda": torch.version.cuda,
+                            "capability": None, "multiprocessors": None, "total_bytes": None}
+    if device.type != "cuda":
+        from benchmarks.common import cpu_model
+
+        info["name"] = cpu_model()
+        return info
+    props = torch.cuda.get_device_properties(device)
+    info.update(name=props.name, capability=f"{props.major}.{props.minor}",
+                multiprocessors=props.multi_processor_count, total_bytes=props.total_memory)
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30)
+        info["driver"] = done.stdout.strip().splitlines()[0] if done.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        pass
+    return info
+
+
+def software() -> dict[str, Any]:
+    import transformers
+
+    versions: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                                "transformers": transformers.__version__}
+    for name in ("peft", "tokenizers"):
+        try:
+            versions[name] = __import__(name).__version__
+        except ImportError:
+            versions[name] = None
+    return versions
+
+
+# ---------------------------------------------------------------------------
+# 1. the CUDA unit tests
+# ---------------------------------------------------------------------------
+
+
+def run_tests(tests: list[str]) -> dict[str, Any]:
+    """pytest on ``tests`` in a subprocess; the counts from its summary line."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
+    result: dict[str, Any] = {"command": " ".join(["python", *command[1:]]), "returncode": None, "passed": 0,
+                              "failed": 0, "skipped": 0, "errors": 0, "seconds": 0.0, "summary": "not run"}
+    if not tests:
+        return result
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    result["seconds"] = time.perf_counter() - start
+    result["returncode"] = done.returncode
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    result["summary"] = lines[-1].strip("= ") if lines else done.stderr[-500:]
+    for count, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", result["summary"]):
+        result["errors" if word.startswith("error") else word] = int(count)
+    print(done.stdout[-4000:], flush=True)
+    if done.returncode != 0:
+        print(done.stderr[-4000:], file=sys.stderr, flush=True)
+    return result
+
+
+# ---------------------------------------------------------------------------
+# 2. one step of the T4 preset at Qwen2.5-0.5B's size
+# ---------------------------------------------------------------------------
+
+
+def synthetic_tokenizer(vocab_size: int, eos_id: int, pad_id: int):
+    """A tokenizer whose every id is one whitespace-separated word ``w<id>``: prompts of exact length."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=f"w{eos_id}", pad_token=f"w{pad_id}",
+                                        unk_token="w0")
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def synthetic_prompts(n: int, length: int, vocab_size: int, avoid: set[int], seed: int = 0) -> list[str]:
+    """``n`` prompts of ``length`` random token ids (none of them special)."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = []
+    for _ in range(n):
+        ids = torch.randint(3, vocab_size, (length,), generator=generator).tolist()
+        prompts.append(" ".join(f"w{i if i not in avoid else 3}" for i in ids))
+    return prompts
+
+
+def odd_length_reward(completions, **kwargs) -> list[float]:
+    """A reward that splits each group (the step must have advantages to backpropagate)."""
+    return [float(len(c) % 2) for c in completions]
+
+
+def sevens_reward(completions, **kwargs) -> list[float]:
+    """The preset's second (format) reward's stand-in."""
+    return [float(c.count("7") % 2) for c in completions]
+
+
+class StagePeaks:
+    """A :func:`~grpo_tutorial.metrics.watch_stages` watcher: each stage's peak CUDA memory.
+
+    Each time a stage ends it reads the allocator's peak since the last stage ended
+    and resets it, so each stage gets the peak reached while it ran.
+    """
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.peaks: dict[str, dict[str, int | None]] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    def read(self, stage: str) -> None:
+        peak = self.peaks.setdefault(stage, {"peak_allocated": None, "peak_reserved": None})
+        if self.cuda:
+            for key, value in (("peak_allocated", torch.cuda.max_memory_allocated()),
+                               ("peak_reserved", torch.cuda.max_memory_reserved())):
+                peak[key] = max(peak[key] or 0, value)
+            torch.cuda.reset_peak_memory_stats()
+
+    def __call__(self, name: str) -> None:
+        self.read(STAGES.get(name, "other"))
+
+
+def _synchronize(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def measure_step(trainer, batch: list[dict], cuda: bool) -> dict[str, Any]:
+    """One training step: each stage's seconds (the history row's) and peak memory."""
+    from grpo_tutorial.metrics import watch_stages
+
+    from grpo_tutorial.run.warn import GRPOWarning
+
+    peaks = StagePeaks(cuda)
+    with watch_stages(peaks), warnings.catch_warnings():
+        # random weights seldom write an EOS: completions run to the budget (the worst case, on purpose)
+        warnings.filterwarnings("ignore", message=".*hit max_new_tokens", category=GRPOWarning)
+        row = trainer.train_step(batch)
+    seconds = {"generation": row["generate_seconds"], "reward": row["reward_seconds"],
+               "scoring_forward": row["forward_seconds"], "backward": row["backward_seconds"],
+               "optimizer_step": row["optimizer_seconds"]}
+    stages = {stage: {"seconds": seconds[stage], **peaks.peaks.get(stage, {"peak_allocated": None,
+                                                                          "peak_reserved": None})}
+              for stage in STAGES.values()}
+    allocated = [s["peak_allocated"] for s in stages.values() if s["peak_allocated"] is not None]
+    reserved = [s["peak_reserved"] for s in stages.values() if s["peak_reserved"] is not None]
+    return {
+        "stages": stages,
+        "step_seconds": row["step_seconds"],
+        "peak_allocated": max(allocated) if allocated else None,
+        "peak_reserved": max(reserved) if reserved else None,
+        "completion_tokens_mean": row["completion_len_mean"],
+        "truncated": row["frac_truncated"],
+        "reward_mean": row["reward_mean"],
+        "loss": row["loss"],
+    }
+
+
+def measure_checkpoint(trainer, cuda: bool) -> dict[str, Any]:
+    """Save a checkpoint (weights, optimizer, run state) to a temporary folder: seconds, peaks, bytes."""
+    peaks = StagePeaks(cuda)
+    folder = Path(tempfile.mkdtemp(prefix="gpu-proof-checkpoint-"))
+    try:
+        _synchronize(cuda)
+        start = time.perf_counter()
+        path = trainer.save_checkpoint(folder)
+        _synchronize(cuda)
+        seconds = time.perf_counter() - start
+        peaks.read("checkpoint_save")
+        size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"seconds": seconds, **peaks.peaks["checkpoint_save"], "bytes_on_disk": size}
+
+
+def qwen_step(device: torch.device, *, dry_run: bool, max_new_tokens: int | None) -> dict[str, Any]:
+    """The T4 preset's step at Qwen2.5-0.5B's size (a tiny stand-in in a dry run), full fine-tuning."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_tutorial.chapters.gsm8k import enable_gradient_checkpointing
+    from grpo_tutorial.presets import get_preset
+    from grpo_tutorial.trainer import GRPOTrainer
+
+    cuda = device.type == "cuda"
+    architecture = TINY_ARCHITECTURE if dry_run else QWEN_ARCHITECTURE
+    budget = max_new_tokens or (16 if dry_run else None)
+    overrides = dict(use_chat_template=False, system_prompt=None, log_completions=False, seed=0)
+    if budget is not None:
+        overrides["max_new_tokens"] = budget
+    config = get_preset(PRESET, **overrides)
+    vocab = architecture["vocab_size"]
+    eos_id, pad_id = (151_645, 151_643) if not dry_run else (vocab - 1, vocab - 2)  # Qwen's <|im_end|>, <|endoftext|>
+    shapes = {"prompts": config.prompts_per_step, "group_size": config.group_size,
+              "completions": config.prompts_per_step * config.group_size, "prompt_tokens": PROMPT_TOKENS,
+              "max_new_tokens": config.max_new_tokens, "micro_batch_size": config.micro_batch_size}
+    out: dict[str, Any] = {"preset": PRESET, "shapes": shapes, "modes": {}}
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(Qwen2Config(**architecture, eos_token_id=eos_id, pad_token_id=pad_id))
+    model.generation_config.eos_token_id = eos_id
+    model.generation_config.pad_token_id = pad_id
+    enable_gradient_checkpointing(model)
+    out["model"] = {"architecture": architecture, "parameters": sum(p.numel() for p in model.parameters()),
+                    "dtype": str(model.dtype).replace("torch.", ""), "gradient_checkpointing": True,
+                    "weights": "random (the architecture's memory and time, not its answers)"}
+    tokenizer = synthetic_tokenizer(vocab, eos_id, pad_id)
+    prompts = synthetic_prompts(config.prompts_per_step, PROMPT_TOKENS, vocab, {eos_id, pad_id})
+    batch = [{"prompt": p, "answer": "0"} for p in prompts]
+    full: dict[str, Any] = {"status": "measured", "error": None}
+    trainer = None
+    try:
+        trainer = GRPOTrainer(model, tokenizer, [odd_length_reward, sevens_reward], config)
+        full["trainable_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        print(f"qwen_step: {out['model']['parameters']:,} parameters on {device}; warm-up step", flush=True)
+        full["warmup_step"] = measure_step(trainer, batch, cuda)
+        print("qwen_step: measured step", flush=True)
+        full["step"] = measure_step(trainer, batch, cuda)
+        # between steps: the weights, their gradients (freed at the next update's start) and Adam's moments
+        full["state_bytes"] = torch.cuda.memory_allocated() if cuda else None
+        print("qwen_step: checkpoint save", flush=True)
+        full["checkpoint"] = measure_checkpoint(trainer, cuda)
+    except torch.OutOfMemoryError as error:  # a finding, not a crash: the record says where
+        full.update(status="out of memory", error=str(error)[:2000])
+    finally:
+        del trainer, model
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    out["modes"]["full"] = full
+    out["modes"]["lora"] = {"status": "not measured", "error": LORA_NOT_MEASURED}
+    return out
+
+
+# ---------------------------------------------------------------------------
+# 3. the tiny recipe learning
+# ---------------------------------------------------------------------------
+
+
+def tiny_recipe(device: torch.device, seed: int, *, dry_run: bool) -> dict[str, Any]:
+    """Chapter 8's recipe (the quick one in a dry run) for one seed on ``device``."""
+    from grpo_tutorial.chapters.recipes import TinyAdditionRecipe, run_tiny_addition
+
+    recipe = TinyAdditionRecipe.quick() if dry_run else TinyAdditionRecipe()
+    print(f"tiny_recipe: seed {seed} on {device} ({'quick' if dry_run else 'default'} recipe)", flush=True)
+    result = run_tiny_addition(recipe, seed=seed, progress=False, device=device)
+    history = result["history"]
+    return {
+        "recipe": "quick" if dry_run else "default",
+        "seed": seed,
+        "grpo_steps": len(history),
+        "warm_start_steps": result["warm_start"]["steps"],
+        "before": result["before"]["accuracy"],
+        "after": result["after"]["accuracy"],
+        "n": result["after"]["n"],
+        "gain": result["gain"],
+        "gain_se": result["gain_se"],
+        "seconds": {k: result["seconds"][k] for k in ("warm_start", "grpo", "eval", "total")},
+        "reward_first_last": [history[0]["reward_mean"], history[-1]["reward_mean"]] if history else None,
+    }
+
+
+# ---------------------------------------------------------------------------
+# The record
+# ---------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    from grpo_tutorial.models import use_expandable_segments
+
+    code = package_commit()  # at the start: the code that runs
+    if code["package_commit"] is None:  # a copy without .git (the device machine): the caller says which commit
+        code = {"package_commit": os.environ.get("GPU_PROOF_COMMIT"), "package_dirty": None}
+    started = time.perf_counter()
+    dry_run = args.dry_run or not torch.cuda.is_available()
+    cap: dict[str, Any] = {"bytes": None, "fraction": None,
+                           "why": "a Colab T4's 14.56 GiB as PyTorch reports it, less half a GiB of CUDA context"}
+    allocator = None
+    if not dry_run:
+        allocator = use_expandable_segments()  # what chapter 9 does before the first CUDA allocation
+        device = torch.device("cuda")
+        total = torch.cuda.get_device_properties(device).total_memory
+        fraction = T4_CAP_BYTES / total
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
+        cap.update(bytes=T4_CAP_BYTES, fraction=fraction)
+    else:
+        device = torch.device("cpu")
+    record: dict[str, Any] = {
+        "what": "chapter 9's GPU path: the CUDA tests, one step of the qwen2.5-0.5b-colab-t4 preset at "
+        "Qwen2.5-0.5B's size under a T4's memory cap, and the tiny recipe learning",
+        "command": COMMAND if not dry_run else "python -m benchmarks.gpu_proof --dry-run",
+        "argv": list(argv),
+        **code,
+        "dry_run": dry_run,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": device_info(device),
+        "software": software(),
+        "allocator": allocator,
+        "memory_cap": cap,
+    }
+    record["tests"] = run_tests(args.tests)
+    record["qwen_step"] = qwen_step(device, dry_run=dry_run, max_new_tokens=args.max_new_tokens)
+    record["tiny_recipe"] = tiny_recipe(device, args.seed, dry_run=dry_run)
+    record["seconds"] = time.perf_counter() - started
+    return record
+
+
+def summary_lines(record: dict[str, Any]) -> list[str]:
+    """The record in a few lines (the script prints them last; chapter 9 prints its own)."""
+    lines = [f"{record['device']['name']} ({'dry run' if record['dry_run'] else 'CUDA'}), "
+             f"torch {record['software']['torch']}, {record['seconds']:.0f} s in all"]
+    tests = record["tests"]
+    lines.append(f"tests: {tests['summary']} (exit {tests['returncode']})")
+    full = record["qwen_step"]["modes"]["full"]
+    lines.append(f"qwen step, full fine-tuning: {full['status']}")
+    if full["status"] == "measured":
+        gib = (lambda b: "-" if b is None else f"{b / GiB:6.2f}")
+        for stage, s in {**full["step"]["stages"], "checkpoint_save": full["checkpoint"]}.items():
+            lines.append(f"  {stage:<16} {s['seconds']:7.2f} s  peak allocated {gib(s['peak_allocated'])} GiB, "
+                         f"reserved {gib(s['peak_reserved'])} GiB")
+        lines.append(f"  step {full['step']['step_seconds']:.2f} s, cap {gib(record['memory_cap']['bytes'])} GiB")
+    tiny = record["tiny_recipe"]
+    lines.append(f"tiny recipe seed {tiny['seed']}: {tiny['before']:.3f} -> {tiny['after']:.3f} "
+                 f"({tiny['gain']:+.3f} ± {tiny['gain_se']:.3f}), GRPO {tiny['seconds']['grpo']:.0f} s")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    dry_run = args.dry_run or not torch.cuda.is_available()
+    out = args.out or (DRY_RUN_OUT if dry_run else DEFAULT_OUT)  # a dry run never overwrites the committed record
+    record = run(args, argv)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, out)
+    print("\n".join(summary_lines(record)))
+    print(f"wrote {out}")
+    failed = record["tests"]["returncode"] not in (0, None) or record["qwen_step"]["modes"]["full"]["status"] != "measured"
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
