@@ -380,7 +380,7 @@ def tiny_recipe(device: torch.device, seed: int, *, dry_run: bool) -> dict[str, 
 # ---------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+def run(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, Any]:
     from grpo_tutorial.models import use_expandable_segments
 
     code = package_commit()  # at the start: the code that runs
@@ -413,11 +413,23 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "allocator": allocator,
         "memory_cap": cap,
     }
-    record["tests"] = run_tests(args.tests)
-    record["qwen_step"] = qwen_step(device, dry_run=dry_run, max_new_tokens=args.max_new_tokens)
-    record["tiny_recipe"] = tiny_recipe(device, args.seed, dry_run=dry_run)
-    record["seconds"] = time.perf_counter() - started
+    parts: dict[str, Callable[[], dict[str, Any]]] = {
+        "tests": lambda: run_tests(args.tests),
+        "qwen_step": lambda: qwen_step(device, dry_run=dry_run, max_new_tokens=args.max_new_tokens),
+        "tiny_recipe": lambda: tiny_recipe(device, args.seed, dry_run=dry_run),
+    }
+    for name, part in parts.items():
+        record[name] = part()
+        record["seconds"] = time.perf_counter() - started
+        write_record(record, out)  # after each part: a run stopped by a time limit keeps what it measured
     return record
+
+
+def write_record(record: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, out)
 
 
 def summary_lines(record: dict[str, Any]) -> list[str]:
@@ -446,11 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     dry_run = args.dry_run or not torch.cuda.is_available()
     out = args.out or (DRY_RUN_OUT if dry_run else DEFAULT_OUT)  # a dry run never overwrites the committed record
-    record = run(args, argv)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, out)
+    record = run(args, argv, out)
     print("\n".join(summary_lines(record)))
     print(f"wrote {out}")
     failed = record["tests"]["returncode"] not in (0, None) or record["qwen_step"]["modes"]["full"]["status"] != "measured"
