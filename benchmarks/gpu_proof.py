@@ -393,7 +393,7 @@ def run(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, Any]:
     allocator = None
     if not dry_run:
         allocator = use_expandable_segments()  # what chapter 9 does before the first CUDA allocation
-        device = torch.device("cuda")
+        device = torch.device("cuda", torch.cuda.current_device())  # set_per_process_memory_fraction needs the index
         total = torch.cuda.get_device_properties(device).total_memory
         fraction = T4_CAP_BYTES / total
         torch.cuda.set_per_process_memory_fraction(fraction, device)
