@@ -36,6 +36,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -54,7 +55,6 @@ from benchmarks.common import ROOT, package_commit  # noqa: E402
 
 DEFAULT_OUT = ROOT / "grpo_tutorial" / "data" / "gpu_proof.json"
 DRY_RUN_OUT = ROOT / "runs" / "gpu_proof_dry_run.json"  # runs/ is not committed
-COMMAND = "make gpu-proof"  # what regenerates the committed record (on a CUDA machine)
 PRESET = "qwen2.5-0.5b-colab-t4"
 PROMPT_TOKENS = 150  # chapter 9's assumption for a GSM8K prompt with its system prompt and template
 GiB = 2**30
@@ -74,7 +74,8 @@ QWEN_ARCHITECTURE = dict(
 #: The dry run's stand-in: the same model class, tiny.
 TINY_ARCHITECTURE = dict(
     vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6, tie_word_embeddings=True,
 )
 #: The stages of one step that the record measures: the watcher's names (metrics.watch_stages) -> the record's.
 STAGES = {
@@ -383,9 +384,10 @@ def tiny_recipe(device: torch.device, seed: int, *, dry_run: bool) -> dict[str, 
 def run(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, Any]:
     from grpo_tutorial.models import use_expandable_segments
 
-    code = package_commit()  # at the start: the code that runs
-    if code["package_commit"] is None:  # a copy without .git (the device machine): the caller says which commit
-        code = {"package_commit": os.environ.get("GPU_PROOF_COMMIT"), "package_dirty": None}
+    # at the start: the code that runs. A copy of a working tree sent to a lent GPU may carry a stale .git
+    # (or none): there the caller names the commit it sent, committed and clean, in GPU_PROOF_COMMIT.
+    sent = os.environ.get("GPU_PROOF_COMMIT")
+    code = {"package_commit": sent, "package_dirty": False} if sent else package_commit()
     started = time.perf_counter()
     dry_run = args.dry_run or not torch.cuda.is_available()
     cap: dict[str, Any] = {"bytes": None, "fraction": None,
@@ -403,8 +405,7 @@ def run(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, Any]:
     record: dict[str, Any] = {
         "what": "chapter 9's GPU path: the CUDA tests, one step of the qwen2.5-0.5b-colab-t4 preset at "
         "Qwen2.5-0.5B's size under a T4's memory cap, and the tiny recipe learning",
-        "command": COMMAND if not dry_run else "python -m benchmarks.gpu_proof --dry-run",
-        "argv": list(argv),
+        "command": " ".join(["python -m benchmarks.gpu_proof", *map(shlex.quote, argv)]),  # make gpu-proof runs it
         **code,
         "dry_run": dry_run,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

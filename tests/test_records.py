@@ -63,6 +63,7 @@ PROVENANCE = {
     "thinking_results.json": ("thinking_results.json", None),
     "thinking_warm_start.safetensors": ("thinking_results.json", None),
     "step_policy.safetensors": ("step_policy.safetensors", "metadata"),  # its own metadata
+    "gpu_proof.json": ("gpu_proof.json", None),  # made on a lent GPU; tests/test_gpu_proof.py checks it
 }
 
 

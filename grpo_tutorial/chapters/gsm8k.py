@@ -44,6 +44,7 @@ from ..trainer import GRPOConfig, GRPOTrainer
 __all__ = [
     "GSM8K_PRESET",
     "GSM8K_REWARDS",
+    "GPU_PEAKS",
     "T4_BANDWIDTH",
     "T4_FP32_FLOPS",
     "boxed_reward",
@@ -52,7 +53,9 @@ __all__ = [
     "forward_flops_per_token",
     "gsm8k_data",
     "gsm8k_run",
+    "published_peaks",
     "read_gsm8k_jsonl",
+    "t4_step_estimate",
     "smollm2_cpu_data",
 ]
 
@@ -501,4 +504,88 @@ def estimate_step_seconds(
         "train_head_tokens": train_head,
         "train_recomputed_tokens": recomputed,
         "passes": passes,
+    }
+
+
+# ---------------------------------------------------------------------------
+# A step measured on another GPU, scaled to a T4
+# ---------------------------------------------------------------------------
+
+#: Published peaks of GPUs that ``make gpu-proof`` may run on: (name as CUDA reports it
+#: contains this, float32 FLOP/s without tensor cores, memory bandwidth in bytes/s), from
+#: NVIDIA's data sheets. The first match wins, so "H100 PCIe" comes before "H100" (SXM5, HBM3).
+GPU_PEAKS = (
+    ("H100 PCIe", 51.2e12, 2.0e12),
+    ("H100", 66.9e12, 3.35e12),
+    ("H200", 66.9e12, 4.8e12),
+    ("A100", 19.5e12, 2.039e12),
+    ("L4", 30.3e12, 300e9),
+    ("T4", T4_FP32_FLOPS, T4_BANDWIDTH),
+)
+
+def published_peaks(device_name: str) -> tuple[float, float]:
+    """``(float32 FLOP/s, bytes/s)`` of the GPU named ``device_name`` (:data:`GPU_PEAKS`).
+
+    >>> published_peaks("Tesla T4") == (T4_FP32_FLOPS, T4_BANDWIDTH)
+    True
+    """
+    if not isinstance(device_name, str):
+        raise TypeError(f"device_name must be a str, got {type(device_name).__name__}")
+    for key, flops, bandwidth in GPU_PEAKS:
+        if key in device_name:
+            return flops, bandwidth
+    raise ValueError(f"no published peaks for {device_name!r}; known: {[key for key, _, _ in GPU_PEAKS]}")
+
+
+def t4_step_estimate(record: dict) -> dict:
+    """An ESTIMATE of the GPU preset's step on a T4, from a step measured on another GPU.
+
+    ``record`` is ``make gpu-proof``'s (``read_data("gpu_proof.json")``). For each
+    phase, generation and training (the scoring forward and the backward), the
+    roofline of :func:`estimate_step_seconds` is computed for the GPU that
+    measured it (its :func:`published_peaks`) and for a T4, at the measured
+    shapes; the measured seconds over the first say how close that GPU came to
+    its bound (``share_of_bound``). Two figures for the T4:
+
+    - ``t4_scaled``: the measured seconds times the ratio of the two rooflines,
+      as if the T4 reached the same share of its bound. Where the measuring GPU
+      was far below its bound (a small model's generation waits on Python and
+      kernel launches, which a T4 does not do faster), this overstates the T4.
+    - ``t4_low``: the larger of the measured seconds (a T4 is slower at
+      everything a step does, on a host that is no faster) and the T4's roofline.
+
+    The reward (on the CPU) is taken as measured, the optimizer step (memory-bound)
+    scaled by the bandwidths. Returns ``phases`` ({phase: the figures above, with
+    ``measured``, ``bound_here`` and ``t4_bound``}), ``other`` (reward and optimizer
+    on the T4), ``step_scaled`` and ``step_low``.
+    """
+    full = record["qwen_step"]["modes"]["full"]
+    if full["status"] != "measured":
+        raise ValueError(f"the record's step was not measured ({full['status']}): nothing to scale")
+    arch, shapes = record["qwen_step"]["model"]["architecture"], record["qwen_step"]["shapes"]
+    stages = {name: stage["seconds"] for name, stage in full["step"]["stages"].items()}
+    here_flops, here_bandwidth = published_peaks(record["device"]["name"])
+    shape = dict(
+        num_params=record["qwen_step"]["model"]["parameters"], vocab_size=arch["vocab_size"],
+        hidden_size=arch["hidden_size"], tied_embeddings=arch["tie_word_embeddings"], prompts=shapes["prompts"],
+        group_size=shapes["group_size"], prompt_tokens=shapes["prompt_tokens"],
+        completion_tokens=round(full["step"]["completion_tokens_mean"]), gradient_checkpointing=True,
+    )
+    here = estimate_step_seconds(**shape, peak_flops=here_flops, bandwidth=here_bandwidth)
+    t4 = estimate_step_seconds(**shape)
+    measured = {"generation": stages["generation"], "training": stages["scoring_forward"] + stages["backward"]}
+    bounds = {"generation": "generate_seconds", "training": "train_seconds"}
+    phases = {}
+    for phase, seconds in measured.items():
+        key = bounds[phase]
+        phases[phase] = {
+            "measured": seconds, "bound_here": here[key], "share_of_bound": here[key] / seconds,
+            "t4_bound": t4[key], "t4_scaled": seconds * t4[key] / here[key], "t4_low": max(seconds, t4[key]),
+        }
+    other = stages["reward"] + stages["optimizer_step"] * here_bandwidth / T4_BANDWIDTH
+    return {
+        "phases": phases,
+        "other": other,
+        "step_scaled": other + sum(p["t4_scaled"] for p in phases.values()),
+        "step_low": other + sum(p["t4_low"] for p in phases.values()),
     }

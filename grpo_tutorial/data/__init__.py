@@ -39,6 +39,12 @@ safetensors``                   chapter 13 trains live (weights, not readable
                                 scoring and backward, before and after the
                                 block-wise scorer
                                 (``python -m benchmarks.logprob_memory --publish``)
+``gpu_proof.json``              chapter 9's GPU path measured on a lent CUDA GPU:
+                                the CUDA tests, one step of the T4 preset at
+                                Qwen2.5-0.5B's size under a T4-sized memory cap,
+                                stage by stage, and the tiny recipe learning
+                                (``make gpu-proof``, i.e.
+                                ``python -m benchmarks.gpu_proof``)
 =============================== ==================================================
 """
 
@@ -63,6 +69,7 @@ DATA_FILES = (
     "thinking_results.json",
     "thinking_warm_start.safetensors",
     "step_policy.safetensors",
+    "gpu_proof.json",
 )
 
 
