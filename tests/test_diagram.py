@@ -6,8 +6,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pytest
 
+from grpo_tutorial import stages
 from grpo_tutorial.chapters.diagram import (
     CHAPTER_STAGES,
+    INPUT,
     STAGES,
     chapter_header,
     draw_grpo_step,
@@ -23,7 +25,16 @@ def _close():
 
 
 def test_stages_in_order():
-    assert list(STAGES) == ["prompts", "rollout", "reward", "advantage", "scoring", "update"]
+    assert list(STAGES) == ["prompts", "sample", "reward", "advantages", "score", "update"]
+    assert INPUT == "prompts"
+    assert list(STAGES)[1:] == [s.name for s in stages.STAGES]
+
+
+def test_titles_carry_the_numbers_of_grpo_tutorial_stages():
+    """The prompts box is unnumbered (the input); every other box is "<number>. <name>" of stages.STAGES."""
+    assert STAGES[INPUT][0] == "prompts"
+    assert [title for title, _ in list(STAGES.values())[1:]] == [f"{s.number}. {s.name}" for s in stages.STAGES]
+    assert [t for t, _ in STAGES.values()] == ["prompts", "1. sample", "2. reward", "3. advantages", "4. score", "5. update"]
 
 
 def test_every_stage_is_a_labelled_box():
@@ -48,7 +59,7 @@ def test_highlight_marks_exactly_one_stage(stage):
     assert len(others) == 1 and lit not in others
 
 
-@pytest.mark.parametrize("bad", ["rewards", "Rollout", 3, ""])
+@pytest.mark.parametrize("bad", ["rewards", "Sample", "rollout", "scoring", 3, ""])
 def test_bad_stage_names_raise(bad):
     with pytest.raises(ValueError, match="highlight=.*one of \\['prompts'"):
         draw_grpo_step(bad)
@@ -57,13 +68,17 @@ def test_bad_stage_names_raise(bad):
 def test_small_version_titles_only():
     fig = draw_grpo_step("reward", small=True)
     texts = [t.get_text() for t in fig.axes[0].texts]
-    assert texts == [title.split(" ", 1)[1] for title, _ in STAGES.values()]
+    assert texts == list(STAGES)  # the names, without numbers or details
+    assert texts == ["prompts", *(s.name for s in stages.STAGES)]
     assert fig.get_size_inches()[0] < draw_grpo_step().get_size_inches()[0]
 
 
 def test_chapter_headers():
     assert sorted(CHAPTER_STAGES) == list(range(1, 12))
-    assert highlighted_stages(chapter_header(2)) == ["advantage"]
+    names = {s.name for s in stages.STAGES}
+    assert {s for s in CHAPTER_STAGES.values() if s is not None} <= names
+    assert highlighted_stages(chapter_header(2)) == ["advantages"]
+    assert highlighted_stages(chapter_header(3)) == ["score"]
     assert highlighted_stages(chapter_header(7)) == []
     with pytest.raises(ValueError, match="chapter=12"):
         chapter_header(12)

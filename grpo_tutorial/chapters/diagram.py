@@ -1,16 +1,19 @@
 """The picture of one GRPO step, drawn with matplotlib (chapter 0 and every chapter header).
 
-One step has six stages, left to right, then the loop closes:
+The boxes are the stages of :data:`grpo_tutorial.stages.STAGES`, numbered and named
+as there, left to right, then the loop closes:
 
-1. ``prompts``   -- a batch of B prompts;
-2. ``rollout``   -- the current policy samples G completions per prompt;
-3. ``reward``    -- a reward function scores every completion;
-4. ``advantage`` -- each reward minus its group's mean (over the group's std);
-5. ``scoring``   -- log-probs of the sampled tokens under the old policy and the
-   frozen reference model (no gradient), plus the current policy (with gradient);
-6. ``update``    -- the clipped, KL-penalised loss and an optimizer step, mu times.
+- ``prompts``    -- a batch of B prompts: the input of the step, not a stage, so
+  its box carries no number;
+- ``1. sample``     -- the current policy writes G completions per prompt;
+- ``2. reward``     -- a reward function scores every completion;
+- ``3. advantages`` -- each reward against its own group (a z-score);
+- ``4. score``      -- log-probs of the sampled tokens under the old policy and the
+  frozen reference model, without gradient;
+- ``5. update``     -- the policy's log-probs with gradient, the clipped,
+  KL-penalised loss and an optimizer step; mu passes over the batch.
 
-``draw_grpo_step(highlight=...)`` draws it and can colour one stage;
+``draw_grpo_step(highlight=...)`` draws it and can colour one box;
 ``chapter_header(n)`` draws the small copy that opens chapter ``n``.
 """
 
@@ -18,50 +21,62 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CHAPTER_STAGES", "STAGES", "chapter_header", "draw_grpo_step", "highlighted_stages", "stage_boxes"]
+from ..stages import STAGES as STEP_STAGES
 
-#: Stage name -> (title, detail) as written in the boxes.
+__all__ = ["CHAPTER_STAGES", "INPUT", "STAGES", "chapter_header", "draw_grpo_step", "highlighted_stages", "stage_boxes"]
+
+#: The box before stage 1: the step's input, unnumbered.
+INPUT = "prompts"
+
+# The second line of each box, by stage name (the first is "<number>. <name>").
+_DETAILS = {
+    "sample": "G samples per prompt\n(policy, no grad)",
+    "reward": "r_i = R(q, o_i)",
+    "advantages": "A_i = (r_i - mean) / std\nwithin each group",
+    "score": "old policy + reference\nlog-probs (no grad)",
+    "update": "policy log-probs (grad),\nclipped loss + beta * KL;\nmu passes",
+}
+
+#: Box name -> (title, detail) as written in the boxes: the unnumbered input, then the
+#: stages of :data:`grpo_tutorial.stages.STAGES`, titled "<number>. <name>".
 STAGES: dict[str, tuple[str, str]] = {
-    "prompts": ("1. prompts", "B questions"),
-    "rollout": ("2. rollout", "G samples per prompt\n(policy, no grad)"),
-    "reward": ("3. rewards", "r_i = R(q, o_i)"),
-    "advantage": ("4. group advantages", "A_i = (r_i - mean) / std\nwithin each group"),
-    "scoring": ("5. score log-probs", "old policy + reference\n(no grad), policy (grad)"),
-    "update": ("6. update (x mu)", "clipped ratio loss\n+ beta * KL(policy || ref)"),
+    INPUT: (INPUT, "B questions"),
+    **{s.name: (f"{s.number}. {s.name}", _DETAILS[s.name]) for s in STEP_STAGES},
 }
 
 #: Chapter number -> the stage it opens up (None: the chapter covers the whole step).
+#: Stages are named as in :data:`grpo_tutorial.stages.STAGES`.
 CHAPTER_STAGES: dict[int, str | None] = {
     1: "update",      # policy gradients: the update itself
-    2: "advantage",   # group-relative advantages
-    3: "scoring",     # log-probs and masks
+    2: "advantages",  # group-relative advantages
+    3: "score",       # log-probs and masks
     4: "update",      # the clipped objective
-    5: "scoring",     # the KL penalty needs the reference's log-probs
+    5: "update",      # the KL penalty, a term of the loss (kl is a module of stage 5)
     6: "reward",      # verifiable rewards
     7: None,          # one training step: all of it
     8: None,          # a tiny transformer learns
     9: None,          # a real LLM
     10: "update",     # variants (loss types) and pitfalls
-    11: "rollout",    # scaling out: generation dominates the cost
+    11: "sample",     # scaling out: generation dominates the cost
 }
 
 # (x, y) of each box's lower-left corner in a 0..12 x 0..5 canvas.
 _POSITIONS = {
-    "prompts": (0.1, 3.0),
-    "rollout": (2.6, 3.0),
+    INPUT: (0.1, 3.0),
+    "sample": (2.6, 3.0),
     "reward": (5.1, 3.0),
-    "advantage": (7.6, 3.0),
-    "scoring": (5.1, 0.5),
+    "advantages": (7.6, 3.0),
+    "score": (5.1, 0.5),
     "update": (10.1, 1.75),
 }
 _BOX_W, _BOX_H = 2.1, 1.5
 _ARROWS = [
-    ("prompts", "rollout"),
-    ("rollout", "reward"),
-    ("reward", "advantage"),
-    ("advantage", "update"),
-    ("rollout", "scoring"),
-    ("scoring", "update"),
+    (INPUT, "sample"),
+    ("sample", "reward"),
+    ("reward", "advantages"),
+    ("advantages", "update"),
+    ("sample", "score"),
+    ("score", "update"),
 ]
 _PLAIN, _HIGHLIGHT, _DIM = "#e8eef7", "#f6b93b", "#f2f2f2"
 _GID_PREFIX = "grpo-stage:"
@@ -78,11 +93,11 @@ def _check_stage(highlight: Any) -> None:
 
 
 def draw_grpo_step(highlight: str | None = None, *, small: bool = False, ax=None):
-    """Draw one GRPO step as six labelled boxes with arrows; return the Figure.
+    """Draw one GRPO step as labelled boxes with arrows (the prompts, then the five stages); return the Figure.
 
     Args:
         highlight: a key of ``STAGES`` to colour (the others are greyed), or None
-            to draw every stage the same.
+            to draw every box the same.
         small: the compact header version (titles only, smaller figure).
         ax: an existing matplotlib Axes to draw into (default: a new figure).
 
@@ -114,8 +129,8 @@ def draw_grpo_step(highlight: str | None = None, *, small: bool = False, ax=None
         box.set_gid(_GID_PREFIX + name + (":highlight" if lit else ""))
         ax.add_patch(box)
         cx, cy = x + _BOX_W / 2, y + _BOX_H / 2
-        if small:
-            ax.text(cx, cy, title.split(" ", 1)[1], ha="center", va="center", fontsize=8,
+        if small:  # the name alone
+            ax.text(cx, cy, name, ha="center", va="center", fontsize=8,
                     fontweight="bold" if lit else "normal")
         else:
             ax.text(cx, y + _BOX_H - 0.3, title, ha="center", va="center", fontsize=10, fontweight="bold")
@@ -131,7 +146,7 @@ def draw_grpo_step(highlight: str | None = None, *, small: bool = False, ax=None
         }[side]
 
     for a, b in _ARROWS:
-        if a == "rollout" and b == "scoring":
+        if a == "sample" and b == "score":
             start, end = anchor(a, "bottom"), anchor(b, "left")
             style = "arc3,rad=0.3"
         else:
@@ -140,7 +155,7 @@ def draw_grpo_step(highlight: str | None = None, *, small: bool = False, ax=None
         ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12,
                                      color="#555555", connectionstyle=style))
     # the loop: the updated policy samples the next batch
-    ax.add_patch(FancyArrowPatch(anchor("update", "top"), anchor("rollout", "top"), arrowstyle="-|>",
+    ax.add_patch(FancyArrowPatch(anchor("update", "top"), anchor("sample", "top"), arrowstyle="-|>",
                                  mutation_scale=12, color="#555555", linestyle="--",
                                  connectionstyle="arc3,rad=0.25"))
     if not small:
