@@ -10,7 +10,7 @@ vocabulary 49,152), for one row (the per-completion loop) and 32 rows (the batch
 rollout of the benchmark), and on the 2048 x 2048 product that ``benchmarks/mfu.py``
 takes as its peak. It prints milliseconds and GFLOP/s for each.
 
-The package's generation uses the packed layout (``grpo_tutorial/onednn.py``); this
+The package's generation uses the packed layout (``grpo_tutorial/speedups.py``); this
 script shows why, one shape at a time. Each shape multiplies one weight over and over,
 so the weight stays in the CPU's caches: the per-step totals are lower bounds, which
 leave out the cost of streaming a real model's 0.5 GB of weights from memory (that
@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from grpo_tutorial.onednn import available as packed_linear_available
+from grpo_tutorial.speedups import onednn_available as packed_linear_available
 
 #: the size of the square product that ``benchmarks/mfu.py`` takes as its peak
 PEAK_N = 2048

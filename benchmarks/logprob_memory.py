@@ -18,7 +18,7 @@ that, then ``grpo_loss`` and ``backward``, twice, each in a fresh process:
   positions, ``gather - logsumexp`` over the whole ``[8, 256, V]`` tensor, and
   the entropy's own logsumexp and softmax over the whole tensor;
 - ``after``: the package's :func:`grpo_tutorial.logprobs.completion_logprobs`,
-  which scores blocks of at most :data:`~grpo_tutorial.logprobs.CHUNK_ELEMENTS`
+  which scores blocks of at most :data:`~grpo_tutorial.speedups.CHUNK_ELEMENTS`
   logits with one logsumexp for both, and writes the gradient into one tensor.
 
 **How memory is measured.** There is no GPU here, so this is the CPU, and the

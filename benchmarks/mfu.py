@@ -123,7 +123,7 @@ def flop_counts(model: torch.nn.Module, rows: int, seq_len: int, completion_len:
 
 
 def shared_flop_counts(model: torch.nn.Module, rows: int, prompts: int, prompt_len: int, completion_len: int) -> float:
-    """Counted FLOPs of the shared-prompt forward + backward pass (see ``shared_prompt_logits``).
+    """Counted FLOPs of the shared-prompt forward + backward pass (see ``speedups.shared_prompt_logits``).
 
     The ``prompts`` distinct prompts go through once (their output layer on one
     position each); then every row's first Tc - 1 completion tokens, attending to

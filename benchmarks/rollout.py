@@ -30,8 +30,8 @@ from typing import Any, Iterator
 
 import torch
 
-from grpo_tutorial.onednn import use_onednn
 from grpo_tutorial.rollout import generate_rollouts, stop_token_ids
+from grpo_tutorial.speedups import use_onednn
 from grpo_tutorial.tasks import make_arithmetic_dataset
 
 from .common import summarize, timed

@@ -18,7 +18,7 @@ _quiet_tqdm_auto()
 
 from .advantages import group_advantages
 from .kl import kl_estimate
-from .logprobs import completion_logprobs, completion_mask, token_entropy, token_logprobs
+from .logprobs import completion_logprobs, token_entropy, token_logprobs
 from .loss import grpo_loss, sequence_logprob_loss
 from .models import build_tiny_policy, load_policy
 from .plotting import plot_history
@@ -33,7 +33,7 @@ from .rewards import (
     partial_credit_reward,
     soft_overlong_punishment,
 )
-from .rollout import Rollout, generate_rollouts
+from .rollout import Rollout, completion_mask, generate_rollouts
 from .sft import SFTConfig, supervised_warmup
 from .tasks import (
     countdown_reward,

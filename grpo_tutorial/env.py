@@ -142,10 +142,10 @@ def _kernel_probes():
     import torch
     import torch.nn.functional as F
 
-    from . import onednn
     from .logprobs import completion_logprobs
     from .models import build_tiny_policy
     from .rollout import generate_rollouts
+    from .speedups import onednn_available
 
     g = torch.Generator().manual_seed(1234)
 
@@ -166,7 +166,7 @@ def _kernel_probes():
     yield torch.stack([x.sum(), x.square().mean(), (x[:4000] * x[96:]).sum()])  # vectorised reductions
     yield torch.randn(4099, generator=g)  # the vectorised normal sampler behind weight init
     yield torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=g).float()
-    if onednn.available():
+    if onednn_available():
         packed = torch.ops.mkldnn._reorder_linear_weight(b.T.contiguous(), 8)
         yield torch.ops.mkldnn._linear_pointwise(exact(8, 128), packed, bias, "none", [], "")
     model, tokenizer = build_tiny_policy(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256, seed=0)

@@ -24,12 +24,14 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
-from ._checks import check_flag, check_int
+from ._checks import check_flag, check_int, require_tensor
 from .chat import is_chat_messages
-from .logprobs import cache_argument, completion_mask, returned_cache
-from .onednn import onednn_linears, use_onednn
+from .speedups import cache_argument, generation_can_share_prompts, onednn_linears, shared_prompt_cache, use_onednn
 
-__all__ = ["Rollout", "concat_groups", "encode_prompts", "generate_rollouts", "keep_signal_groups", "render_prompts"]
+__all__ = [
+    "Rollout", "completion_mask", "concat_groups", "encode_prompts", "generate_rollouts", "keep_signal_groups",
+    "render_prompts",
+]
 
 
 @dataclass
@@ -244,6 +246,32 @@ def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
     return ids
 
 
+def completion_mask(completion_ids: torch.Tensor, eos_token_id) -> torch.Tensor:
+    """1.0 for every completion token up to and including the first EOS, 0.0 after it.
+
+    A completion with no EOS (truncated at the token budget) is all ones. Whatever
+    ``generate`` wrote after the EOS (padding) is masked out.
+
+    Args:
+        completion_ids: ``[N, T]`` generated token ids.
+        eos_token_id: an int, or a list of ints (any of them ends a completion).
+
+    Returns:
+        ``[N, T]`` float mask.
+    """
+    require_tensor("completion_ids", completion_ids, dim=2, floating=False)
+    if eos_token_id is None:
+        raise ValueError("eos_token_id is None: the tokenizer needs an EOS token to mask completions")
+    eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    if not eos_ids or not all(isinstance(e, int) for e in eos_ids):
+        raise TypeError(f"eos_token_id must be an int or a list of ints, got {eos_token_id!r}")
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device))  # [N, T]
+    T = completion_ids.shape[1]
+    first_eos = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), T)  # [N]
+    positions = torch.arange(T, device=completion_ids.device)  # [T]
+    return (positions[None, :] <= first_eos[:, None]).float()  # [N, T]
+
+
 def _generation_kwargs(
     model: Any, tokenizer: Any, *, max_new_tokens: int, temperature: float, top_p: float, do_sample: bool
 ) -> dict[str, Any]:
@@ -272,41 +300,6 @@ def _generation_kwargs(
         if getattr(getattr(model, "generation_config", None), "min_p", None) is not None:
             kwargs["min_p"] = 0.0
     return kwargs
-
-
-def _can_share_prompts(model: Any) -> bool:
-    """True for a transformers causal LM that uses the default (dynamic) KV cache.
-
-    Anything else (a stand-in model in a test, a static-cache configuration)
-    generates without the shared prompt cache, which gives the same samples.
-    """
-    from transformers import PreTrainedModel
-
-    if not isinstance(model, PreTrainedModel) or getattr(model.config, "is_encoder_decoder", False):
-        return False
-    if getattr(model.config, "use_cache", True) is False:
-        return False
-    return getattr(model.generation_config, "cache_implementation", None) in (None, "dynamic")
-
-
-def _shared_prompt_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor, group_size: int) -> Any:
-    """The KV cache of the B prompts (all but their last token), repeated G times, group by group.
-
-    A group's G completions share one prompt, so ``generate`` need not encode it G
-    times: we run the prompts once, repeat the cache along the batch, and let
-    ``generate`` start from the prompts' last token. Positions come from the
-    attention mask, as ``generate`` (and the scorer) compute them, so the
-    completions are sampled from the same distribution as without the shared
-    cache; with long prompts this roughly halves the cost of a rollout.
-    """
-    position_ids = (mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # [B, Tp]
-    out = model(
-        input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=position_ids[:, :-1],
-        use_cache=True, logits_to_keep=1,
-    )
-    cache = returned_cache(out)
-    cache.batch_repeat_interleave(group_size)  # [B, ...] -> [B*G, ...], group by group
-    return cache
 
 
 def generate_rollouts(
@@ -341,10 +334,10 @@ def generate_rollouts(
         generator_seed: if given, sampling is seeded with it and the global torch
             RNG state is left as it was.
         onednn: multiply the linear layers with oneDNN during generation
-            (:mod:`grpo_tutorial.onednn`; batched decoding of SmolLM2 ran
+            (:mod:`grpo_tutorial.speedups`; batched decoding of SmolLM2 ran
             about 1.6 times faster on the book's CPU). None = yes for a float32
             model on the CPU when PyTorch has the operators
-            (:func:`~grpo_tutorial.onednn.use_onednn`); False = the model's own
+            (:func:`~grpo_tutorial.speedups.use_onednn`); False = the model's own
             layers.
 
     Returns:
@@ -360,6 +353,49 @@ def generate_rollouts(
 
     # 1. render and tokenize each of the B prompts
     token_rows = encode_prompts(tokenizer, prompts, system_prompt=system_prompt, use_chat_template=use_chat_template)
+    _check_prompt_tokens(model, tokenizer, prompts, token_rows, max_new_tokens)
+
+    # 2. left-pad, so every prompt ends where its completion starts
+    eos_id = tokenizer.eos_token_id
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    ids, mask = _left_pad(token_rows, pad_id)  # [B, Tp], [B, Tp]
+
+    # 3. repeat each prompt G times, group by group
+    prompt_ids = ids.repeat_interleave(group_size, dim=0).to(device)  # [N, Tp]
+    prompt_mask = mask.repeat_interleave(group_size, dim=0).to(device)  # [N, Tp]
+    prompt_index = torch.arange(len(prompts), device=device).repeat_interleave(group_size)  # [N]
+
+    # 4. one batched generate call, KV cache on, eval mode, no gradients
+    kwargs = _generation_kwargs(
+        model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
+        top_p=top_p, do_sample=do_sample,
+    )
+    seed = generator_seed if do_sample else None  # greedy decoding draws nothing: no RNG to seed
+    sequences = _generate(  # [N, Tp+Tc]
+        model, prompt_ids, prompt_mask, kwargs, prompts=(ids, mask), group_size=group_size, seed=seed, onednn=onednn,
+    )
+
+    # 5. split off the completion and mask everything after the first EOS
+    completion_ids = sequences[:, prompt_ids.shape[1] :]  # [N, Tc]
+    comp_mask, truncated, completions = _cut_completions(model, tokenizer, completion_ids)
+
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=comp_mask,
+        completions=completions,
+        truncated=truncated,
+        prompt_index=prompt_index,
+        prompts=[p for p in prompts for _ in range(group_size)],
+        group_size=group_size,
+    )
+
+
+def _check_prompt_tokens(
+    model: Any, tokenizer: Any, prompts: Sequence[Any], token_rows: list[list[int]], max_new_tokens: int
+) -> None:
+    """Refuse a prompt that tokenizes to nothing or to unknown tokens, and a budget past the model's context."""
     unk_id = getattr(tokenizer, "unk_token_id", None)
     for i, row in enumerate(token_rows):
         if len(row) == 0:
@@ -378,36 +414,46 @@ def generate_rollouts(
             f"exceeds the model's context of {limit} tokens; shorten the prompts or the budget"
         )
 
-    # 2. left-pad, so every prompt ends where its completion starts
-    eos_id = tokenizer.eos_token_id
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    ids, mask = _left_pad(token_rows, pad_id)  # [B, Tp], [B, Tp]
 
-    # 3. repeat each prompt G times, group by group
-    prompt_ids = ids.repeat_interleave(group_size, dim=0).to(device)  # [N, Tp]
-    prompt_mask = mask.repeat_interleave(group_size, dim=0).to(device)  # [N, Tp]
-    prompt_index = torch.arange(len(prompts), device=device).repeat_interleave(group_size)  # [N]
+def _generate(
+    model: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    kwargs: dict[str, Any],
+    *,
+    prompts: tuple[torch.Tensor, torch.Tensor],
+    group_size: int,
+    seed: int | None,
+    onednn: bool | None,
+) -> torch.Tensor:
+    """The one batched ``generate`` call: eval mode, no gradients, seeded; returns ``[N, Tp+Tc]`` sequences.
 
-    # 4. one batched generate call, KV cache on, eval mode, no gradients
-    kwargs = _generation_kwargs(
-        model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_p=top_p, do_sample=do_sample,
-    )
+    ``prompts`` are the B left-padded prompts (ids and mask, ``[B, Tp]`` each) before
+    the G-fold repeat. Two speed-ups of :mod:`grpo_tutorial.speedups` apply when they
+    can: the linear layers multiply with oneDNN (``onednn``), and each prompt is
+    encoded once, its KV cache copied for the G completions. The model goes back to
+    the train/eval mode it was in.
+    """
+    device = prompt_ids.device
+    ids, mask = prompts  # [B, Tp] x2
     fast = onednn_linears(model, rows=len(prompt_ids)) if use_onednn(model, onednn) else nullcontext()
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), fast, (_seeded(generator_seed, device) if do_sample else nullcontext()):
-            if group_size > 1 and ids.shape[1] > 1 and _can_share_prompts(model):
+        with torch.no_grad(), fast, _seeded(seed, device):
+            if group_size > 1 and ids.shape[1] > 1 and generation_can_share_prompts(model):
                 # each prompt is encoded once; its KV cache is copied for the G completions
-                kwargs[cache_argument(model)] = _shared_prompt_cache(model, ids.to(device), mask.to(device), group_size)
+                kwargs[cache_argument(model)] = shared_prompt_cache(model, ids.to(device), mask.to(device), group_size)
             output = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
     finally:
         model.train(was_training)
-    sequences = output.sequences if hasattr(output, "sequences") else output  # [N, Tp+Tc]
+    return output.sequences if hasattr(output, "sequences") else output  # [N, Tp+Tc]
 
-    # 5. split off the completion and mask everything after the first EOS
-    completion_ids = sequences[:, prompt_ids.shape[1] :]  # [N, Tc]
+
+def _cut_completions(
+    model: Any, tokenizer: Any, completion_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """The mask (``[N, Tc]``, 1.0 up to the first stop token), the truncation flags (``[N]``) and the decoded texts."""
     stops = stop_token_ids(model, tokenizer)
     comp_mask = completion_mask(completion_ids, stops)  # [N, Tc]
     has_eos = torch.isin(completion_ids, torch.tensor(stops, device=completion_ids.device)).any(dim=1)  # [N]
@@ -415,18 +461,7 @@ def generate_rollouts(
     lengths = comp_mask.sum(dim=1).long().tolist()
     kept = [row[:n] for row, n in zip(completion_ids.tolist(), lengths)]
     completions = tokenizer.batch_decode(kept, skip_special_tokens=True)
-
-    return Rollout(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        completion_ids=completion_ids,
-        completion_mask=comp_mask,
-        completions=list(completions),
-        truncated=truncated,
-        prompt_index=prompt_index,
-        prompts=[p for p in prompts for _ in range(group_size)],
-        group_size=group_size,
-    )
+    return comp_mask, truncated, list(completions)
 
 
 def concat_groups(parts: Sequence[tuple[Rollout, Sequence[int]]], pad_id: int) -> Rollout:

@@ -310,7 +310,7 @@ def test_the_roofline_counts_the_tokens_the_trainer_runs(settings, checkpointing
     # the shared prompt cache of generation runs outside generate(): count it as generation
     import grpo_tutorial.rollout as rollout_module
 
-    real_cache = rollout_module._shared_prompt_cache
+    real_cache = rollout_module.shared_prompt_cache
 
     def cache(*args, **kwargs):
         phase[0] = "generate"
@@ -319,13 +319,13 @@ def test_the_roofline_counts_the_tokens_the_trainer_runs(settings, checkpointing
         finally:
             phase[0] = "train"
 
-    rollout_module._shared_prompt_cache, saved = cache, real_cache
+    rollout_module.shared_prompt_cache, saved = cache, real_cache
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             trainer.train(make_arithmetic_dataset(32, seed=0, digits=1), 1, progress=False)
     finally:
-        rollout_module._shared_prompt_cache = saved
+        rollout_module.shared_prompt_cache = saved
     (rollout,) = rollouts
     P, C = rollout.input_ids.shape[1] - rollout.completion_ids.shape[1], rollout.completion_ids.shape[1]
     cfg = model.config

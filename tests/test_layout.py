@@ -106,7 +106,7 @@ RUN_MODULES = sorted((PACKAGE / "run").glob("*.py"))
 #: Top-level modules that must not import the run machinery: the stages of a step and what they build on.
 #: (The trainer, the warm start, the optimizer's warning, plotting's history reader and the CLI use it.)
 NO_RUN_IMPORTS = {
-    "tasks", "rollout", "onednn", "rewards", "answers", "advantages", "logprobs", "kl", "objectives", "loss",
+    "tasks", "rollout", "speedups", "rewards", "answers", "advantages", "logprobs", "kl", "objectives", "loss",
     "config", "metrics", "evaluation", "seeding", "models", "presets", "_checks", "env", "chat",
 }
 #: Leaves: top-level modules that import nothing from the package, so that both the stages and run/ may import
@@ -190,6 +190,56 @@ def test_stages_do_not_import_the_run_machinery():
         for line, name in imported_modules(path) if name == "grpo_tutorial.run" or name.startswith("grpo_tutorial.run.")
     ]
     assert offenders == [], "these modules must not import grpo_tutorial.run: " + "; ".join(offenders)
+
+
+# ---------------------------------------------------------------------------
+# The stages, in the order of one step: no stage imports a later stage
+# ---------------------------------------------------------------------------
+
+
+def stage_levels() -> dict[str, int]:
+    """Each stage module's stage number (``grpo_tutorial.stages.STAGES``); ``speedups`` sits below every stage."""
+    from grpo_tutorial.stages import STAGES
+
+    levels = {module: s.number for s in STAGES for module in s.modules}
+    levels["speedups"] = 0  # the stages call the speed-ups; the speed-ups call no stage
+    return levels
+
+
+def later_stage_imports(module: str, imports: list[tuple[int, str]], levels: dict[str, int]) -> list[str]:
+    """The imports (``imported_modules``' lines and names) by which ``module`` reaches a later stage than its own."""
+    found = []
+    for line, name in imports:
+        target = name.split(".")[1] if name.startswith("grpo_tutorial.") else None
+        if target in levels and levels[target] > levels[module]:
+            found.append(f"{module}.py:{line}: {name} (stage {levels[target]} > {levels[module]})")
+    return found
+
+
+def test_no_stage_imports_a_later_stage():
+    """A module of stage n imports modules of stages <= n only: stage 1 sampling needs nothing of stage 4 scoring.
+
+    What two stages share lives in the earlier one (``rollout.completion_mask``) or below both
+    (``speedups``, which imports no stage at all)."""
+    levels = stage_levels()
+    assert {"rollout", "rewards", "advantages", "logprobs", "loss", "speedups"} <= set(levels)
+    assert all(levels[m] >= 1 for m in levels if m != "speedups")
+    offenders = [
+        hit for path in CORE_MODULES if path.stem in levels
+        for hit in later_stage_imports(path.stem, imported_modules(path), levels)
+    ]
+    assert offenders == [], "a stage imports a later stage (move the shared code down): " + "; ".join(offenders)
+
+
+def test_the_stage_order_detector_finds_a_later_stage():
+    levels = {"speedups": 0, "rollout": 1, "logprobs": 4}
+    imports = [(3, "grpo_tutorial"), (4, "grpo_tutorial.chat"), (5, "grpo_tutorial.logprobs"),
+               (6, "grpo_tutorial.rollout"), (7, "grpo_tutorial.run.warn"), (8, "grpo_tutorial.speedups")]
+    assert later_stage_imports("rollout", imports, levels) == ["rollout.py:5: grpo_tutorial.logprobs (stage 4 > 1)"]
+    assert later_stage_imports("logprobs", imports, levels) == []
+    assert later_stage_imports("speedups", imports, levels) == [
+        "speedups.py:5: grpo_tutorial.logprobs (stage 4 > 0)", "speedups.py:6: grpo_tutorial.rollout (stage 1 > 0)",
+    ]
 
 
 def _import_graph() -> dict[str, set[str]]:

@@ -177,8 +177,8 @@ def test_half_precision_path_keeps_no_full_float32_copy_for_backward():
 # The block-wise scorer (issue 21, item 6): same numbers, less memory
 # ---------------------------------------------------------------------------
 
-from grpo_tutorial import logprobs as logprobs_module  # noqa: E402
-from grpo_tutorial.logprobs import score_tokens  # noqa: E402
+from grpo_tutorial import speedups as speedups_module  # noqa: E402
+from grpo_tutorial.speedups import score_tokens  # noqa: E402
 
 
 def _scored_before(logits, tokens, temperature):
@@ -195,7 +195,7 @@ def _scored_before(logits, tokens, temperature):
 @pytest.mark.parametrize("budget", [2**22, 2 * 37, 37])  # one block; blocks of rows; pieces of one row
 def test_block_scorer_gives_the_same_bits_as_the_whole_tensor(temperature, budget, monkeypatch):
     """Values and the log-prob gradient are bit-identical to the plain formula, however the logits are cut."""
-    monkeypatch.setattr(logprobs_module, "CHUNK_ELEMENTS", budget)
+    monkeypatch.setattr(speedups_module, "CHUNK_ELEMENTS", budget)
     g = torch.Generator().manual_seed(0)
     base = torch.randn(3, 5, 37, generator=g) * 4
     tokens = torch.randint(0, 37, (3, 5), generator=g)
@@ -214,7 +214,7 @@ def test_block_scorer_gives_the_same_bits_as_the_whole_tensor(temperature, budge
 def test_entropy_gradient_is_the_exact_formula(budget, monkeypatch):
     """d logp/dz and d H/dz written out by hand: exact in float64 (gradcheck, and equal to autograd through
     the plain formula), and within float32 rounding of it in float32."""
-    monkeypatch.setattr(logprobs_module, "CHUNK_ELEMENTS", budget)
+    monkeypatch.setattr(speedups_module, "CHUNK_ELEMENTS", budget)
     g = torch.Generator().manual_seed(1)
     base = torch.randn(2, 4, 11, generator=g, dtype=torch.float64) * 3
     tokens = torch.randint(0, 11, (2, 4), generator=g)

@@ -223,11 +223,11 @@ def test_shared_prompt_cache_samples_the_same_tokens(tiny, monkeypatch):
     model, tok = tiny
     prompts = ["12+34=", "5+6=", "71+8="]  # different lengths: left padding is exercised too
     calls = []
-    real = rollout_module._shared_prompt_cache
-    monkeypatch.setattr(rollout_module, "_shared_prompt_cache", lambda *a: calls.append(1) or real(*a))
+    real = rollout_module.shared_prompt_cache
+    monkeypatch.setattr(rollout_module, "shared_prompt_cache", lambda *a: calls.append(1) or real(*a))
     shared = generate_rollouts(model, tok, prompts, group_size=4, max_new_tokens=6, generator_seed=3)
     assert calls == [1]
-    monkeypatch.setattr(rollout_module, "_can_share_prompts", lambda m: False)
+    monkeypatch.setattr(rollout_module, "generation_can_share_prompts", lambda m: False)
     plain = generate_rollouts(model, tok, prompts, group_size=4, max_new_tokens=6, generator_seed=3)
     assert torch.equal(shared.completion_ids, plain.completion_ids)
     assert torch.equal(shared.prompt_ids, plain.prompt_ids) and shared.completions == plain.completions

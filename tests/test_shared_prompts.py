@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from grpo_tutorial import build_tiny_policy
-from grpo_tutorial.logprobs import can_share_prompts, completion_logprobs, shared_prompt_logits
+from grpo_tutorial.logprobs import completion_logprobs
 from grpo_tutorial.rollout import generate_rollouts
+from grpo_tutorial.speedups import can_share_prompts, shared_prompt_logits
 
 G = 4
 
@@ -150,7 +151,7 @@ def test_the_trainer_default_shares_and_the_flag_turns_it_off():
 
 def test_the_kv_cache_goes_by_the_name_this_transformers_takes():
     """transformers 5.24 renamed past_key_values to cache; the shared passes use the model's own name."""
-    from grpo_tutorial.logprobs import cache_argument, returned_cache
+    from grpo_tutorial.speedups import cache_argument, returned_cache
 
     model, _ = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32)
     takes_cache = "cache" in __import__("inspect").signature(model.forward).parameters

@@ -1,14 +1,19 @@
-"""Generation's linear layers on oneDNN: the same products, the same samples, nothing left behind."""
+"""The oneDNN speed-up of ``grpo_tutorial.speedups``: generation's linear layers on oneDNN give the same
+products, the same samples, and leave nothing behind.
+
+The other two speed-ups are tested with their stage: the blocked scorer in ``tests/test_logprobs.py``, the
+shared-prompt cache in ``tests/test_shared_prompts.py`` and ``tests/test_rollout.py``.
+"""
 
 import pytest
 import torch
 
 from grpo_tutorial.logprobs import completion_logprobs
 from grpo_tutorial.models import build_tiny_policy
-from grpo_tutorial.onednn import available, onednn_linears, use_onednn
 from grpo_tutorial.rollout import generate_rollouts
+from grpo_tutorial.speedups import onednn_available, onednn_linears, use_onednn
 
-pytestmark = pytest.mark.skipif(not available(), reason="this PyTorch build has no oneDNN packed linear")
+pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN packed linear")
 
 PROMPTS = ["12+34=", "5+6=", "71+8="]  # different lengths: left padding is exercised too
 
