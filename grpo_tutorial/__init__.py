@@ -56,16 +56,16 @@ from .trainer import GRPOTrainer
 __all__ = [
     # stage 3: advantages
     "group_advantages",
-    # stage 4: log-probs and masks
+    # stage 4, score: log-probs and masks
     "token_logprobs",
     "completion_logprobs",
     "completion_mask",
     "token_entropy",
-    # stage 5-6: KL and loss
+    # stage 5, update: KL and loss
     "kl_estimate",
     "grpo_loss",
     "sequence_logprob_loss",
-    # stage 2: rewards
+    # stage 2, reward
     "extract_answer",
     "answers_match",
     "correctness_reward",

@@ -1,4 +1,4 @@
-"""Stage 5 of a GRPO step: estimating the KL divergence to the frozen reference.
+"""Stage 5 of a GRPO step (update): estimating the KL divergence to the frozen reference.
 
 GRPO keeps the policy pi_theta near a reference pi_ref with a penalty beta * KL.
 The exact KL needs a sum over the whole vocabulary at every position; instead we

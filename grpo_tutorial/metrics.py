@@ -1,4 +1,4 @@
-"""Stage 7 of a GRPO step: the history row, and the warnings it can raise.
+"""After stage 5 of a GRPO step: the history row, the step's output, and the warnings it can raise.
 
 Every number a step logs is assembled here from what the stages returned, and
 :func:`check_failure_modes` reads the row for the failure modes chapters 8 and 10

@@ -1,4 +1,4 @@
-"""The pieces of stage 6's loss, one small function each.
+"""The pieces of the loss of stage 5 (update), one small function each.
 
 :func:`grpo_loss` (loss.py) is these pieces in a row::
 

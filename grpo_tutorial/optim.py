@@ -1,4 +1,4 @@
-"""The optimizer of stage 6: AdamW over the trainable weights, with a linear warmup."""
+"""The optimizer of stage 5 (update): AdamW over the trainable weights, with a linear warmup."""
 
 from __future__ import annotations
 

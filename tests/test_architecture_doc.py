@@ -98,7 +98,8 @@ def _table_rows(text: str, header: str) -> list[list[str]]:
 def test_the_stage_tables_entry_points_exist_in_their_modules():
     text = PAGE.read_text()
     rows = _table_rows(text, "| Stage | Module |")
-    assert [r[0] for r in rows][:2] == ["0", "1"] and rows[-1][0] == "7"
+    # numbered as grpo_tutorial.stages.STAGES: the input before stage 1, the history row after stage 5
+    assert [r[0] for r in rows][:2] == ["before 1", "1. sample"] and rows[-1][0] == "after 5"
     wrong = []
     for stage, module, _, entry_points in rows:
         mod = importlib.import_module(f"grpo_tutorial.{spans(module)[0]}")

@@ -280,7 +280,7 @@ def gallery_step(
             if m is not None:
                 disable_dropout(m)
 
-    # stage 1: rollout, seeded from the trainer's sampling stream
+    # 1. sample: the rollout, seeded from the trainer's sampling stream
     rollout = generate_rollouts(
         model, tokenizer, [row["prompt"] for row in batch], group_size=G,
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -289,7 +289,7 @@ def gallery_step(
     )
     N = len(rollout)
 
-    # stage 2-3: rewards and group-relative advantages
+    # 2. reward and 3. advantages (group-relative)
     answers = [row.get("answer") for row in batch for _ in range(G)]
     columns = extra_columns(batch, G)
     rewards, per_fn = compute_rewards(
@@ -302,7 +302,7 @@ def gallery_step(
         rewards, G, scale=cfg.scale_rewards, std=cfg.std, baseline=cfg.advantage_baseline
     )  # [N]
 
-    # stage 4-5: old (and reference) log-probs, no gradient (prompts encoded once if share_prompt_cache)
+    # 4. score: old (and reference) log-probs, no gradient (prompts encoded once if share_prompt_cache)
     real_mask = rollout.completion_mask  # [N, Tc]: 1 up to and including the first EOS
     score = dict(temperature=cfg.temperature, share_prompts=cfg.share_prompt_cache)
     old_logp, entropy = score_rollout(model, rollout, return_entropy=True, **score)  # [N, Tc] x2
@@ -311,7 +311,7 @@ def gallery_step(
         old_logp = ref_logp  # WRONG: the reference did not sample this batch
     loss_mask = torch.ones_like(real_mask) if bug == "no_eos_mask" else real_mask  # WRONG if all ones
 
-    # stage 6: mu passes over the whole batch, in the trainer's shuffled order
+    # 5. update: mu passes over the whole batch, in the trainer's shuffled order
     options = cfg.loss_options()  # every loss setting, as the trainer passes them
     shuffle = stream_generator(cfg.seed, MINIBATCHES, step)
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -359,7 +359,7 @@ def gallery_step(
     finally:
         model.train(was_training)
 
-    # stage 7: the trainer's own history row; lengths and entropy read the loss mask (all ones with no_eos_mask)
+    # after stage 5: the trainer's own history row; lengths and entropy read the loss mask (all ones with no_eos_mask)
     row = step_row(
         step=step + 1, rewards=rewards, per_function=reward_function_means(per_fn),
         correct=judge_correct(None, rollout.prompts, rollout.completions, answers, columns),
