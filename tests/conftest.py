@@ -1,7 +1,18 @@
-"""Shared test settings."""
+"""Shared test settings, and the fixtures most test files need.
+
+``tiny_policy`` and ``small_policy`` are fresh ``(model, tokenizer)`` pairs (a
+test may train or change its model); a test that needs another seed or another
+size calls :func:`grpo_tutorial.build_tiny_policy` with its arguments.
+``tiny_batch`` is a few rows the tiny character tokenizer can encode, and
+``run_dir`` a fresh output directory.
+"""
 
 import pytest
 import torch
+
+#: The 32-wide, two-layer shape most trainer tests use: small enough that a
+#: training step takes milliseconds.
+SMALL_SHAPE = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64}
 
 
 @pytest.fixture(autouse=True)
@@ -11,3 +22,37 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def tiny_policy():
+    """A fresh ``(model, tokenizer)``: ``build_tiny_policy(seed=0)``, the default tiny Qwen2 (hidden 128, 3 layers)."""
+    from grpo_tutorial import build_tiny_policy  # here, not at the top: a test file that never builds a model
+    # does not import the package for it
+
+    return build_tiny_policy(seed=0)
+
+
+@pytest.fixture
+def small_policy():
+    """A fresh ``(model, tokenizer)`` of :data:`SMALL_SHAPE` (hidden 32, 2 layers, 2 heads, MLP 64), seed 0."""
+    from grpo_tutorial import build_tiny_policy
+
+    return build_tiny_policy(**SMALL_SHAPE, seed=0)
+
+
+@pytest.fixture
+def tiny_batch():
+    """Four two-digit additions, rows as ``make_arithmetic_dataset`` writes them (a new list for each test)."""
+    return [
+        {"prompt": "12+34=", "answer": "46"},
+        {"prompt": "7+58=", "answer": "65"},
+        {"prompt": "40+9=", "answer": "49"},
+        {"prompt": "99+1=", "answer": "100"},
+    ]
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A fresh output directory for a run, ``tmp_path / "run"`` (not created: the run makes it)."""
+    return tmp_path / "run"

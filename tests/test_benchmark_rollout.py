@@ -3,7 +3,6 @@
 import torch
 
 from benchmarks.rollout import NoStopTokens, fixed_length, generated_tokens
-from grpo_tutorial import build_tiny_policy
 from grpo_tutorial.rollout import generate_rollouts, stop_token_ids
 
 
@@ -11,8 +10,8 @@ def _rollout(model, tokenizer, seed):
     return generate_rollouts(model, tokenizer, ["12+34=", "5+6="], group_size=4, max_new_tokens=6, generator_seed=seed)
 
 
-def test_suppressing_stop_tokens_in_place_samples_what_min_new_tokens_samples():
-    model, tokenizer = build_tiny_policy(seed=0)
+def test_suppressing_stop_tokens_in_place_samples_what_min_new_tokens_samples(tiny_policy):
+    model, tokenizer = tiny_policy
     for seed in range(3):
         model.generation_config.min_new_tokens = 6  # transformers' way: torch.where, a new [N, V] tensor
         try:
@@ -36,10 +35,10 @@ def test_no_stop_tokens_writes_minus_infinity_only_there():
     assert torch.isinf(out[:, [2, 7]]).all() and (out[:, [0, 1, 3, 4, 5, 6, 8, 9]] == 0).all()
 
 
-def test_shared_pass_flops_count_each_prompt_once():
+def test_shared_pass_flops_count_each_prompt_once(tiny_policy):
     from benchmarks.mfu import flop_counts, shared_flop_counts
 
-    model, _ = build_tiny_policy(seed=0)
+    model, _ = tiny_policy
     full = flop_counts(model, rows=8, seq_len=7 + 4, completion_len=4)
     body, head = full["non_embedding_parameters"], full["output_layer_parameters"]
     width, layers = model.config.hidden_size, model.config.num_hidden_layers  # tiny: heads * head_dim = hidden

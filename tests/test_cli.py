@@ -114,8 +114,8 @@ def test_gsm8k_offline_fails_fast_with_the_loader_message(tmp_path, capsys):
     assert "make_arithmetic_dataset" in err
 
 
-def test_train_evaluate_plot_smoke(tmp_path, capsys):
-    out = tmp_path / "run"
+def test_train_evaluate_plot_smoke(tmp_path, run_dir, capsys):
+    out = run_dir
     code = main([
         "train", "--model", "tiny", "--task", "addition", "--digits", "1", "--steps", "2", "--out", str(out),
         "--prompts-per-step", "4", "--group-size", "4", "--minibatch-size", "none", "--n-train", "50",
@@ -499,8 +499,8 @@ QUICK = ["--digits", "1", "--n-train", "50", "--n-eval", "4", "--prompts-per-ste
     ["--loss-type", "vespo", "--vespo-k-pos", "1.5", "--use-bias-correction-kl", "--beta", "0.04"],
     ["--advantage-baseline", "rloo", "--dynamic-sampling", "--max-sampling-rounds", "2", "--entropy-coef", "0.01"],
 ])
-def test_a_variant_trains_from_the_command_line(tmp_path, capsys, flags):
-    out = tmp_path / "run"
+def test_a_variant_trains_from_the_command_line(run_dir, capsys, flags):
+    out = run_dir
     assert main(["train", "--out", str(out), "--steps", "2", "--log-every", "1", *QUICK, *flags]) == 0
     rows = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)

@@ -110,9 +110,9 @@ def test_same_seed_same_run_across_processes_and_another_seed_differs(tmp_path, 
     assert not _same_weights(a["weights"], c["weights"])
 
 
-def test_history_file_holds_every_finished_step_while_training(tmp_path):
+def test_history_file_holds_every_finished_step_while_training(run_dir, small_policy):
     """history.jsonl is flushed after each step, so a kill loses at most the step in progress."""
-    out = tmp_path / "run"
+    out = run_dir
     seen_on_disk = []
 
     def watching_reward(completions, **kwargs):
@@ -121,7 +121,7 @@ def test_history_file_holds_every_finished_step_while_training(tmp_path):
         seen_on_disk.append([r["step"] for r in read_history(path)] if path.exists() else None)
         return [float(len(c)) for c in completions]
 
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    model, tok = small_policy
     config = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=3, output_dir=str(out))
     trainer = GRPOTrainer(model, tok, watching_reward, config)
     rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(8)]
@@ -197,8 +197,8 @@ def _small_run(steps: int, out: Path | None = None, resume: bool = False) -> lis
 
 
 @pytest.mark.slow
-def test_sigkill_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path):
-    out = tmp_path / "run"
+def test_sigkill_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, run_dir):
+    out = run_dir
     script = tmp_path / "dies.py"
     script.write_text(DIES_WHILE_SAVING)
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")

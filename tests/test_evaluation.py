@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, correctness_reward, evaluate_policy
+from grpo_tutorial import GRPOConfig, GRPOTrainer, correctness_reward, evaluate_policy
 from grpo_tutorial.chapters import gsm8k, lab, recipes
 from grpo_tutorial.chapters.gsm8k import GSM8K_PRESET, gsm8k_run, read_gsm8k_jsonl
 from grpo_tutorial.presets import get_preset
@@ -164,9 +164,9 @@ def test_lab_and_warm_start_evaluate_with_the_config_they_train_with(monkeypatch
     )
 
 
-def test_a_tiny_model_without_template_is_evaluated_as_before():
+def test_a_tiny_model_without_template_is_evaluated_as_before(tiny_policy):
     """No chat template: the text is the prompt itself; the config's budget and batch size decide the rest."""
-    model, tok = build_tiny_policy(seed=0)
+    model, tok = tiny_policy
     data = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "4+4=", "answer": "8"}]
     seen = capture_generate_inputs(model, tok)
     evaluate_policy(model, tok, data, GRPOConfig(max_new_tokens=2, eval_batch_size=1))

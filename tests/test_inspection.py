@@ -37,14 +37,14 @@ def tiny(seed=0):
 # --------------------------------------------------------------------- token_strings
 
 
-def test_token_strings_names_special_tokens_and_spaces():
-    _, tok = tiny()
+def test_token_strings_names_special_tokens_and_spaces(small_policy):
+    _, tok = small_policy
     ids = torch.tensor([tok(["7 ", "<eos>"], add_special_tokens=False)["input_ids"][0] + [tok.eos_token_id, tok.pad_token_id]])
     assert token_strings(tok, ids) == [["7", "␣", "<eos>", "<pad>"]]
 
 
-def test_token_strings_rejects_float_ids():
-    _, tok = tiny()
+def test_token_strings_rejects_float_ids(small_policy):
+    _, tok = small_policy
     with pytest.raises(TypeError, match="ids must be an integer tensor"):
         token_strings(tok, torch.zeros(1, 2))
 

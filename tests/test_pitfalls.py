@@ -451,8 +451,8 @@ def test_captured_logs_collects_and_restores():
 
 
 @pytest.mark.parametrize("bad, kind", [("1+1=", TypeError), ([], ValueError), ([{"answer": "2"}], ValueError), (["1+1="], TypeError)])
-def test_a_malformed_batch_raises_the_same_error_in_the_gallery_and_the_trainer(bad, kind):
-    model, tok = build_tiny_policy(seed=0)
+def test_a_malformed_batch_raises_the_same_error_in_the_gallery_and_the_trainer(bad, kind, tiny_policy):
+    model, tok = tiny_policy
     cfg = GRPOConfig(prompts_per_step=1, group_size=2)
     errors = []
     for run in (lambda: GRPOTrainer(model, tok, length_reward, cfg).train_step(bad),

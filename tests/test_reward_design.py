@@ -193,8 +193,8 @@ def test_applies_to_errors():
 # ---------------------------------------------------------------------- sample_audit
 
 
-def test_sample_audit_counts_what_the_rollout_wrote():
-    model, tok = tiny()
+def test_sample_audit_counts_what_the_rollout_wrote(small_policy):
+    model, tok = small_policy
     rows = make_arithmetic_dataset(3, 0, digits=1)
     checks = [correctness_reward, contains_monitor("+", name="plus"), number_format_reward]
     audit = sample_audit(model, tok, rows, checks, samples=4, max_new_tokens=3, seed=5, top=3)
@@ -217,8 +217,8 @@ def test_sample_audit_counts_what_the_rollout_wrote():
     assert torch.equal(state, torch.get_rng_state())
 
 
-def test_sample_audit_errors():
-    model, tok = tiny()
+def test_sample_audit_errors(small_policy):
+    model, tok = small_policy
     rows = make_arithmetic_dataset(2, 0, digits=1)
     with pytest.raises(ValueError, match="rows must be a non-empty list"):
         sample_audit(model, tok, [], [correctness_reward], samples=2, max_new_tokens=2)

@@ -7,13 +7,8 @@ from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.sft import SFTConfig, encode_sft_batch, supervised_warmup
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
-
-
-def test_labels_cover_only_answer_and_eos(tiny):
-    _, tok = tiny
+def test_labels_cover_only_answer_and_eos(small_policy):
+    _, tok = small_policy
     batch = encode_sft_batch(tok, [{"prompt": "1+2=", "answer": "3"}, {"prompt": "10+20=", "answer": "30"}])
     ids, labels, mask = batch["input_ids"], batch["labels"], batch["attention_mask"]
     assert ids.shape == labels.shape == mask.shape == (2, 10)  # <bos> 1 0 + 2 0 = 3 0 <eos>
@@ -23,13 +18,13 @@ def test_labels_cover_only_answer_and_eos(tiny):
     assert (labels[0][mask[0] == 0] == -100).all()  # padding is never a target
 
 
-def test_missing_keys_are_reported(tiny):
-    _, tok = tiny
+def test_missing_keys_are_reported(small_policy):
+    _, tok = small_policy
     with pytest.raises(ValueError, match="row 1 needs 'prompt' and 'answer'"):
         encode_sft_batch(tok, [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2="}])
 
 
-def test_warmup_lowers_the_loss_and_stops_on_request(tiny):
+def test_warmup_lowers_the_loss_and_stops_on_request():
     model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=1)
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)]
     history = supervised_warmup(

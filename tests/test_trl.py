@@ -201,11 +201,11 @@ def test_benchmark_statistics():
         summarize([])
 
 
-def test_benchmark_flop_counts_on_the_tiny_model():
+def test_benchmark_flop_counts_on_the_tiny_model(tiny_policy):
     """6ND counts every parameter on every token; 'counted' only what is multiplied."""
     from benchmarks.mfu import flop_counts
 
-    model, _ = build_tiny_policy()  # hidden 128, 3 layers, 4 heads, 21-token vocabulary, tied
+    model, _ = tiny_policy  # hidden 128, 3 layers, 4 heads, 21-token vocabulary, tied
     counts = flop_counts(model, rows=2, seq_len=5, completion_len=2)
     assert counts["parameters"] == 791_168 and counts["tied_embeddings"] is True
     assert counts["output_layer_parameters"] == 21 * 128
