@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     with common.LoadSampler() as sampler:
         policies: dict = {}
         if {"rollout", "mfu"} & set(args.parts):
-            from grpo_tutorial.models import load_policy
+            from grpo_tutorial.pretrained import load_policy
 
             for name in (("tiny", SMOLLM2) if "mfu" in args.parts else (SMOLLM2,)):
                 policies[name] = load_policy(name, device="cpu", dtype="float32")

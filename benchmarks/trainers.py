@@ -211,7 +211,7 @@ def phase_summary(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def load(spec: MatchedSpec):
-    from grpo_tutorial.models import load_policy
+    from grpo_tutorial.pretrained import load_policy
 
     return load_policy(spec.model, device="cpu", dtype="float32")
 

@@ -20,8 +20,9 @@ from .advantages import group_advantages
 from .kl import kl_estimate
 from .logprobs import completion_logprobs, token_entropy, token_logprobs
 from .loss import grpo_loss, sequence_logprob_loss
-from .models import build_tiny_policy, load_policy
+from .models import build_tiny_policy
 from .plotting import plot_history
+from .pretrained import load_policy
 from .rewards import (
     RewardFunctionError,
     answers_match,
@@ -40,12 +41,10 @@ from .tasks import (
     load_gsm8k,
     make_arithmetic_dataset,
     make_countdown_dataset,
-    make_long_addition_dataset,
-    parse_worked,
-    worked_addition,
     train_test_split_arithmetic,
     validate_dataset,
 )
+from .long_addition import make_long_addition_dataset, parse_worked, worked_addition
 from .config import GRPOConfig
 from .presets import get_preset
 from .evaluation import evaluate_policy

@@ -350,7 +350,8 @@ def _load_model(args: argparse.Namespace, seed: int) -> tuple[Any, Any]:
     """The policy and tokenizer; the tiny model's initial weights follow ``seed``."""
     import torch
 
-    from .models import build_tiny_policy, load_policy, pick_device_and_dtype
+    from .models import build_tiny_policy, pick_device_and_dtype
+    from .pretrained import load_policy
 
     if args.threads is not None:
         if args.threads < 1:
@@ -495,7 +496,7 @@ def _check_paths(args: argparse.Namespace) -> None:
     model = getattr(args, "model", None)
     named = ("tiny", "smollm2-135m-instruct")  # load_policy takes these names before folders
     if model is not None and model.strip().lower() not in named and os.path.exists(os.path.expanduser(model)):
-        from .models import check_model_dir
+        from .pretrained import check_model_dir
 
         check_model_dir(model)  # a local --model that is not a saved model fails here, before --out is made
     if args.command == "train":

@@ -80,6 +80,23 @@ def group_advantages(
         no learning signal. So does, with ``nan="skip"``, a group with fewer
         than two scorable rewards. An unscorable completion always gets 0.
     """
+    _check_options(scale, std, eps, nan, baseline)
+    r = as_float_tensor("rewards", rewards)
+    grouped = _as_groups(r, group_size)  # [P, G]
+    allowed = torch.isfinite(grouped) | (torch.isnan(grouped) if nan == "skip" else False)  # [P, G]
+    if not allowed.all():
+        bad = (~allowed).nonzero()[0].tolist()
+        raise ValueError(
+            f"rewards contain NaN or inf (first at group {bad[0]}, member {bad[1]})"
+            + ("" if nan == "skip" else "; pass nan='skip' to leave unscorable (NaN) completions out")
+        )
+    if torch.isnan(grouped).any():
+        return _advantages_skipping_nan(grouped, scale, std, eps, baseline).reshape(r.shape)
+    return _advantages_all_finite(grouped, scale, std, eps, baseline).reshape(r.shape)
+
+
+def _check_options(scale: str, std: str, eps: float, nan: str, baseline: str) -> None:
+    """:func:`group_advantages`' keyword options: known names, a combination that makes sense, eps >= 0."""
     one_of("scale", scale, SCALES)
     one_of("std", std, STDS)
     one_of("nan", nan, NAN_POLICIES)
@@ -91,7 +108,10 @@ def group_advantages(
         )
     if not isinstance(eps, (int, float)) or eps < 0:
         raise ValueError(f"eps must be a non-negative number, got {eps!r}")
-    r = as_float_tensor("rewards", rewards)
+
+
+def _as_groups(r: torch.Tensor, group_size: int | None) -> torch.Tensor:
+    """``[P, G]`` rewards from ``[P, G]`` or flat ``[P*G]`` ones, checked: not empty, G >= 2."""
     if r.dim() == 1:
         if group_size is None:
             raise ValueError(
@@ -118,16 +138,12 @@ def group_advantages(
         raise ValueError(
             f"group size is {G}: a group needs at least 2 completions to have a baseline (use G >= 2)"
         )
-    allowed = torch.isfinite(grouped) | (torch.isnan(grouped) if nan == "skip" else False)  # [P, G]
-    if not allowed.all():
-        bad = (~allowed).nonzero()[0].tolist()
-        raise ValueError(
-            f"rewards contain NaN or inf (first at group {bad[0]}, member {bad[1]})"
-            + ("" if nan == "skip" else "; pass nan='skip' to leave unscorable (NaN) completions out")
-        )
-    if torch.isnan(grouped).any():
-        return _advantages_skipping_nan(grouped, scale, std, eps, baseline).reshape(r.shape)
+    return grouped
 
+
+def _advantages_all_finite(grouped: torch.Tensor, scale: str, std: str, eps: float, baseline: str) -> torch.Tensor:
+    """:func:`group_advantages` of ``[P, G]`` rewards that are all finite."""
+    G = grouped.shape[1]
     unbiased = std == "sample"
     if baseline == "batch":
         centred = grouped - grouped.mean()  # [P, G]
@@ -145,7 +161,7 @@ def group_advantages(
         # Floating-point means of equal numbers need not be exact; force exact zeros.
         constant = (grouped == grouped[:, :1]).all(dim=1)  # [P]
         advantages = advantages.masked_fill(constant[:, None], 0.0)
-    return advantages.reshape(r.shape)
+    return advantages  # [P, G]
 
 
 def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

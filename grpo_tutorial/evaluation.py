@@ -83,15 +83,7 @@ def evaluate_policy(
         ``samples``: the first ``num_samples`` records' prompt, completion and
         answer.
     """
-    if moved:
-        name = sorted(moved)[0]
-        field = _MOVED_TO_CONFIG.get(name)
-        if field is None:
-            raise TypeError(f"evaluate_policy() got an unexpected keyword argument {name!r}")
-        raise TypeError(
-            f"evaluate_policy() takes {name}= from the run's GRPOConfig, so that evaluation sees what training "
-            f"sees: pass config=GRPOConfig({field}=...) (the trainer's config, or a preset), not {name}={moved[name]!r}"
-        )
+    _refuse_moved_keywords(moved)
     config = GRPOConfig() if config is None else config
     if not isinstance(config, GRPOConfig):
         raise TypeError(f"config must be a GRPOConfig (the run's settings), got {type(config).__name__}")
@@ -105,39 +97,71 @@ def evaluate_policy(
     judged_all = True
     for start in range(0, len(rows), batch_size):
         chunk = list(rows[start : start + batch_size])
-        rollout = generate_rollouts(
-            model,
-            tokenizer,
-            [row["prompt"] for row in chunk],
-            group_size=1,
-            max_new_tokens=config.max_new_tokens,
-            do_sample=False,
-            system_prompt=config.system_prompt,
-            use_chat_template=config.use_chat_template,
-            onednn=config.onednn_generation,
+        chunk_records, judged = _evaluate_chunk(model, tokenizer, chunk, config, fns, accuracy_fn)
+        records.extend(chunk_records)
+        judged_all = judged_all and judged
+    return _summary(records, judged_all, start_time, num_samples)
+
+
+def _refuse_moved_keywords(moved: dict) -> None:
+    """A keyword of the old signature names the GRPOConfig field that now holds it; any other is a TypeError."""
+    if moved:
+        name = sorted(moved)[0]
+        field = _MOVED_TO_CONFIG.get(name)
+        if field is None:
+            raise TypeError(f"evaluate_policy() got an unexpected keyword argument {name!r}")
+        raise TypeError(
+            f"evaluate_policy() takes {name}= from the run's GRPOConfig, so that evaluation sees what training "
+            f"sees: pass config=GRPOConfig({field}=...) (the trainer's config, or a preset), not {name}={moved[name]!r}"
         )
-        answers = [row.get("answer") for row in chunk]
-        columns = extra_columns(chunk, 1)
-        total, _ = compute_rewards(
-            fns, config.reward_weights, rollout.prompts, rollout.completions, answers,
-            completion_ids=rollout.completion_id_lists(), **columns,
-        )
-        judged = judge_correct(accuracy_fn, rollout.prompts, rollout.completions, answers, columns)
-        judged_all = judged_all and judged is not None
-        lengths = rollout.completion_lengths.cpu().tolist()
-        truncated = rollout.truncated.cpu().tolist()
-        for i, row in enumerate(chunk):
-            records.append(
-                {
-                    "prompt": row["prompt"],
-                    "answer": row.get("answer"),
-                    "completion": rollout.completions[i],
-                    "correct": None if judged is None else judged[i],
-                    "reward": float(total[i]),
-                    "length": int(lengths[i]),
-                    "truncated": bool(truncated[i]),
-                }
-            )
+
+
+def _evaluate_chunk(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    chunk: list[dict],
+    config: GRPOConfig,
+    fns: list[Callable],
+    accuracy_fn: Callable | None,
+) -> tuple[list[dict], bool]:
+    """One greedy completion per row of ``chunk``, scored: its records, and whether every row could be judged."""
+    rollout = generate_rollouts(
+        model,
+        tokenizer,
+        [row["prompt"] for row in chunk],
+        group_size=1,
+        max_new_tokens=config.max_new_tokens,
+        do_sample=False,
+        system_prompt=config.system_prompt,
+        use_chat_template=config.use_chat_template,
+        onednn=config.onednn_generation,
+    )
+    answers = [row.get("answer") for row in chunk]
+    columns = extra_columns(chunk, 1)
+    total, _ = compute_rewards(
+        fns, config.reward_weights, rollout.prompts, rollout.completions, answers,
+        completion_ids=rollout.completion_id_lists(), **columns,
+    )
+    judged = judge_correct(accuracy_fn, rollout.prompts, rollout.completions, answers, columns)
+    lengths = rollout.completion_lengths.cpu().tolist()
+    truncated = rollout.truncated.cpu().tolist()
+    records = [
+        {
+            "prompt": row["prompt"],
+            "answer": row.get("answer"),
+            "completion": rollout.completions[i],
+            "correct": None if judged is None else judged[i],
+            "reward": float(total[i]),
+            "length": int(lengths[i]),
+            "truncated": bool(truncated[i]),
+        }
+        for i, row in enumerate(chunk)
+    ]
+    return records, judged is not None
+
+
+def _summary(records: list[dict], judged_all: bool, start_time: float, num_samples: int) -> dict:
+    """:func:`evaluate_policy`'s result from the records of every row (see its docstring)."""
     rewards = torch.tensor([r["reward"] for r in records])  # [n]
     correct = [None if _unjudged(r["correct"]) else r["correct"] == 1.0 for r in records]
     accuracy = nanmean([r["correct"] for r in records]) if judged_all else math.nan

@@ -136,7 +136,22 @@ def plot_history(
     steps = _column(rows, "step")
     if np.all(np.isnan(steps)):
         steps = np.arange(1, len(rows) + 1, dtype=float)
+    fig, axes, overlay = _figure_and_axes(plt, ax, panels)
+    for (key, title), axis in zip(panels, axes):
+        _draw_panel(axis, key, title, rows, steps, smooth=smooth, overlay=overlay,
+                    completions_per_step=completions_per_step)
+    if overlay:
+        axes[0].legend(fontsize=8)
+    else:
+        fig.tight_layout()
+    return fig
 
+
+def _figure_and_axes(plt: Any, ax: Any, panels: list[tuple[str, str]]) -> tuple[Any, list, bool]:
+    """The figure, one Axes per panel, and whether every panel is overlaid on one Axes (see ``plot_history``'s ``ax``).
+
+    ``plt`` is ``matplotlib.pyplot``, which makes a new figure when ``ax`` is None.
+    """
     if ax is None:
         cols = min(3, len(panels))
         nrows = math.ceil(len(panels) / cols)
@@ -152,34 +167,43 @@ def plot_history(
         if len(axes) < len(panels):
             raise ValueError(f"ax has {len(axes)} axes but {len(panels)} panels are drawn ({[k for k, _ in panels]})")
         fig, overlay = axes[0].figure, False
+    return fig, axes, overlay
+
+
+def _draw_panel(
+    axis: Any,
+    key: str,
+    title: str,
+    rows: list[dict],
+    steps: np.ndarray,
+    *,
+    smooth: int | None,
+    overlay: bool,
+    completions_per_step: int | None,
+) -> None:
+    """One history key against the step on ``axis``: the curve, and the reward's band or the length's max line."""
 
     def curve(values: np.ndarray) -> np.ndarray:
         return values if smooth is None else moving_average(values, smooth)
 
-    for (key, title), axis in zip(panels, axes):
-        values = _column(rows, key)
-        label = key if overlay else None
-        if smooth is not None:
-            axis.plot(steps, values, alpha=0.25, linewidth=0.8, color=None if overlay else "C0")
-        line = axis.plot(steps, curve(values), label=label, color=None if overlay else "C0")[0]
-        if key == "reward_mean" and "reward_std" in rows[0] and completions_per_step is not None:
-            # +-1 standard error of the step's mean reward (of the moving average, when smoothed)
-            se = curve(_column(rows, "reward_std")) / math.sqrt(completions_per_step * (smooth or 1))
-            mean = curve(values)
-            axis.fill_between(steps, mean - se, mean + se, alpha=0.2, color=line.get_color(), linewidth=0)
-        if key == "completion_len_mean" and not overlay:
-            longest = _column(rows, "completion_len_max")
-            if not np.all(np.isnan(longest)):
-                axis.plot(steps, curve(longest), linestyle="--", color=line.get_color(), label="max")
-                axis.plot([], [], color=line.get_color(), label="mean")
-                axis.legend(fontsize=8)
-        if not overlay:
-            band = key == "reward_mean" and "reward_std" in rows[0] and completions_per_step is not None
-            axis.set_title(title.replace("(mean)", "(mean ± 1 s.e.)") if band else title, fontsize=10)
-        axis.set_xlabel("step")
-        axis.grid(alpha=0.3)
-    if overlay:
-        axes[0].legend(fontsize=8)
-    else:
-        fig.tight_layout()
-    return fig
+    values = _column(rows, key)
+    label = key if overlay else None
+    band = key == "reward_mean" and "reward_std" in rows[0] and completions_per_step is not None
+    if smooth is not None:
+        axis.plot(steps, values, alpha=0.25, linewidth=0.8, color=None if overlay else "C0")
+    line = axis.plot(steps, curve(values), label=label, color=None if overlay else "C0")[0]
+    if band:
+        # +-1 standard error of the step's mean reward (of the moving average, when smoothed)
+        se = curve(_column(rows, "reward_std")) / math.sqrt(completions_per_step * (smooth or 1))
+        mean = curve(values)
+        axis.fill_between(steps, mean - se, mean + se, alpha=0.2, color=line.get_color(), linewidth=0)
+    if key == "completion_len_mean" and not overlay:
+        longest = _column(rows, "completion_len_max")
+        if not np.all(np.isnan(longest)):
+            axis.plot(steps, curve(longest), linestyle="--", color=line.get_color(), label="max")
+            axis.plot([], [], color=line.get_color(), label="mean")
+            axis.legend(fontsize=8)
+    if not overlay:
+        axis.set_title(title.replace("(mean)", "(mean ± 1 s.e.)") if band else title, fontsize=10)
+    axis.set_xlabel("step")
+    axis.grid(alpha=0.3)

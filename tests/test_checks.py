@@ -22,7 +22,8 @@ from grpo_tutorial.chapters.bandit import BanditConfig, make_bandit
 from grpo_tutorial.chapters.gsm8k import forward_flops_per_token
 from grpo_tutorial.chapters.recipes import TinyAdditionRecipe
 from grpo_tutorial.sft import SFTConfig
-from grpo_tutorial.tasks import make_arithmetic_dataset, worked_addition
+from grpo_tutorial.long_addition import worked_addition
+from grpo_tutorial.tasks import make_arithmetic_dataset
 
 PACKAGE = Path(grpo_tutorial.__file__).parent
 

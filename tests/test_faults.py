@@ -392,10 +392,10 @@ def test_trainer_on_a_read_only_directory_raises_one_line(tmp_path, small_mount)
 #: (module, function) -> why its broad handler does not re-raise
 ALLOWED = {
     ("run/disk.py", "fsync_dir"): "a file system that cannot fsync a directory: the files themselves are synced",
-    ("models.py", "_write_cache_atomically"): "another process renamed its cache into place first: kept",
-    ("models.py", "_load_smollm2"): "an unreadable cache is reported on stderr and rebuilt",
-    ("models.py", "probe"): "hub_reachable: any failure to reach the hub means 'not reachable'",
-    ("models.py", "_load_hub"): "not in the local cache: the network is tried next",
+    ("pretrained.py", "_write_cache_atomically"): "another process renamed its cache into place first: kept",
+    ("pretrained.py", "_load_smollm2"): "an unreadable cache is reported on stderr and rebuilt",
+    ("pretrained.py", "probe"): "hub_reachable: any failure to reach the hub means 'not reachable'",
+    ("pretrained.py", "_load_hub"): "not in the local cache: the network is tried next",
     ("rewards.py", "_find_failing_index"): "a reward function's error pins down the failing row; the caller re-raises it",
     ("run/layout.py", "what_was_kept"): "the read error goes into the message of the error being raised",
     ("run/lock.py", "_holder"): "the lock is held either way; the message says the holder is unknown and why",

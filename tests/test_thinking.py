@@ -12,7 +12,7 @@ import torch
 from grpo_tutorial.chapters import thinking
 from grpo_tutorial.chapters.lab import mean_ci
 from grpo_tutorial.rewards import correctness_reward
-from grpo_tutorial.tasks import parse_worked, worked_addition
+from grpo_tutorial.long_addition import parse_worked, worked_addition
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Chapter 13, "Thinking longer": a task where working it out pays, and what GRPO makes of it.
 
-The task is long addition (:func:`~grpo_tutorial.tasks.make_long_addition_dataset`):
+The task is long addition (:func:`~grpo_tutorial.long_addition.make_long_addition_dataset`):
 a completion may state the sum at once, a *guess* (``"385777"``), or first *work it
-out* column by column (:func:`~grpo_tutorial.tasks.worked_addition`,
+out* column by column (:func:`~grpo_tutorial.long_addition.worked_addition`,
 ``"(3+4=7)(1+6=7)(2+5=7)(7+8=15)(4+3+1=8)(2+1=3)385777"``), about seven times longer. The reward is
 correctness alone; nothing pays for length or for the steps.
 
@@ -43,7 +43,7 @@ from ..presets import get_preset
 from ..rewards import correctness_reward, soft_overlong_punishment
 from ..rollout import generate_rollouts
 from ..sft import SFTConfig, supervised_warmup
-from ..tasks import WORKED_OPEN, make_long_addition_dataset, parse_worked, worked_addition
+from ..long_addition import WORKED_OPEN, make_long_addition_dataset, parse_worked, worked_addition
 from ..trainer import GRPOTrainer
 from .lab import mean_ci, paired_comparison
 
@@ -210,7 +210,7 @@ def build_thinking_model(recipe: ThinkingRecipe, seed: int):
 def format_only_reward(prompts, completions, **kwargs) -> list[float]:
     """Control: 1.0 for a completion written as steps then a number, right or wrong; else 0.0.
 
-    It reads the format with :func:`~grpo_tutorial.tasks.parse_worked` and never
+    It reads the format with :func:`~grpo_tutorial.long_addition.parse_worked` and never
     checks the arithmetic or the answer (TRL's reward signature).
 
     >>> format_only_reward(["1+1="], ["(1+1=3)3"]), format_only_reward(["1+1="], ["2"])
@@ -328,7 +328,7 @@ def heldout_stats(model, tokenizer, rows: Sequence[dict], config: GRPOConfig, se
     Sampling uses the run's temperature and budget, with its own seeded generator
     (the global random state is left as it was, so measuring does not change the
     run). A completion is right if the correctness reward says so; its style is what
-    :func:`~grpo_tutorial.tasks.parse_worked` reads. Returns the keys of
+    :func:`~grpo_tutorial.long_addition.parse_worked` reads. Returns the keys of
     :data:`CURVE_KEYS` (the length in tokens, EOS included; NaN where a style or
     outcome has no completion) and ``n``.
     """
