@@ -246,7 +246,7 @@ def measure_step(trainer, batch: list[dict], cuda: bool) -> dict[str, Any]:
     """One training step: each stage's seconds (the history row's) and peak memory."""
     from grpo_tutorial.metrics import watch_stages
 
-    from grpo_tutorial.run.warn import GRPOWarning
+    from grpo_tutorial.warn import GRPOWarning
 
     peaks = StagePeaks(cuda)
     with watch_stages(peaks), warnings.catch_warnings():

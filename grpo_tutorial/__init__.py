@@ -1,10 +1,12 @@
 """GRPO from the ground up: the package behind the book.
 
-One GRPO step is a straight pipeline, and the modules mirror it::
+One GRPO step is a straight pipeline of five stages (:mod:`grpo_tutorial.stages`),
+and the modules mirror it::
 
-    tasks -> rollout -> rewards -> advantages -> logprobs -> loss/kl -> trainer
+    tasks -> 1. rollout -> 2. rewards -> 3. advantages -> 4. logprobs -> 5. loss/kl/optim
 
-Everything a chapter uses is importable from here.
+``step.py`` runs them in that order, top to bottom (:class:`~grpo_tutorial.step.GRPOStep`);
+``trainer.py`` is the loop around it. Everything a chapter uses is importable from here.
 """
 
 __version__ = "0.1.0"
@@ -49,7 +51,7 @@ from .config import GRPOConfig
 from .presets import get_preset
 from .evaluation import evaluate_policy
 from .metrics import TIMING_KEYS
-from .run.warn import GRPOWarning
+from .warn import GRPOWarning
 from .trainer import GRPOTrainer
 
 __all__ = [

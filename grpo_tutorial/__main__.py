@@ -566,16 +566,9 @@ def _print_plan(args: argparse.Namespace, config: GRPOConfig) -> None:
 def _train(args: argparse.Namespace, config: GRPOConfig, out: Path) -> int:
     import torch
 
-    from .run.layout import find_checkpoint, read_meta
     from .trainer import GRPOTrainer
 
-    checkpoint = find_checkpoint(out) if args.resume else None
-    resuming = checkpoint is not None
-    if resuming:
-        meta = read_meta(checkpoint)
-        print(f"resuming from {checkpoint} at step {meta['step']}", flush=True)
-    elif args.resume:
-        print(f"--resume: no checkpoint in {out} yet, starting from step 0", flush=True)
+    resuming = _announce_resume(args, out)
     tiny = _is_tiny(args.model)
     args.seed = seed = config.seed
     data_seed = seed if args.data_seed is None else args.data_seed
@@ -587,14 +580,7 @@ def _train(args: argparse.Namespace, config: GRPOConfig, out: Path) -> int:
         args.task, tiny=tiny, n_train=args.n_train, n_eval=args.n_eval, seed=data_seed, digits=args.digits,
         n_probe=args.n_probe,
     )
-    reward_fns = parse_rewards(args.reward)[0] if args.reward else data.reward_fns
-    weights = config.reward_weights
-    if weights is not None and len(weights) != len(reward_fns):
-        raise ValueError(
-            f"reward_weights {weights} (preset {args.preset}) weigh {len(weights)} reward functions but the run has "
-            f"{len(reward_fns)}; name them with --reward NAME:WEIGHT (e.g. --reward correctness --reward format:0.1) "
-            "or pass --reward-weights none"
-        )
+    reward_fns = _reward_functions(args, config, data)
     _print_plan(args, config)
     torch.manual_seed(seed)
     model, tokenizer = _load_model(args, seed)
@@ -633,6 +619,31 @@ def _train(args: argparse.Namespace, config: GRPOConfig, out: Path) -> int:
     print(f"wrote {out / 'history.jsonl'}" + (f" and {out / 'completions.jsonl'}" if config.log_completions else ""),
           flush=True)
     return 0
+
+
+def _announce_resume(args: argparse.Namespace, out: Path) -> bool:
+    """Whether ``--resume`` finds a checkpoint in ``out``; says which, or that the run starts at step 0."""
+    from .run.layout import find_checkpoint, read_meta
+
+    checkpoint = find_checkpoint(out) if args.resume else None
+    if checkpoint is not None:
+        print(f"resuming from {checkpoint} at step {read_meta(checkpoint)['step']}", flush=True)
+    elif args.resume:
+        print(f"--resume: no checkpoint in {out} yet, starting from step 0", flush=True)
+    return checkpoint is not None
+
+
+def _reward_functions(args: argparse.Namespace, config: GRPOConfig, data: TaskData) -> list:
+    """The run's reward functions (``--reward`` or the task's), one per weight of the config."""
+    reward_fns = parse_rewards(args.reward)[0] if args.reward else data.reward_fns
+    weights = config.reward_weights
+    if weights is not None and len(weights) != len(reward_fns):
+        raise ValueError(
+            f"reward_weights {weights} (preset {args.preset}) weigh {len(weights)} reward functions but the run has "
+            f"{len(reward_fns)}; name them with --reward NAME:WEIGHT (e.g. --reward correctness --reward format:0.1) "
+            "or pass --reward-weights none"
+        )
+    return reward_fns
 
 
 def _warm_start(args: argparse.Namespace, config: GRPOConfig, model: Any, tokenizer: Any, data: TaskData,

@@ -16,11 +16,12 @@ from typing import Any, Sequence
 
 from ._checks import check_choice, check_flag, check_int, check_number, config_error, is_number, type_error
 from .advantages import BASELINES, MULTI_OBJECTIVE_AGGREGATIONS, SCALES, STDS
-from .loss import OPTION_NAMES, LossOptions
+from .loss import LossOptions
 
 __all__ = ["GRPOConfig", "field_docs"]
 
 _OWNER = "GRPOConfig"
+_LOSS = LossOptions()  # the loss fields' defaults are LossOptions' (defined there, once)
 
 
 @dataclass
@@ -42,6 +43,15 @@ class GRPOConfig:
     once (memory); the gradients of a minibatch's micro-batches are accumulated
     into one update, with each loss type's normaliser kept as TRL keeps it.
 
+    The loss's settings (``loss_type``, ``beta``, ``kl_kind``, ``clip_eps``,
+    ``clip_eps_high``, ``importance_sampling_level``, ``delta``, the SAPO
+    temperatures, ``mask_truncated_completions``, ``top_entropy_quantile``,
+    ``entropy_coef``, ``off_policy_mask_threshold``, ``use_bias_correction_kl``
+    and VESPO's shape) are fields here under TRL's names, but are defined,
+    documented and checked in one place, :class:`~grpo_tutorial.loss.LossOptions`
+    (:func:`field_docs` reads their docs from there); :meth:`loss_options` builds
+    one from them.
+
     Attributes:
         group_size: G, completions per prompt (>= 2: a group needs a baseline).
         prompts_per_step: B, prompts per step; a step samples B*G completions.
@@ -54,10 +64,6 @@ class GRPOConfig:
             on a wrong ratio.
         learning_rate, weight_decay: AdamW settings.
         warmup_steps: linear learning-rate warmup, counted in optimizer updates.
-        beta: KL penalty weight; 0 keeps no reference model at all.
-        kl_kind: ``"k1"``, ``"k2"`` or ``"k3"`` (the estimator in the penalty).
-        clip_eps, clip_eps_high: PPO clip range (1 - eps, 1 + eps_high);
-            ``clip_eps_high=None`` means symmetric. DAPO's clip-higher uses 0.28.
         num_iterations: mu, passes over each generation batch.
         minibatch_size: completions per optimizer update (None = all B*G). It
             must divide B*G; a step makes mu * B*G / minibatch_size updates.
@@ -81,39 +87,12 @@ class GRPOConfig:
             pass by itself under gradient checkpointing or active dropout.
         onednn_generation: during ``generate``, multiply the linear layers
             with oneDNN instead of the default CPU BLAS
-            (:mod:`grpo_tutorial.onednn`): on the book's CPU batched decoding of
+            (:mod:`grpo_tutorial.speedups`): on the book's CPU batched decoding of
             SmolLM2 ran about 1.6 times faster. None (default) = on for a
             float32 model on the CPU when PyTorch has the operators, off
             otherwise (GPUs are untouched); True = on, or an error; False = off.
             Only sampling and evaluation use it; the log-probs of the loss come
             from the model's own layers.
-        loss_type: ``"grpo"``, ``"bnpo"``, ``"dapo"``, ``"dr_grpo"``, ``"cispo"``
-            (MiniMax-M1: a clipped, detached weight times log pi, so clipped
-            tokens keep a gradient; its cap is ``1 + clip_eps_high``, which may
-            then be >= 1: TRL's ``epsilon_high=5.0`` is ``clip_eps_high=4.0``),
-            ``"sapo"`` (a sigmoid gate instead of the clip), ``"luspo"`` (LUSPO:
-            GSPO's loss with each sequence's loss scaled by its length; needs
-            ``importance_sampling_level="sequence"``) or ``"vespo"`` (VESPO: no
-            clip, a detached Gamma-shaped weight of the sequence's importance
-            weight; aggregated like ``"dapo"``).
-        importance_sampling_level: ``"token"`` (one ratio per token) or
-            ``"sequence"`` (GSPO: one length-normalised ratio per completion).
-        delta: None, or a cap on the ratio in the unclipped term of the clipped
-            surrogate (INTELLECT-2's two-sided clip); must be > 1 + clip_eps_high.
-        sapo_temperature_pos, sapo_temperature_neg: SAPO's gate temperatures for
-            positive and non-positive advantages (TRL's defaults 1.0 and 1.05).
-        mask_truncated_completions: completions cut off at ``max_new_tokens``
-            get no loss and no gradient, and their tokens leave every token
-            count (DAPO's overlong filter; TRL zeroes their loss mask the same way).
-        top_entropy_quantile: train only on the tokens in this top fraction of
-            per-token entropy, per micro-batch as in TRL (1.0 = all tokens; the
-            80/20 paper uses 0.2).
-        entropy_coef: subtract this times the mean per-token entropy (an
-            entropy bonus; 0 = off). With ``use_adaptive_entropy``, the
-            coefficient it starts from.
-            Both entropy options use the *current* policy's entropy with its
-            gradient, from the gradient pass (as TRL does), never the no-grad
-            old-policy pass; the history's ``entropy`` stays the sampling policy's.
         use_adaptive_entropy: Skywork-OR1's adaptive entropy control (TRL's
             name and rule). After each optimizer update the mean entropy of that
             update's tokens is compared with ``entropy_target``: at or below it,
@@ -128,28 +107,6 @@ class GRPOConfig:
             entropy you see early in training).
         entropy_coef_min, entropy_coef_max, entropy_coef_delta: the bounds and
             the step of the adaptive coefficient (TRL's defaults 0, 1, 0.005).
-        off_policy_mask_threshold: None, or drop from the loss the completions
-            with a negative advantage whose mean log(pi_old / pi_theta) exceeds
-            it (DeepSeek-V3.2). Here sampler and scorer are one model, so it
-            only acts on the later updates of an off-policy step (mu > 1 or
-            several minibatches); on-policy it keeps everything.
-        use_bias_correction_kl: multiply the KL term by the importance ratio
-            pi_theta / pi_old, not detached (DeepSeek-V3.2). On-policy the
-            penalty's value is unchanged (the ratio is 1), but its gradient per
-            token becomes log(pi / pi_ref), the reverse KL's, where plain k3's,
-            1 - pi_ref / pi, pulls on average towards the *forward* KL
-            (chapter 5). Default False, where TRL 1.16's is True: the package's
-            defaults are DeepSeekMath's GRPO objective (as ``loss_type="grpo"``
-            is, where TRL's default is ``"dapo"``), and later refinements are
-            switched on by name; so every chapter's and golden run's numbers
-            stay those of the plain k3 penalty. Set True to match TRL's default.
-            It only matters with ``beta > 0``. The reverse-KL gradient is exact
-            at ``importance_sampling_level="token"``; at ``"sequence"`` each
-            sequence's one ratio multiplies the KL of all its tokens, as in TRL.
-        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: the shape
-            of VESPO's weight phi(w) = e^lambda w^k e^(-lambda w) for positive
-            and negative advantages (TRL's defaults 2, 3, 3, 2; the weight
-            peaks at w = k / lambda).
         advantage_baseline: what a reward is compared with. ``"group"`` (GRPO:
             the group mean), ``"rloo"`` (RLOO: the mean of the other G - 1
             rewards of the group) or ``"batch"`` (REINFORCE++: the mean of the
@@ -207,30 +164,30 @@ class GRPOConfig:
     learning_rate: float = 1e-4
     weight_decay: float = 0.0
     warmup_steps: int = 0
-    beta: float = 0.0
-    kl_kind: str = "k3"
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
+    beta: float = _LOSS.beta
+    kl_kind: str = _LOSS.kl_kind
+    clip_eps: float = _LOSS.clip_eps
+    clip_eps_high: float | None = _LOSS.clip_eps_high
     num_iterations: int = 1
     minibatch_size: int | None = None
     micro_batch_size: int | None = None
     disable_dropout: bool = True
     share_prompt_cache: bool = True
     onednn_generation: bool | None = None
-    loss_type: str = "grpo"
-    importance_sampling_level: str = "token"
-    delta: float | None = None
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
-    mask_truncated_completions: bool = False
-    top_entropy_quantile: float = 1.0
-    entropy_coef: float = 0.0
-    off_policy_mask_threshold: float | None = None
-    use_bias_correction_kl: bool = False
-    vespo_k_pos: float = 2.0
-    vespo_lambda_pos: float = 3.0
-    vespo_k_neg: float = 3.0
-    vespo_lambda_neg: float = 2.0
+    loss_type: str = _LOSS.loss_type
+    importance_sampling_level: str = _LOSS.importance_sampling_level
+    delta: float | None = _LOSS.delta
+    sapo_temperature_pos: float = _LOSS.sapo_temperature_pos
+    sapo_temperature_neg: float = _LOSS.sapo_temperature_neg
+    mask_truncated_completions: bool = _LOSS.mask_truncated_completions
+    top_entropy_quantile: float = _LOSS.top_entropy_quantile
+    entropy_coef: float = _LOSS.entropy_coef
+    off_policy_mask_threshold: float | None = _LOSS.off_policy_mask_threshold
+    use_bias_correction_kl: bool = _LOSS.use_bias_correction_kl
+    vespo_k_pos: float = _LOSS.vespo_k_pos
+    vespo_lambda_pos: float = _LOSS.vespo_lambda_pos
+    vespo_k_neg: float = _LOSS.vespo_k_neg
+    vespo_lambda_neg: float = _LOSS.vespo_lambda_neg
     use_adaptive_entropy: bool = False
     entropy_target: float = 0.2
     entropy_coef_min: float = 0.0
@@ -275,9 +232,6 @@ class GRPOConfig:
                      "a positive number (e.g. 1e-4 for the tiny model)")
         check_number(o, "weight_decay", self.weight_decay, lambda v: v >= 0, "a number >= 0")
         self.loss_options()  # every setting of the loss, validated where the loss defines them (loss.py)
-        if self.loss_type != "cispo":  # a training run's clip range; only CISPO's cap lies far above 2
-            check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: 0 < v < 1,
-                         "None or a number in (0, 1), e.g. 0.28 (only CISPO takes a cap above 2)", optional=True)
         self._check_sampling_options()
         check_choice(o, "scale_rewards", self.scale_rewards, SCALES)
         check_choice(o, "std", self.std, STDS)
@@ -353,20 +307,15 @@ class GRPOConfig:
             )
 
     def loss_options(self) -> LossOptions:
-        """Stage 6's settings as one validated, frozen :class:`~grpo_tutorial.loss.LossOptions`.
+        """The loss's settings (stage 5) as one validated, frozen :class:`~grpo_tutorial.loss.LossOptions`.
 
         The fields of the same names, plus ``max_completion_length=max_new_tokens``.
         It is what the trainer passes to :func:`~grpo_tutorial.loss.grpo_loss`;
         a bad setting raises ``ValueError`` (``TypeError`` for a value of the wrong
         type) naming ``GRPOConfig.<field>``.
         """
-        values = {name: getattr(self, name) for name in OPTION_NAMES if name != "max_completion_length"}
+        values = {name: getattr(self, name) for name in LOSS_FIELDS}
         return LossOptions(**values, max_completion_length=self.max_new_tokens, owner=_OWNER)
-
-    @property
-    def needs_entropy_grad(self) -> bool:
-        """Whether the loss uses the current policy's per-token entropy (adaptive control may switch the bonus on)."""
-        return self.loss_options().needs_entropy or self.use_adaptive_entropy
 
     @property
     def batch_completions(self) -> int:
@@ -392,20 +341,32 @@ class GRPOConfig:
         return dataclasses.asdict(self)
 
 
+#: The config's fields that are :class:`~grpo_tutorial.loss.LossOptions` fields (all but ``max_completion_length``,
+#: which is ``max_new_tokens``).
+LOSS_FIELDS = tuple(f.name for f in dataclasses.fields(LossOptions) if f.name != "max_completion_length")
+
 _ENTRY = re.compile(r"^([a-z_][a-z0-9_]*(?:, [a-z_][a-z0-9_]*)*): (.*)$")
 
 
 def field_docs() -> dict[str, str]:
-    """Each :class:`GRPOConfig` field's doc, from the class docstring's ``Attributes:`` section.
+    """Each :class:`GRPOConfig` field's doc, from the ``Attributes:`` sections of the docstrings.
 
-    One entry may document several fields (``learning_rate, weight_decay: AdamW
-    settings.``); each of them gets its text. The text is joined into one line,
-    markup and all. The command line's ``train --help`` is made from it, and a
-    test checks that every field has one, so a new field cannot go undocumented.
+    The loss's fields are documented in :class:`~grpo_tutorial.loss.LossOptions`,
+    the others in :class:`GRPOConfig`. One entry may document several fields
+    (``learning_rate, weight_decay: AdamW settings.``); each of them gets its
+    text. The text is joined into one line, markup and all. The command line's
+    ``train --help`` is made from it, and a test checks that every field has one,
+    so a new field cannot go undocumented.
     """
-    lines = inspect.cleandoc(GRPOConfig.__doc__ or "").splitlines()
+    own, loss = _attribute_docs(GRPOConfig), _attribute_docs(LossOptions)
+    return {**own, **{name: loss[name] for name in LOSS_FIELDS if name in loss}}
+
+
+def _attribute_docs(cls: type) -> dict[str, str]:
+    """The entries of ``cls``'s docstring's ``Attributes:`` section, by field name."""
+    lines = inspect.cleandoc(cls.__doc__ or "").splitlines()
     if "Attributes:" not in lines:
-        raise RuntimeError("GRPOConfig's docstring has no 'Attributes:' section")
+        raise RuntimeError(f"{cls.__name__}'s docstring has no 'Attributes:' section")
     docs: dict[str, list[str]] = {}
     current: list[str] = []
     for line in lines[lines.index("Attributes:") + 1:]:

@@ -198,7 +198,7 @@ def score_rollout(
     return_entropy: bool = False,
     share_prompts: bool = False,
 ):
-    """Stages 4 and 5: log-probs (and entropy) of all N completions, in eval mode, without gradient.
+    """Stage 4 (score): log-probs (and entropy) of all N completions, in eval mode, without gradient.
 
     The old policy's log-probs and the reference's are scored this way: ``chunk``
     completions at a time (the micro-batch size; None = all at once), with

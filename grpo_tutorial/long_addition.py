@@ -12,7 +12,7 @@ number either way, so it checks the answer only, never the work.
 * :func:`parse_worked`: the one reading of a completion (a :class:`WorkedParse`):
   its style, its steps, its answer, and whether the steps add up.
 
-These are stage 0 like :mod:`grpo_tutorial.tasks`, in a module of their own
+These are the step's input, before stage 1, like :mod:`grpo_tutorial.tasks`, in a module of their own
 because no other chapter uses them. They sit at the top level, not in
 ``grpo_tutorial.chapters``, because the package exports them
 (``grpo_tutorial.make_long_addition_dataset``, ``worked_addition``,

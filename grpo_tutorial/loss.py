@@ -1,4 +1,4 @@
-"""Stage 6 of a GRPO step: the clipped surrogate objective and its aggregation.
+"""Stage 5 of a GRPO step (update): the clipped surrogate objective and its aggregation.
 
 For completion i, token t, with ratio rho = pi_theta / pi_old and advantage A_i:
 
@@ -31,16 +31,16 @@ DeepSeek-V3.2's bias-corrected KL) have TRL's names; each is one function of
 :mod:`grpo_tutorial.objectives`. Their defaults leave the loss exactly as above.
 
 Every setting of the loss is one field of :class:`LossOptions`, a frozen
-dataclass that checks itself when it is built; this is the only place where the
-loss's settings are validated. The trainer passes ``config.loss_options()``
-(:meth:`GRPOConfig.loss_options <grpo_tutorial.config.GRPOConfig.loss_options>`);
-a notebook may pass the same settings as keywords instead
-(``grpo_loss(..., clip_eps=0.2, loss_type="dapo")``), which builds the object.
+dataclass: the only place where a loss setting is defined, documented and
+checked. :class:`~grpo_tutorial.config.GRPOConfig` keeps the same names as flat
+fields (TRL's) and builds one with ``config.loss_options()``, which the step
+passes as ``grpo_loss(..., options=...)``. A notebook passes the few settings the
+chapters vary by name instead (``grpo_loss(..., loss_type="dapo", beta=0.04)``:
+:data:`NAMED_OPTIONS`), which builds the object.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import InitVar, dataclass
 
 import torch
@@ -62,25 +62,87 @@ from .objectives import (
     vespo_weights,
 )
 
-__all__ = ["LOSS_TYPES", "LossOptions", "aggregate_tokens", "grpo_loss", "sequence_logprob_loss", "update_normalisers"]
+__all__ = [
+    "LOSS_TYPES", "LossOptions", "NAMED_OPTIONS", "aggregate_tokens", "grpo_loss", "sequence_logprob_loss",
+    "update_normalisers",
+]
 
 
 @dataclass(frozen=True)
 class LossOptions:
-    """Every setting of stage 6's loss, validated once, when the object is built.
+    """Every setting of the loss (stage 5), defined, documented and checked here only.
 
-    The fields have the names (and the meaning) of the :class:`GRPOConfig
-    <grpo_tutorial.config.GRPOConfig>` fields of the same name, whose docs say
-    what each does; ``max_completion_length`` is the config's ``max_new_tokens``
-    (``dr_grpo``'s constant; None = the batch's width). Build it with
-    ``config.loss_options()``, or directly, ``LossOptions(loss_type="dapo")``.
-    ``owner`` only names the object in error messages
-    (``GRPOConfig.delta must be ...`` when the config builds it).
+    :class:`GRPOConfig <grpo_tutorial.config.GRPOConfig>` has a field of each
+    name (TRL's flat names, for the command line) and builds this object with
+    ``config.loss_options()``, with ``max_completion_length`` set to its
+    ``max_new_tokens``. Build it directly too: ``LossOptions(loss_type="dapo")``.
+    ``owner`` only names the object in error messages (``GRPOConfig.delta must be
+    ...`` when the config builds it).
 
     A bad value raises ``ValueError`` naming the field, the value and what it
-    should be (``TypeError`` when the value has the wrong type); so does an option that the chosen ``loss_type`` would silently
-    ignore (``delta`` with CISPO, SAPO or VESPO) or that contradicts it (LUSPO
-    without GSPO's sequence-level ratio, VESPO with it).
+    should be (``TypeError`` when the value has the wrong type); so does an
+    option that the chosen ``loss_type`` would silently ignore (``delta`` with
+    CISPO, SAPO or VESPO) or that contradicts it (LUSPO without GSPO's
+    sequence-level ratio, VESPO with it).
+
+    Attributes:
+        loss_type: ``"grpo"``, ``"bnpo"``, ``"dapo"``, ``"dr_grpo"``, ``"cispo"``
+            (MiniMax-M1: a clipped, detached weight times log pi, so clipped
+            tokens keep a gradient; its cap is ``1 + clip_eps_high``, which may
+            then be >= 1: TRL's ``epsilon_high=5.0`` is ``clip_eps_high=4.0``),
+            ``"sapo"`` (a sigmoid gate instead of the clip), ``"luspo"`` (LUSPO:
+            GSPO's loss with each sequence's loss scaled by its length; needs
+            ``importance_sampling_level="sequence"``) or ``"vespo"`` (VESPO: no
+            clip, a detached Gamma-shaped weight of the sequence's importance
+            weight; aggregated like ``"dapo"``). How each aggregates: the module docstring.
+        clip_eps, clip_eps_high: PPO clip range (1 - eps, 1 + eps_high);
+            ``clip_eps_high=None`` means symmetric. DAPO's clip-higher uses 0.28.
+            Both lie in (0, 1), except CISPO's cap.
+        beta: KL penalty weight; 0 = no penalty (and the trainer keeps no
+            reference model at all).
+        kl_kind: ``"k1"``, ``"k2"`` or ``"k3"`` (the estimator in the penalty).
+        max_completion_length: ``dr_grpo``'s constant (None = the batch's width;
+            the config passes its ``max_new_tokens``).
+        importance_sampling_level: ``"token"`` (one ratio per token) or
+            ``"sequence"`` (GSPO: one length-normalised ratio per completion).
+        delta: None, or a cap on the ratio in the unclipped term of the clipped
+            surrogate (INTELLECT-2's two-sided clip); must be > 1 + clip_eps_high.
+        sapo_temperature_pos, sapo_temperature_neg: SAPO's gate temperatures for
+            positive and non-positive advantages (TRL's defaults 1.0 and 1.05).
+        mask_truncated_completions: completions cut off at ``max_new_tokens``
+            get no loss and no gradient, and their tokens leave every token
+            count (DAPO's overlong filter; TRL zeroes their loss mask the same way).
+        top_entropy_quantile: train only on the tokens in this top fraction of
+            per-token entropy, per micro-batch as in TRL (1.0 = all tokens; the
+            80/20 paper uses 0.2).
+        entropy_coef: subtract this times the mean per-token entropy (an
+            entropy bonus; 0 = off). With the config's ``use_adaptive_entropy``,
+            the coefficient it starts from. Both entropy options use the
+            *current* policy's entropy with its gradient, from the gradient pass
+            (as TRL does), never the no-grad old-policy pass; the history's
+            ``entropy`` stays the sampling policy's.
+        off_policy_mask_threshold: None, or drop from the loss the completions
+            with a negative advantage whose mean log(pi_old / pi_theta) exceeds
+            it (DeepSeek-V3.2). Here sampler and scorer are one model, so it
+            only acts on the later updates of an off-policy step (mu > 1 or
+            several minibatches); on-policy it keeps everything.
+        use_bias_correction_kl: multiply the KL term by the importance ratio
+            pi_theta / pi_old, not detached (DeepSeek-V3.2). On-policy the
+            penalty's value is unchanged (the ratio is 1), but its gradient per
+            token becomes log(pi / pi_ref), the reverse KL's, where plain k3's,
+            1 - pi_ref / pi, pulls on average towards the *forward* KL
+            (chapter 5). Default False, where TRL 1.16's is True: the package's
+            defaults are DeepSeekMath's GRPO objective (as ``loss_type="grpo"``
+            is, where TRL's default is ``"dapo"``), and later refinements are
+            switched on by name; so every chapter's and golden run's numbers
+            stay those of the plain k3 penalty. Set True to match TRL's default.
+            It only matters with ``beta > 0``. The reverse-KL gradient is exact
+            at ``importance_sampling_level="token"``; at ``"sequence"`` each
+            sequence's one ratio multiplies the KL of all its tokens, as in TRL.
+        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: the shape
+            of VESPO's weight phi(w) = e^lambda w^k e^(-lambda w) for positive
+            and negative advantages (TRL's defaults 2, 3, 3, 2; the weight
+            peaks at w = k / lambda).
     """
 
     loss_type: str = "grpo"
@@ -108,8 +170,13 @@ class LossOptions:
         o = owner
         check_choice(o, "loss_type", self.loss_type, LOSS_TYPES)
         check_number(o, "clip_eps", self.clip_eps, lambda v: 0 < v < 1, "a number in (0, 1), e.g. 0.2")
-        check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: v > 0,
-                     "None or a number > 0 (e.g. 0.28; CISPO's cap is 1 + clip_eps_high)", optional=True)
+        if self.loss_type == "cispo":  # CISPO's cap, 1 + clip_eps_high, may lie far above 2
+            check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: v > 0,
+                         "None or a number > 0 (CISPO's cap is 1 + clip_eps_high; TRL's 5.0 is 4.0 here)",
+                         optional=True)
+        else:  # a training run's clip range
+            check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: 0 < v < 1,
+                         "None or a number in (0, 1), e.g. 0.28 (only CISPO takes a cap above 2)", optional=True)
         check_number(o, "beta", self.beta, lambda v: v >= 0, "a number >= 0 (0 = no KL penalty)")
         check_choice(o, "kl_kind", self.kl_kind, KL_KINDS)
         check_int(o, "max_completion_length", self.max_completion_length, 1, optional=True)
@@ -154,9 +221,9 @@ class LossOptions:
         return self.top_entropy_quantile < 1.0 or self.entropy_coef != 0.0
 
 
-#: The keyword arguments of :func:`grpo_loss` that are :class:`LossOptions` fields.
-OPTION_NAMES = tuple(f.name for f in dataclasses.fields(LossOptions))
-_DEFAULTS = LossOptions()
+#: The settings :func:`grpo_loss` also takes by name (the ones the chapters vary); the rest go in ``options``.
+NAMED_OPTIONS = ("loss_type", "beta", "clip_eps", "clip_eps_high", "kl_kind", "max_completion_length",
+                 "importance_sampling_level", "use_bias_correction_kl")
 
 
 def grpo_loss(
@@ -166,37 +233,28 @@ def grpo_loss(
     mask: torch.Tensor,
     *,
     ref_logp: torch.Tensor | None = None,
+    truncated: torch.Tensor | None = None,
+    entropies: torch.Tensor | None = None,
+    options: LossOptions | None = None,
+    loss_type: str = "grpo",
     beta: float = 0.0,
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
-    loss_type: str = "grpo",
-    max_completion_length: int | None = None,
     kl_kind: str = "k3",
+    max_completion_length: int | None = None,
+    importance_sampling_level: str = "token",
+    use_bias_correction_kl: bool = False,
     gradient_accumulation_steps: int = 1,
     num_items_in_batch: float | torch.Tensor | None = None,
-    importance_sampling_level: str = "token",
-    delta: float | None = None,
-    sapo_temperature_pos: float = 1.0,
-    sapo_temperature_neg: float = 1.05,
-    mask_truncated_completions: bool = False,
-    truncated: torch.Tensor | None = None,
-    top_entropy_quantile: float = 1.0,
-    entropy_coef: float = 0.0,
-    entropies: torch.Tensor | None = None,
-    off_policy_mask_threshold: float | None = None,
-    use_bias_correction_kl: bool = False,
-    vespo_k_pos: float = 2.0,
-    vespo_lambda_pos: float = 3.0,
-    vespo_k_neg: float = 3.0,
-    vespo_lambda_neg: float = 2.0,
-    options: LossOptions | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The GRPO loss (to minimise) and a dict of diagnostics.
 
-    The loss's settings come either as one :class:`LossOptions` (``options``,
-    what the trainer passes) or as keywords with the same names (what a notebook
-    types); the keywords build the object, which validates them. Passing both
-    is refused unless the keywords are left at their defaults.
+    The settings are one :class:`LossOptions` (``options``: what the step passes,
+    ``config.loss_options()``), whose fields document every setting; or, for the
+    settings the chapters vary (:data:`NAMED_OPTIONS`), keywords of the same
+    names, which build a ``LossOptions`` (the others at their defaults). Passing
+    both is refused (unless the keywords keep their defaults, which are
+    ``LossOptions()``'s: a test holds them equal).
 
     Args:
         logp: ``[N, T]`` log pi_theta of the sampled tokens, with gradient.
@@ -204,47 +262,18 @@ def grpo_loss(
         advantages: ``[N]`` one advantage per completion.
         mask: ``[N, T]`` 1 for real completion tokens, 0 for padding.
         ref_logp: ``[N, T]`` log pi_ref, required when ``beta > 0``.
-        beta: weight of the KL penalty.
-        clip_eps: eps_low; the ratio may not go below ``1 - clip_eps``.
-        clip_eps_high: eps_high (DAPO's clip-higher); defaults to ``clip_eps``.
-        loss_type: ``"grpo"``, ``"bnpo"``, ``"dapo"``, ``"dr_grpo"``, ``"cispo"``,
-            ``"sapo"``, ``"luspo"`` or ``"vespo"``. ``"cispo"`` caps its weight at
-            ``1 + clip_eps_high`` (TRL: at ``epsilon_high``; see
-            :func:`~grpo_tutorial.objectives.cispo_objective`).
-        max_completion_length: the constant for ``"dr_grpo"`` (default: T).
-        kl_kind: which estimator (``"k1"``, ``"k2"``, ``"k3"``) the penalty uses.
+        truncated: ``[N]`` bool, the completions cut off by the budget; required
+            by ``mask_truncated_completions``.
+        entropies: ``[N, T]`` per-token entropy of the *current* policy (the
+            gradient pass), required by ``top_entropy_quantile < 1`` and
+            ``entropy_coef != 0``.
+        options: every setting as one :class:`LossOptions`.
+        loss_type, beta, clip_eps, clip_eps_high, kl_kind, max_completion_length,
+            importance_sampling_level, use_bias_correction_kl: the
+            :class:`LossOptions` fields of these names, instead of ``options``.
         gradient_accumulation_steps, num_items_in_batch: the normalisers for an
             update split into micro-batches (see :mod:`grpo_tutorial.objectives`);
             TRL's names. The defaults give the loss of this batch alone.
-        importance_sampling_level: ``"token"`` (one ratio per token) or
-            ``"sequence"`` (GSPO: one length-normalised ratio per sequence).
-        delta: None, or a cap (> 1 + eps_high) on the ratio in the unclipped
-            term (two-sided clipping); only with the clipped surrogate.
-        sapo_temperature_pos, sapo_temperature_neg: SAPO's gate temperatures
-            for A > 0 and A <= 0 (``loss_type="sapo"`` only).
-        mask_truncated_completions: give the completions flagged in
-            ``truncated`` (``[N]`` bool) no loss and no gradient, and leave their
-            tokens out of every token count (DAPO's overlong filter).
-        top_entropy_quantile: keep in the policy term only the tokens in this
-            top fraction of ``entropies`` (1.0 = all; the 80/20 paper uses 0.2).
-        entropy_coef: subtract ``entropy_coef`` times the mean entropy of the
-            counted tokens (an entropy bonus); needs ``entropies`` with gradient.
-        entropies: ``[N, T]`` per-token entropy of the *current* policy (the
-            gradient pass), needed by ``top_entropy_quantile < 1`` and
-            ``entropy_coef != 0``.
-        off_policy_mask_threshold: None, or drop the negative-advantage
-            sequences whose mean log(pi_old / pi_theta) exceeds it (DeepSeek-V3.2).
-        use_bias_correction_kl: multiply the KL term by the (not detached)
-            importance weight (DeepSeek-V3.2; TRL's default is True, ours False,
-            see :class:`~grpo_tutorial.config.GRPOConfig`). The on-policy value
-            is unchanged; the gradient becomes the reverse KL's
-            (:func:`~grpo_tutorial.objectives.importance_weighted_kl`).
-        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: the shape
-            of VESPO's weight for A >= 0 and A < 0 (``loss_type="vespo"`` only;
-            :func:`~grpo_tutorial.objectives.vespo_weights`).
-        options: all of the settings above (from ``beta`` to
-            ``vespo_lambda_neg``, except the tensors and the two normalisers)
-            as one :class:`LossOptions`.
 
     Returns:
         ``(loss, stats)``: stats are plain floats, measured over masked tokens:
@@ -257,9 +286,80 @@ def grpo_loss(
         the sum of the entropies over the tokens the bonus acts on and their
         count (adaptive entropy control measures the update's entropy with them).
     """
-    arguments = locals()
-    keywords = {name: arguments[name] for name in OPTION_NAMES}  # every LossOptions field is a keyword here
-    opts = _options(options, keywords)
+    named = dict(loss_type=loss_type, beta=beta, clip_eps=clip_eps, clip_eps_high=clip_eps_high, kl_kind=kl_kind,
+                 max_completion_length=max_completion_length, importance_sampling_level=importance_sampling_level,
+                 use_bias_correction_kl=use_bias_correction_kl)
+    opts = _options(options, named)
+    _check_inputs(logp, old_logp, advantages, mask, ref_logp, opts, truncated, entropies)
+    mask = mask.to(logp.dtype)
+    # the loss's own mask: the rollout's mask minus truncated completions (never mutate the rollout's)
+    loss_mask = truncation_mask(mask, truncated) if opts.mask_truncated_completions else mask  # [N, T]
+
+    adv = advantages.detach().to(logp.dtype)[:, None]  # [N, 1]
+    log_ratio = masked_log_ratio(logp, old_logp, mask)  # [N, T]
+    ratio = importance_weights(log_ratio, mask, opts.importance_sampling_level)  # [N, T]
+    vespo_weight = None
+    if opts.loss_type == "vespo":
+        vespo_weight = vespo_weights(
+            log_ratio, loss_mask, adv, opts.vespo_k_pos, opts.vespo_lambda_pos, opts.vespo_k_neg, opts.vespo_lambda_neg
+        )  # [N, 1], detached
+    per_token = per_token_objective(
+        opts.loss_type, ratio, adv, logp, clip_eps=opts.clip_eps, clip_eps_high=opts.eps_high, delta=opts.delta,
+        sapo_temperature_pos=opts.sapo_temperature_pos, sapo_temperature_neg=opts.sapo_temperature_neg,
+        vespo_weight=vespo_weight,
+    )  # [N, T]
+    if opts.off_policy_mask_threshold is not None:
+        per_token = per_token * off_policy_mask(adv, logp, old_logp, loss_mask, opts.off_policy_mask_threshold)  # [N, T]
+    keep = high_entropy_mask(entropies, loss_mask, opts.top_entropy_quantile) if opts.top_entropy_quantile < 1.0 else None
+    if keep is not None:
+        per_token = per_token * keep  # [N, T]
+    kl = None if ref_logp is None else _kl_term(logp, ref_logp, mask, ratio, opts)  # [N, T]
+    if kl is not None and opts.beta > 0:
+        per_token = per_token + opts.beta * kl  # [N, T]
+    loss = aggregate_tokens(
+        per_token, loss_mask, opts.loss_type, opts.max_completion_length,
+        gradient_accumulation_steps=gradient_accumulation_steps, num_items_in_batch=num_items_in_batch,
+    )
+    bonus_mask = loss_mask if keep is None else loss_mask * keep  # [N, T]: the tokens the bonus acts on
+    if opts.entropy_coef != 0.0:
+        loss = loss - opts.entropy_coef * entropy_bonus(entropies, bonus_mask, gradient_accumulation_steps)
+    return loss, _loss_stats(ratio, adv, advantages, mask, kl, opts, entropies, bonus_mask)
+
+
+def _kl_term(logp, ref_logp, mask, ratio, opts: LossOptions) -> torch.Tensor:
+    """The per-token KL to the reference (times the ratio with ``use_bias_correction_kl``), ``[N, T]``."""
+    # As for the ratio: padded positions get log-ratio 0, so a huge gap
+    # between policy and reference on pad tokens cannot turn into NaN grads.
+    ref_safe = torch.where(mask.bool(), ref_logp.detach(), logp.detach())  # [N, T]
+    kl = kl_estimate(logp, ref_safe, kind=opts.kl_kind)  # [N, T]
+    return importance_weighted_kl(kl, ratio) if opts.use_bias_correction_kl else kl
+
+
+@torch.no_grad()
+def _loss_stats(ratio, adv, advantages, mask, kl, opts: LossOptions, entropies, bonus_mask) -> dict[str, float]:
+    """:func:`grpo_loss`'s diagnostics, plain floats over the masked tokens."""
+    n_tok = mask.sum()
+    low = ((ratio < 1.0 - opts.clip_eps) & (adv < 0)).to(mask.dtype) * mask
+    high = ((ratio > 1.0 + opts.eps_high) & (adv > 0)).to(mask.dtype) * mask
+    ratio_masked = ratio.masked_select(mask.bool())
+    stats = {
+        "clip_frac_low": float(low.sum() / n_tok),
+        "clip_frac_high": float(high.sum() / n_tok),
+        "clip_frac": float((low.sum() + high.sum()) / n_tok),
+        "kl": float(torch.where(mask.bool(), kl, 0.0).sum() / n_tok) if kl is not None else float("nan"),
+        "ratio_mean": float(ratio_masked.mean()),
+        "ratio_max": float(ratio_masked.max()),
+        "adv_mean": float(advantages.mean()),
+        "adv_std": float(advantages.std()) if advantages.numel() > 1 else 0.0,
+    }
+    if entropies is not None:
+        stats["entropy_sum"] = float(torch.where(bonus_mask.bool(), entropies, 0.0).sum())
+        stats["entropy_tokens"] = float(bonus_mask.sum())
+    return stats
+
+
+def _check_inputs(logp, old_logp, advantages, mask, ref_logp, opts: LossOptions, truncated, entropies) -> None:
+    """The tensors' kinds and shapes, and those the options need."""
     require_tensor("logp", logp, dim=2, floating=True)
     require_tensor("old_logp", old_logp, dim=2, floating=True)
     require_tensor("mask", mask, dim=2)
@@ -274,69 +374,8 @@ def grpo_loss(
     if opts.beta > 0 and ref_logp is None:
         raise ValueError(f"beta={opts.beta} > 0 needs ref_logp (the reference policy's log-probs)")
     _check_option_tensors(logp, opts, truncated, entropies)
-    mask = mask.to(logp.dtype)
     if mask.sum() == 0:
         raise ValueError("mask is all zeros: there are no completion tokens to train on")
-    # the loss's own mask: the rollout's mask minus truncated completions (never mutate the rollout's)
-    loss_mask = truncation_mask(mask, truncated) if opts.mask_truncated_completions else mask  # [N, T]
-    clip_eps, eps_high = opts.clip_eps, opts.eps_high
-
-    adv = advantages.detach().to(logp.dtype)[:, None]  # [N, 1]
-    log_ratio = masked_log_ratio(logp, old_logp, mask)  # [N, T]
-    ratio = importance_weights(log_ratio, mask, opts.importance_sampling_level)  # [N, T]
-    vespo_weight = None
-    if opts.loss_type == "vespo":
-        vespo_weight = vespo_weights(
-            log_ratio, loss_mask, adv, opts.vespo_k_pos, opts.vespo_lambda_pos, opts.vespo_k_neg, opts.vespo_lambda_neg
-        )  # [N, 1], detached
-    per_token = per_token_objective(
-        opts.loss_type, ratio, adv, logp, clip_eps=clip_eps, clip_eps_high=eps_high, delta=opts.delta,
-        sapo_temperature_pos=opts.sapo_temperature_pos, sapo_temperature_neg=opts.sapo_temperature_neg,
-        vespo_weight=vespo_weight,
-    )  # [N, T]
-    if opts.off_policy_mask_threshold is not None:
-        per_token = per_token * off_policy_mask(adv, logp, old_logp, loss_mask, opts.off_policy_mask_threshold)  # [N, T]
-    top_quantile = opts.top_entropy_quantile
-    keep = high_entropy_mask(entropies, loss_mask, top_quantile) if top_quantile < 1.0 else None
-    if keep is not None:
-        per_token = per_token * keep  # [N, T]
-    kl = None
-    if ref_logp is not None:
-        # As for the ratio: padded positions get log-ratio 0, so a huge gap
-        # between policy and reference on pad tokens cannot turn into NaN grads.
-        ref_safe = torch.where(mask.bool(), ref_logp.detach(), logp.detach())  # [N, T]
-        kl = kl_estimate(logp, ref_safe, kind=opts.kl_kind)  # [N, T]
-        if opts.use_bias_correction_kl:
-            kl = importance_weighted_kl(kl, ratio)  # [N, T]
-        if opts.beta > 0:
-            per_token = per_token + opts.beta * kl  # [N, T]
-    loss = aggregate_tokens(
-        per_token, loss_mask, opts.loss_type, opts.max_completion_length,
-        gradient_accumulation_steps=gradient_accumulation_steps, num_items_in_batch=num_items_in_batch,
-    )
-    bonus_mask = loss_mask if keep is None else loss_mask * keep  # [N, T]: the tokens the bonus acts on
-    if opts.entropy_coef != 0.0:
-        loss = loss - opts.entropy_coef * entropy_bonus(entropies, bonus_mask, gradient_accumulation_steps)
-
-    with torch.no_grad():
-        n_tok = mask.sum()
-        low = ((ratio < 1.0 - clip_eps) & (adv < 0)).to(mask.dtype) * mask
-        high = ((ratio > 1.0 + eps_high) & (adv > 0)).to(mask.dtype) * mask
-        ratio_masked = ratio.masked_select(mask.bool())
-        stats = {
-            "clip_frac_low": float(low.sum() / n_tok),
-            "clip_frac_high": float(high.sum() / n_tok),
-            "clip_frac": float((low.sum() + high.sum()) / n_tok),
-            "kl": float(torch.where(mask.bool(), kl, 0.0).sum() / n_tok) if kl is not None else float("nan"),
-            "ratio_mean": float(ratio_masked.mean()),
-            "ratio_max": float(ratio_masked.max()),
-            "adv_mean": float(advantages.mean()),
-            "adv_std": float(advantages.std()) if advantages.numel() > 1 else 0.0,
-        }
-        if entropies is not None:
-            stats["entropy_sum"] = float(torch.where(bonus_mask.bool(), entropies, 0.0).sum())
-            stats["entropy_tokens"] = float(bonus_mask.sum())
-    return loss, stats
 
 
 def update_normalisers(
@@ -354,17 +393,20 @@ def update_normalisers(
     return {"gradient_accumulation_steps": len(rows) // micro_size, "num_items_in_batch": counted[rows].sum()}
 
 
+_DEFAULTS = LossOptions()
+
+
 def _options(options: LossOptions | None, keywords: dict) -> LossOptions:
     """The one :class:`LossOptions` of a call: ``options``, or the keywords built into one."""
     if options is None:
         return LossOptions(**keywords)
     if not isinstance(options, LossOptions):
         raise TypeError(f"options must be a LossOptions (e.g. config.loss_options()), got {type(options).__name__}")
-    changed = [name for name, value in keywords.items() if value != getattr(_DEFAULTS, name)]
-    if changed:
+    given = sorted(name for name, value in keywords.items() if value != getattr(_DEFAULTS, name))
+    if given:
         raise ValueError(
-            f"grpo_loss got options and also the keyword(s) {changed}; pass the settings one way: "
-            f"dataclasses.replace(options, {changed[0]}=...) or keywords alone"
+            f"grpo_loss got options and also the keyword(s) {given}; pass the settings one way: "
+            f"dataclasses.replace(options, {given[0]}=...) or keywords alone"
         )
     return options
 

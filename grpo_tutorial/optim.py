@@ -8,7 +8,7 @@ import warnings
 import torch
 
 from .config import GRPOConfig
-from .run.warn import GRPOWarning
+from .warn import GRPOWarning
 
 __all__ = ["clip_and_step", "fastest_adamw_kwargs", "finish_update", "make_optimizer", "trainable_parameters"]
 

@@ -1,4 +1,4 @@
-"""Stage 1: rollouts. B prompts x G completions from ONE batched ``generate`` call.
+"""Stage 1 of a GRPO step (sample): rollouts. B prompts x G completions from ONE batched ``generate`` call.
 
 GRPO needs a *group* of G completions for every prompt, so that each completion
 can be compared with its siblings. The expensive part of a step is producing

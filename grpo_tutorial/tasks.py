@@ -1,4 +1,4 @@
-"""Stage 0 of a GRPO step: the prompts, each with an answer a program can check.
+"""The input of a GRPO step, before stage 1: the prompts, each with an answer a program can check.
 
 * ``make_arithmetic_dataset``: generated sums, differences and products. It
   needs no network, so every chapter can run offline.

@@ -1,4 +1,4 @@
-"""Stage 6: the clipped surrogate, its aggregation, and the plain policy-gradient loss."""
+"""Stage 5 (update): the clipped surrogate, its aggregation, and the plain policy-gradient loss."""
 
 import pytest
 import torch

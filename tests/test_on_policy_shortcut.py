@@ -16,7 +16,7 @@ import warnings
 import pytest
 import torch
 
-import grpo_tutorial.trainer as trainer_module
+import grpo_tutorial.step as step_module
 from grpo_tutorial import GRPOConfig, GRPOTrainer, TIMING_KEYS, build_tiny_policy, make_arithmetic_dataset
 from grpo_tutorial.rewards import partial_credit_reward
 
@@ -25,13 +25,13 @@ def _run(reuse: bool, steps: int = 3, **overrides):
     model, tok = build_tiny_policy(seed=4)
     cfg = GRPOConfig(prompts_per_step=4, group_size=4, seed=9, learning_rate=3e-3, **overrides)
     trainer = GRPOTrainer(model, tok, partial_credit_reward, cfg)
-    trainer.reuse_on_policy_logprobs = reuse
+    trainer.grpo_step.reuse_on_policy_logprobs = reuse
     data = make_arithmetic_dataset(32, seed=2, digits=1)
     grads = []
     real_step = trainer.optimizer.step
 
     def recording_step(*args, **kwargs):  # the gradient each update applies
-        grads.append([p.grad.clone() for p in trainer._params])
+        grads.append([p.grad.clone() for p in trainer.grpo_step.params])
         return real_step(*args, **kwargs)
 
     trainer.optimizer.step = recording_step
@@ -96,14 +96,14 @@ class _CountScoring:
 
     def __init__(self, trainer: GRPOTrainer):
         self.policy_passes = 0
-        real = trainer._score
+        real = trainer.grpo_step.score
 
         def counting(model, rollout, *, entropy):
             if model is trainer.model:
                 self.policy_passes += 1
             return real(model, rollout, entropy=entropy)
 
-        trainer._score = counting
+        trainer.grpo_step.score = counting
 
 
 @pytest.mark.parametrize(
@@ -125,11 +125,11 @@ def test_old_logprobs_are_scored_exactly_when_the_step_is_not_on_policy(override
 
 def test_the_shortcut_is_what_makes_the_ratio_one(monkeypatch):
     """A wrong shortcut (old log-probs that are not the gradient pass's) shows in the ratio at once."""
-    real = trainer_module.grpo_loss
+    real = step_module.grpo_loss
 
     def shifted(logp, old_logp, *args, **kwargs):
         return real(logp, old_logp + 1e-3, *args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", shifted)
+    monkeypatch.setattr(step_module, "grpo_loss", shifted)
     rows, _, _ = _run(True, steps=1)
     assert rows[0]["ratio_max"] != 1.0

@@ -127,7 +127,7 @@ def test_trainer_logs_a_sample_every_log_every_steps_and_shows_it(tmp_path, caps
 
     def spy(batch, **kwargs):
         row = real(batch, **kwargs)
-        prompts, completions, rewards, per_fn, advantages = trainer._last_batch
+        prompts, completions, rewards, per_fn, advantages = trainer.grpo_step.last_batch
         seen.append({c: (float(r), float(a)) for c, r, a in zip(completions, rewards, advantages)})
         return row
 

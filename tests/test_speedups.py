@@ -159,12 +159,12 @@ def test_rows_must_be_positive(tiny):
 
 def test_the_trainer_passes_its_setting_to_sampling_and_evaluation(monkeypatch):
     import grpo_tutorial.evaluation as evaluation_module
-    import grpo_tutorial.trainer as trainer_module
+    import grpo_tutorial.step as step_module
     from grpo_tutorial import GRPOConfig, GRPOTrainer, correctness_reward
 
     model, tok = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
     seen = []
-    for module in (trainer_module, evaluation_module):
+    for module in (step_module, evaluation_module):
         real = module.generate_rollouts
         monkeypatch.setattr(module, "generate_rollouts",
                             lambda *a, _real=real, **kw: seen.append(kw["onednn"]) or _real(*a, **kw))

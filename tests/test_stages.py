@@ -21,6 +21,7 @@ exactly that, and the chapters that use the words link to it.
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 
@@ -56,10 +57,7 @@ LINK_TO_VOCABULARY = [
 ]
 #: Files that still number the stages the old way (0 tasks ... 6 loss, 7 metrics), by a change
 #: that was not free to edit them; the scan skips them and the last test demands they are stale.
-WAITING_FOR_RENUMBERING = {
-    "grpo_tutorial/tasks.py": "its docstring says 'Stage 0' (the prompts: the input, before stage 1)",
-    "grpo_tutorial/long_addition.py": "its docstring says 'stage 0' (like tasks: the input, before stage 1)",
-}
+WAITING_FOR_RENUMBERING: dict[str, str] = {}
 
 
 # ---------------------------------------------------------------------------
@@ -113,14 +111,13 @@ def numbered(label: str) -> tuple[int, str] | None:
 
 
 def step_module_comments() -> list[tuple[int, str]] | None:
-    """HOOK, for ``grpo_tutorial/step.py`` (the GRPO step, written by another change).
+    """The (number, name) of the stage comments of ``grpo_tutorial/step.py``'s step (``GRPOStep.__call__``), in order.
 
-    Return the (number, name) of the stage comments of ``step.py``'s step, in order,
-    for example with ``labels`` on the source of its step function; the test below
-    then compares them with ``STAGES``. Until that change fills this in, it returns
-    None and the test is skipped.
+    Read beside chapter 0's loop, whose comments the test above compares with ``STAGES`` too.
     """
-    return None
+    from grpo_tutorial.step import GRPOStep
+
+    return labels(inspect.getsource(GRPOStep.__call__))
 
 
 # ---------------------------------------------------------------------------

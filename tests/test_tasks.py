@@ -1,4 +1,4 @@
-"""Stage 0 tests: generated datasets, the Countdown verifier, GSM8K offline, dataset validation."""
+"""The step's input (before stage 1): generated datasets, the Countdown verifier, GSM8K offline, dataset validation."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The trainer: what a step changes, old/reference log-probs, determinism, resume, guards."""
 
+import contextlib
 import json
 import math
 import os
@@ -12,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-import grpo_tutorial.trainer as trainer_module
+import grpo_tutorial.step as step_module
 from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.trainer import (
@@ -206,8 +207,8 @@ def test_accuracy_counts_correct_completions(monkeypatch):
         r.completions = list(scripted)
         return r
 
-    monkeypatch.setattr(trainer_module, "generate_rollouts", fake_rollout)
-    trainer = GRPOTrainer(model, tok, trainer_module.compute_rewards.__globals__["correctness_reward"], config())
+    monkeypatch.setattr(step_module, "generate_rollouts", fake_rollout)
+    trainer = GRPOTrainer(model, tok, step_module.compute_rewards.__globals__["correctness_reward"], config())
     row = quiet(trainer.train_step, rows)
     # prompt 0: "3","3","03" match 3; prompt 1: "4","4" match 4 -> 5 of 8
     assert row["accuracy"] == 5 / 8
@@ -235,13 +236,13 @@ def test_custom_accuracy_fn_sees_columns_and_defines_accuracy():
 
 def test_mu_2_second_pass_uses_the_stored_old_logprobs(monkeypatch):
     calls = []
-    real = trainer_module.grpo_loss
+    real = step_module.grpo_loss
 
     def spy(logp, old_logp, advantages, mask, **kwargs):
         calls.append({"logp": logp.detach().clone(), "old": old_logp.clone(), "ratio": torch.exp(logp.detach() - old_logp)})
         return real(logp, old_logp, advantages, mask, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    monkeypatch.setattr(step_module, "grpo_loss", spy)
     model, tok = tiny()
     trainer = GRPOTrainer(model, tok, length_reward, config(num_iterations=2, learning_rate=1e-2))
     quiet(trainer.train_step, data()[:2])
@@ -256,13 +257,13 @@ def test_mu_2_second_pass_uses_the_stored_old_logprobs(monkeypatch):
 
 def test_minibatches_make_mu_times_n_over_m_updates(monkeypatch):
     seen = []
-    real = trainer_module.grpo_loss
+    real = step_module.grpo_loss
 
     def spy(logp, *args, **kwargs):
         seen.append(logp.shape[0])
         return real(logp, *args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    monkeypatch.setattr(step_module, "grpo_loss", spy)
     model, tok = tiny()
     trainer = GRPOTrainer(model, tok, length_reward, config(num_iterations=2, minibatch_size=4))
     quiet(trainer.train_step, data()[:2])
@@ -340,7 +341,7 @@ def test_data_order_is_a_seeded_permutation_per_epoch():
 
 
 def test_non_finite_loss_skips_the_update_counts_and_warns_once(monkeypatch):
-    real = trainer_module.grpo_loss
+    real = step_module.grpo_loss
     bad_steps = {2, 3}
     model, tok = tiny()
     trainer = GRPOTrainer(model, tok, length_reward, config())
@@ -349,7 +350,7 @@ def test_non_finite_loss_skips_the_update_counts_and_warns_once(monkeypatch):
         loss, stats = real(*args, **kwargs)
         return (loss * float("nan") if trainer.step + 1 in bad_steps else loss), stats
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", poisoned)
+    monkeypatch.setattr(step_module, "grpo_loss", poisoned)
     ds = data()
     quiet(trainer.train_step, ds[0:2])
     after_1 = snapshot(model)
@@ -368,13 +369,13 @@ def test_non_finite_loss_skips_the_update_counts_and_warns_once(monkeypatch):
 
 
 def test_non_finite_gradient_skips_the_update(monkeypatch):
-    real = trainer_module.grpo_loss
+    real = step_module.grpo_loss
 
     def inf_gradient(logp, *args, **kwargs):
         loss, stats = real(logp, *args, **kwargs)
         return loss + torch.sqrt((logp * 0).sum()), stats  # value unchanged, d sqrt(x)/dx = inf at 0
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", inf_gradient)
+    monkeypatch.setattr(step_module, "grpo_loss", inf_gradient)
     model, tok = tiny()
     before = snapshot(model)
     trainer = GRPOTrainer(model, tok, length_reward, config())
@@ -409,13 +410,13 @@ def test_truncation_and_collapse_warnings():
 
 def test_unscorable_completions_are_left_out_of_the_baseline(monkeypatch):
     used = []
-    real_loss = trainer_module.grpo_loss
+    real_loss = step_module.grpo_loss
 
     def spy_loss(logp, old, advantages, *args, **kwargs):
         used.append(advantages.clone())
         return real_loss(logp, old, advantages, *args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", spy_loss)
+    monkeypatch.setattr(step_module, "grpo_loss", spy_loss)
 
     def sometimes_none(completions, **kwargs):
         return [None if i % 4 == 0 else float(i) for i in range(len(completions))]
@@ -571,10 +572,10 @@ def test_resume_after_a_kill_between_the_two_renames(tmp_path, monkeypatch):
             raise OSError("simulated kill")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(trainer_module.os, "replace", dying_replace)
+    monkeypatch.setattr(os, "replace", dying_replace)
     with pytest.raises(OSError, match="simulated kill"):
         trainer.save_checkpoint()
-    monkeypatch.setattr(trainer_module.os, "replace", real_replace)
+    monkeypatch.setattr(os, "replace", real_replace)
     assert not (out / "checkpoint").exists()
     assert find_checkpoint(out) == out / "checkpoint.old"
 
@@ -669,7 +670,7 @@ def test_logged_entropy_averages_only_the_rows_the_step_scored(monkeypatch):
     batch = data()[:2]
     model, tok = tiny()
     start = copy.deepcopy(model.state_dict())
-    real = trainer_module.grpo_loss
+    real = step_module.grpo_loss
     calls = []
 
     def nan_on_the_first_micro_batch(*args, **kwargs):
@@ -677,7 +678,7 @@ def test_logged_entropy_averages_only_the_rows_the_step_scored(monkeypatch):
         calls.append(1)
         return loss * float("nan"), stats
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", nan_on_the_first_micro_batch)
+    monkeypatch.setattr(step_module, "grpo_loss", nan_on_the_first_micro_batch)
     trainer = GRPOTrainer(model, tok, length_reward, cfg)
     with pytest.warns(GRPOWarning, match="skipped this optimizer update"):
         row = trainer.train_step(batch)
@@ -699,3 +700,43 @@ def test_logged_entropy_averages_only_the_rows_the_step_scored(monkeypatch):
     expected = float((entropy * mask).sum() / mask.sum())
     assert row["entropy"] == pytest.approx(expected, rel=1e-5)
     assert math.isfinite(row["entropy"]) and row["entropy"] > 0
+
+
+# ---------------------------------------------------------------------------
+# Extension points (grpo_tutorial.step): the policies, the sampler, the row listeners
+# ---------------------------------------------------------------------------
+
+
+def test_a_policies_subclass_supplies_the_reference_without_a_copy():
+    """What LoRA needs: the reference is the policy with something switched off, entered once per scoring pass."""
+    from grpo_tutorial.step import Policies
+
+    class PolicyAsReference(Policies):
+        entered = 0
+
+        @contextlib.contextmanager
+        def reference(self):
+            PolicyAsReference.entered += 1
+            yield self.policy  # a LoRA model would yield the policy with its adapters off
+
+    model, tok = tiny()
+    trainer = GRPOTrainer(model, tok, length_reward, config(beta=0.1))
+    trainer.grpo_step.policies = PolicyAsReference(model, trainer.ref_model)
+    row = quiet(trainer.train_step, data()[:2])
+    assert PolicyAsReference.entered == 1
+    assert row["kl"] == pytest.approx(0.0, abs=1e-6)  # before its update, the policy is its own reference
+
+
+def test_a_sampler_writes_the_completions_and_row_listeners_get_every_row(tmp_path):
+    model, tok = tiny()
+    trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=str(tmp_path)))
+    calls, rows = [], []
+    real = trainer.grpo_step.generate
+    trainer.grpo_step.sampler = lambda prompts, seed: calls.append(seed) or real(prompts, seed)
+    trainer.row_listeners.append(rows.append)
+    history = quiet(trainer.train, data(), 3, progress=False)
+    assert len(calls) == 3 and len(set(calls)) == 3  # one rollout a step, each with its own seed
+    assert rows == history and len(rows) == 3
+    assert [json.loads(line)["step"] for line in (tmp_path / "history.jsonl").read_text().splitlines()] == [1, 2, 3]
+    with_sampler = GRPOTrainer(tiny()[0], tok, length_reward, config(), sampler=lambda p, s: real(p, s))
+    assert with_sampler.grpo_step.sampler is not with_sampler.grpo_step.generate

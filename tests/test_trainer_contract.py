@@ -70,7 +70,7 @@ def test_first_pass_ratio_is_exactly_one_with_dropout_disabled(disable):
     model, tok = _with_attention_dropout(0.1)
     cfg = GRPOConfig(prompts_per_step=4, group_size=4, seed=0, disable_dropout=disable, learning_rate=1e-12)
     trainer = GRPOTrainer(model, tok, partial_credit_reward, cfg)
-    trainer.reuse_on_policy_logprobs = False  # score old log-probs in a separate pass, as mu > 1 would
+    trainer.grpo_step.reuse_on_policy_logprobs = False  # score old log-probs in a separate pass, as mu > 1 would
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

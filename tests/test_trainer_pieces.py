@@ -28,7 +28,7 @@ from grpo_tutorial.rewards import check_unscorable
 from grpo_tutorial.run.checkpoint import load_training, resume_or_start, save_training
 from grpo_tutorial.run.layout import find_checkpoint, read_meta
 from grpo_tutorial.run.state import RunState, check_same_dataset
-from grpo_tutorial.run.warn import GRPOWarning
+from grpo_tutorial.warn import GRPOWarning
 from grpo_tutorial.seeding import (
     MINIBATCHES, RESAMPLING, SAMPLING, DataStream, derive_seed, minibatches, next_batch, sampling_seed, stream_generator,
     stream_seed,

@@ -45,7 +45,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
-from grpo_tutorial.loss import grpo_loss
+from grpo_tutorial.loss import LossOptions, grpo_loss
 from grpo_tutorial.rewards import partial_credit_reward
 
 TOL = 1e-6
@@ -162,7 +162,8 @@ def _compare(tmp_path, trl_kwargs: dict, ours_kwargs: dict, *, seed=0, spread=0.
     ent_b = ent0.clone().requires_grad_(True)
     ours, _ = grpo_loss(
         logp_b, old, adv, mask, ref_logp=ref if with_ref else None,
-        entropies=ent_b if with_entropy else None, truncated=truncated, max_completion_length=T, **ours_kwargs,
+        entropies=ent_b if with_entropy else None, truncated=truncated,
+        options=LossOptions(max_completion_length=T, **ours_kwargs),
     )
     g_theirs = _grad(theirs, logp_a, ent_a)
     g_ours = _grad(ours, logp_b, ent_b)
@@ -459,8 +460,9 @@ def _adaptive_run(tmp_path, *, target, coef, steps=2, updates=4, quantile=1.0, e
             theirs = trl_loss(trainer, a, old[part], adv[part], mask[part], entropies=ea, num_items_in_batch=tokens)
             b, eb = logp0[part].clone().requires_grad_(True), ent0[part].clone().requires_grad_(True)
             ours, stats = grpo_loss(
-                b, old[part], adv[part], mask[part], loss_type="dapo", entropy_coef=applied, entropies=eb,
-                top_entropy_quantile=quantile, gradient_accumulation_steps=steps, num_items_in_batch=tokens,
+                b, old[part], adv[part], mask[part], entropies=eb, gradient_accumulation_steps=steps,
+                options=LossOptions(loss_type="dapo", entropy_coef=applied, top_entropy_quantile=quantile),
+                num_items_in_batch=tokens,
             )
             sums[0] += stats["entropy_sum"]
             sums[1] += stats["entropy_tokens"]
@@ -674,7 +676,7 @@ def _update_gradient(loss_type: str, micro_batch_size: int | None, **options) ->
     real = trainer.optimizer.step
 
     def record(*args, **kwargs):
-        grads.extend(p.grad.detach().clone() for p in trainer._params)
+        grads.extend(p.grad.detach().clone() for p in trainer.grpo_step.params)
         return real(*args, **kwargs)
 
     trainer.optimizer.step = record

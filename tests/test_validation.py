@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import grpo_tutorial.trainer as trainer_module
+import grpo_tutorial.step as step_module
 from grpo_tutorial import (
     RewardFunctionError,
     completion_logprobs,
@@ -540,7 +540,7 @@ def test_a_partly_masked_batch_is_fine_and_padding_cannot_leak_nan():
 
 def test_non_finite_gradients_skip_count_warn_once_and_training_continues(tiny, monkeypatch):
     model, tok = tiny
-    real = trainer_module.grpo_loss
+    real = step_module.grpo_loss
     trainer = GRPOTrainer(model, tok, length_reward, small_config())
     poisoned_steps = {1, 2}  # the first two steps get an infinite gradient
 
@@ -550,7 +550,7 @@ def test_non_finite_gradients_skip_count_warn_once_and_training_continues(tiny, 
             loss = loss + torch.sqrt((logp * 0).sum())  # same value; d sqrt(x)/dx at 0 is inf
         return loss, stats
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", inf_gradient)
+    monkeypatch.setattr(step_module, "grpo_loss", inf_gradient)
     before = [p.detach().clone() for p in model.parameters()]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -654,8 +654,8 @@ def test_the_troubleshooting_page_quotes_the_current_messages(tiny, monkeypatch)
 
     quoted += _warnings_of(lambda: GRPOTrainer(model, tok, constant, small_config()).train_step(rows))
     quoted += _warnings_of(lambda: GRPOTrainer(model, tok, some_none, small_config()).train_step(rows))
-    real_loss = trainer_module.grpo_loss
-    monkeypatch.setattr(trainer_module, "grpo_loss", lambda *a, **k: (lambda out: (out[0] * math.nan, out[1]))(real_loss(*a, **k)))
+    real_loss = step_module.grpo_loss
+    monkeypatch.setattr(step_module, "grpo_loss", lambda *a, **k: (lambda out: (out[0] * math.nan, out[1]))(real_loss(*a, **k)))
     quoted += [w for w in _warnings_of(lambda: GRPOTrainer(model, tok, length_reward, small_config()).train_step(rows)) if "nan" in w]
 
     missing = [q for q in quoted if q not in page]

@@ -6,6 +6,7 @@ against numbers worked out by hand and against the property that defines it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import warnings
@@ -15,10 +16,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import grpo_tutorial.trainer as trainer_module
+import grpo_tutorial.step as step_module
 from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
 from grpo_tutorial.advantages import group_advantages
-from grpo_tutorial.loss import OPTION_NAMES, LossOptions, grpo_loss
+from grpo_tutorial.metrics import TIMING_KEYS
+from grpo_tutorial.loss import NAMED_OPTIONS, LossOptions, grpo_loss
 from grpo_tutorial.objectives import (
     clipped_surrogate,
     high_entropy_mask,
@@ -59,7 +61,7 @@ def test_with_delta_the_ratio_term_never_exceeds_delta(seed, delta):
     logp = (torch.randn(4, 6, generator=g, dtype=D) * 2).requires_grad_(True)
     old = torch.zeros(4, 6, dtype=D)
     adv = torch.randn(4, generator=g, dtype=D)
-    loss, _ = grpo_loss(logp, old, adv, torch.ones(4, 6, dtype=D), delta=delta, loss_type="dapo")
+    loss, _ = grpo_loss(logp, old, adv, torch.ones(4, 6, dtype=D), options=LossOptions(delta=delta, loss_type="dapo"))
     # every token's loss is at most delta * |A|, and its gradient at most delta * |A| / tokens
     ratio = torch.exp(logp.detach())
     per_token = clipped_surrogate(ratio, adv[:, None], 0.2, 0.2, delta)
@@ -116,8 +118,8 @@ def test_cispo_keeps_the_gradient_of_clipped_tokens():
 def test_sapo_at_ratio_one_has_the_plain_gradient_and_a_smooth_gate():
     logp = torch.zeros(2, 3, dtype=D, requires_grad=True)
     adv, mask = torch.tensor([1.0, -0.5], dtype=D), torch.ones(2, 3, dtype=D)
-    loss, _ = grpo_loss(logp, logp.detach(), adv, mask, loss_type="sapo", sapo_temperature_pos=1.0,
-                        sapo_temperature_neg=2.0)
+    loss, _ = grpo_loss(logp, logp.detach(), adv, mask, options=LossOptions(loss_type="sapo", sapo_temperature_pos=1.0,
+                        sapo_temperature_neg=2.0))
     # value at rho = 1: -(4 / tau) * sigmoid(0) * A, per sequence
     assert loss.item() == pytest.approx((-(4 / 1.0) * 0.5 * 1.0 - (4 / 2.0) * 0.5 * -0.5) / 2)
     plain, _ = grpo_loss(logp, logp.detach(), adv, mask, loss_type="grpo")
@@ -138,13 +140,13 @@ def test_masked_truncated_completions_get_zero_loss_and_gradient():
     old = logp.detach() - 0.1
     adv, mask = torch.tensor([1.0, -1.0], dtype=D), torch.ones(2, 2, dtype=D)
     truncated = torch.tensor([True, False])
-    loss, _ = grpo_loss(logp, old, adv, mask, loss_type="dapo", mask_truncated_completions=True, truncated=truncated)
+    loss, _ = grpo_loss(logp, old, adv, mask, options=LossOptions(loss_type="dapo", mask_truncated_completions=True), truncated=truncated)
     grad = _grad(loss, logp)
     assert torch.count_nonzero(grad[0]) == 0 and torch.count_nonzero(grad[1]) == 2
     # dapo divides by the 2 counted tokens, not 4: row 1 alone, ratio e^0.1 < 1.2, A = -1
     assert loss.item() == pytest.approx(math.exp(0.1))
     # every completion truncated: loss 0, gradient 0, no error
-    all_cut = grpo_loss(logp, old, adv, mask, mask_truncated_completions=True, truncated=torch.tensor([True, True]))[0]
+    all_cut = grpo_loss(logp, old, adv, mask, options=LossOptions(mask_truncated_completions=True), truncated=torch.tensor([True, True]))[0]
     assert all_cut.item() == 0.0 and torch.count_nonzero(_grad(all_cut, logp)) == 0
 
 
@@ -165,7 +167,7 @@ def test_top_entropy_quantile_trains_only_the_kept_tokens():
     logp = torch.zeros(2, 5, dtype=D, requires_grad=True)
     entropies = torch.arange(10, dtype=D).reshape(2, 5) / 10
     loss, _ = grpo_loss(logp, logp.detach(), torch.tensor([1.0, 1.0], dtype=D), torch.ones(2, 5, dtype=D),
-                        top_entropy_quantile=0.2, entropies=entropies)
+                        options=LossOptions(top_entropy_quantile=0.2), entropies=entropies)
     assert (_grad(loss, logp) != 0).tolist() == [[False] * 5, [False, False, False, True, True]]
 
 
@@ -176,7 +178,7 @@ def test_entropy_coef_adds_minus_coef_times_the_mean_entropy():
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=D)
     entropies = torch.rand(3, 4, generator=g, dtype=D).requires_grad_(True)
     base, _ = grpo_loss(logp, old, adv, mask)
-    bonus, _ = grpo_loss(logp, old, adv, mask, entropy_coef=0.1, entropies=entropies)
+    bonus, _ = grpo_loss(logp, old, adv, mask, options=LossOptions(entropy_coef=0.1), entropies=entropies)
     mean_entropy = (entropies * mask).sum() / mask.sum()
     assert (bonus - base).item() == pytest.approx(-0.1 * mean_entropy.item())
     torch.testing.assert_close(_grad(bonus, entropies), -0.1 * mask / mask.sum())
@@ -265,12 +267,19 @@ LOSS_OPTION_CASES = [
 ]
 
 
+def loss_arguments(settings: dict) -> dict:
+    """grpo_loss's arguments for these settings: the named ones as keywords, any other in options."""
+    if set(settings) <= set(NAMED_OPTIONS):
+        return dict(settings)
+    return {"options": LossOptions(**settings)}
+
+
 @pytest.mark.parametrize("kwargs, message", LOSS_OPTION_CASES)
 def test_the_config_and_grpo_loss_refuse_a_bad_loss_option_with_one_message(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(f"GRPOConfig.{message}")):
         GRPOConfig(**kwargs)
     with pytest.raises(ValueError, match=re.escape(f"LossOptions.{message}")):
-        grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), **kwargs)
+        grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), **loss_arguments(kwargs))
     with pytest.raises(ValueError, match=re.escape(f"LossOptions.{message}")):
         LossOptions(**kwargs)
 
@@ -312,7 +321,7 @@ def test_the_config_and_grpo_loss_refuse_a_loss_flag_of_the_wrong_type_with_type
     with pytest.raises(TypeError, match=re.escape(f"GRPOConfig.{message}")):
         GRPOConfig(**kwargs)
     with pytest.raises(TypeError, match=re.escape(f"LossOptions.{message}")):
-        grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), **kwargs)
+        grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), **loss_arguments(kwargs))
     with pytest.raises(TypeError, match=re.escape(f"LossOptions.{message}")):
         LossOptions(**kwargs)
 
@@ -330,17 +339,30 @@ def test_config_refuses_a_variant_flag_of_the_wrong_type_with_type_error(kwargs,
 
 
 def test_loss_options_are_one_frozen_object_shared_by_config_grpo_loss_and_trainer():
-    """Every LossOptions field is a GRPOConfig field and a grpo_loss keyword, with one default."""
+    """Every LossOptions field is a GRPOConfig field with LossOptions' default; grpo_loss's named
+    settings are LossOptions fields with the same defaults, and the rest come only in options."""
     import dataclasses
     import inspect
 
     config_defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
     keyword_defaults = {k: p.default for k, p in inspect.signature(grpo_loss).parameters.items()}
-    for name in OPTION_NAMES:
+    option_names = [f.name for f in dataclasses.fields(LossOptions)]
+    for name in option_names:
         default = getattr(LossOptions(), name)
-        assert keyword_defaults[name] == default, name
+        if name in NAMED_OPTIONS:
+            assert keyword_defaults[name] == default, name
+        else:
+            assert name not in keyword_defaults, name  # declared once: in LossOptions only
         if name != "max_completion_length":
             assert config_defaults[name] == default, name
+    assert set(NAMED_OPTIONS) <= set(option_names)
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -1.5]], requires_grad=True)
+    old, adv, mask = logp.detach() + 0.1, torch.tensor([1.0, -1.0]), torch.ones(2, 2)
+    by_default, _ = grpo_loss(logp, old, adv, mask)
+    explicit, _ = grpo_loss(logp, old, adv, mask, options=LossOptions())
+    assert torch.equal(by_default, explicit)
+    with pytest.raises(ValueError, match=r"got options and also the keyword\(s\) \['beta'\]"):
+        grpo_loss(logp, old, adv, mask, options=LossOptions(), beta=0.1)
     options = GRPOConfig(loss_type="dapo", max_new_tokens=7, delta=1.5, entropy_coef=0.1).loss_options()
     assert options == LossOptions(loss_type="dapo", max_completion_length=7, delta=1.5, entropy_coef=0.1)
     assert options.needs_entropy and options.eps_high == 0.2
@@ -370,10 +392,20 @@ def test_grpo_loss_gives_the_same_bits_with_options_or_keywords(settings):
     adv = torch.tensor([1.0, -0.5, 0.25, -1.0], dtype=torch.float64)
     tensors = dict(ref_logp=ref, truncated=torch.tensor([False, True, False, False]),
                    entropies=torch.rand(4, 5, generator=gen, dtype=torch.float64))
+    named = {k: v for k, v in settings.items() if k in NAMED_OPTIONS}
+    others = {k: v for k, v in settings.items() if k not in NAMED_OPTIONS}
+    for name, value in others.items():  # no keyword of grpo_loss: declared once, in LossOptions
+        with pytest.raises(TypeError, match=name):
+            grpo_loss(logp, old, adv, mask, **tensors, **{name: value})
     results = []
     for how in ("keywords", "options"):
         x = logp.clone().requires_grad_(True)
-        kwargs = settings if how == "keywords" else {"options": LossOptions(**settings)}
+        if how == "options":
+            kwargs = {"options": LossOptions(**settings)}
+        elif others:  # the unnamed settings first, then the named ones on top
+            kwargs = {"options": dataclasses.replace(LossOptions(**others), **named)}
+        else:
+            kwargs = named
         loss, stats = grpo_loss(x, old, adv, mask, **tensors, **kwargs)
         loss.backward()
         results.append((loss.detach(), x.grad, stats))
@@ -417,25 +449,25 @@ def test_trainer_steps_with_each_option(options):
     model, tok = build_tiny_policy(seed=4)
     cfg = GRPOConfig(prompts_per_step=2, group_size=4, seed=1, max_new_tokens=3, learning_rate=1e-2, **options)
     trainer = GRPOTrainer(model, tok, _length_reward, cfg)
-    before = [p.detach().clone() for p in trainer._params]
+    before = [p.detach().clone() for p in trainer.grpo_step.params]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         row = trainer.train_step(make_arithmetic_dataset(8, seed=2, digits=1)[:2])
     assert math.isfinite(row["loss"]) and row["groups_drawn"] == 2
     assert row["reward_std"] > 0 and row["grad_norm"] > 0  # precondition: a learning signal
-    assert any(not torch.equal(a, b) for a, b in zip(before, trainer._params))
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.grpo_step.params))
 
 
 def test_trainer_entropy_options_use_the_gradient_pass_entropy(monkeypatch):
     """entropies reach grpo_loss with a gradient (from the gradient pass), also on the explicit path."""
     seen = []
-    real = trainer_module.grpo_loss
+    real = step_module.grpo_loss
 
     def spy(*args, **kwargs):
         seen.append(kwargs["entropies"])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    monkeypatch.setattr(step_module, "grpo_loss", spy)
     model, tok = build_tiny_policy(seed=4)
     cfg = GRPOConfig(prompts_per_step=2, group_size=4, num_iterations=2, entropy_coef=0.01)
     with warnings.catch_warnings():
@@ -455,14 +487,14 @@ def _correct_reward(completions, answer, **kwargs):
 
 def _spy_losses(monkeypatch):
     seen = []
-    real = trainer_module.grpo_loss
+    real = step_module.grpo_loss
 
     def spy(*args, **kwargs):
         loss, stats = real(*args, **kwargs)
         seen.append({"advantages": args[2].detach().clone(), "options": kwargs["options"], "stats": stats})
         return loss, stats
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    monkeypatch.setattr(step_module, "grpo_loss", spy)
     return seen
 
 
@@ -473,14 +505,14 @@ def test_trainer_uses_normalize_then_sum_on_the_reward_functions(monkeypatch):
 
     seen = _spy_losses(monkeypatch)
     recorded = []
-    real_rewards = trainer_module.compute_rewards
+    real_rewards = step_module.compute_rewards
 
     def spy_rewards(*args, **kwargs):
         out = real_rewards(*args, **kwargs)
         recorded.append(out)
         return out
 
-    monkeypatch.setattr(trainer_module, "compute_rewards", spy_rewards)
+    monkeypatch.setattr(step_module, "compute_rewards", spy_rewards)
     model, tok = build_tiny_policy(seed=4)
     weights = [1.0, 0.1]
     cfg = GRPOConfig(prompts_per_step=2, group_size=4, seed=1, max_new_tokens=3, reward_weights=weights,
@@ -537,7 +569,7 @@ def test_trainer_adaptive_entropy_follows_the_controller_and_resumes_exactly(mon
         warnings.simplefilter("ignore")
         trainer(output_dir=str(tmp_path), checkpoint_every=1).train(data, 2, progress=False)
         resumed = trainer(output_dir=str(tmp_path), checkpoint_every=1).train(data, 4, resume=True, progress=False)
-    drop = trainer_module.TIMING_KEYS
+    drop = TIMING_KEYS
     assert [{k: v for k, v in r.items() if k not in drop} for r in resumed] == [
         {k: v for k, v in r.items() if k not in drop} for r in straight
     ]
@@ -561,13 +593,13 @@ def _dynamic_trainer(**overrides):
 
 def test_dynamic_sampling_trains_only_on_groups_with_signal_and_logs_the_count(monkeypatch):
     trained = []
-    real = trainer_module.group_advantages
+    real = step_module.group_advantages
 
     def spy(rewards, G, **kwargs):
         trained.append(rewards.view(-1, G).clone())
         return real(rewards, G, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "group_advantages", spy)
+    monkeypatch.setattr(step_module, "group_advantages", spy)
     data = make_arithmetic_dataset(64, seed=5, digits=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -608,7 +640,7 @@ def test_dynamic_sampling_resumes_exactly(tmp_path):
         first.train(data, 2, progress=False)
         resumed = _dynamic_trainer(**options, output_dir=str(tmp_path), checkpoint_every=1)
         history = resumed.train(data, 3, resume=True, progress=False)
-    drop = trainer_module.TIMING_KEYS
+    drop = TIMING_KEYS
     assert [{k: v for k, v in r.items() if k not in drop} for r in history] == [
         {k: v for k, v in r.items() if k not in drop} for r in straight
     ]
@@ -617,12 +649,13 @@ def test_dynamic_sampling_resumes_exactly(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(mask_truncated_completions=True), "needs truncated"),
-        (dict(mask_truncated_completions=True, truncated=torch.tensor([1, 0])), "bool tensor of shape (2,)"),
-        (dict(top_entropy_quantile=0.2), "need entropies"),
-        (dict(entropy_coef=0.1), "need entropies"),
-        (dict(entropy_coef=0.1, entropies=torch.zeros(2, 4)), "shape mismatch"),
-        (dict(options=LossOptions(), delta=2.0), "got options and also the keyword(s) ['delta']"),
+        (dict(options=LossOptions(mask_truncated_completions=True)), "needs truncated"),
+        (dict(options=LossOptions(mask_truncated_completions=True), truncated=torch.tensor([1, 0])),
+         "bool tensor of shape (2,)"),
+        (dict(options=LossOptions(top_entropy_quantile=0.2)), "need entropies"),
+        (dict(options=LossOptions(entropy_coef=0.1)), "need entropies"),
+        (dict(options=LossOptions(entropy_coef=0.1), entropies=torch.zeros(2, 4)), "shape mismatch"),
+        (dict(options=LossOptions(), clip_eps=0.3), "got options and also the keyword(s) ['clip_eps']"),
     ],
 )
 def test_grpo_loss_refuses_bad_variant_arguments(kwargs, message):
@@ -634,13 +667,13 @@ def test_trainer_masks_truncated_completions_and_counts_only_the_rest(monkeypatc
     """With mask_truncated_completions, the trainer hands grpo_loss the rollout's truncation flags,
     and dapo's normaliser counts only the tokens of untruncated completions (as TRL's num_items_in_batch)."""
     calls = []
-    real = trainer_module.grpo_loss
+    real = step_module.grpo_loss
 
     def spy(logp, old, adv, mask, **kwargs):
         calls.append((mask.clone(), kwargs["truncated"].clone(), float(kwargs["num_items_in_batch"])))
         return real(logp, old, adv, mask, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", spy)
+    monkeypatch.setattr(step_module, "grpo_loss", spy)
     model, tok = build_tiny_policy(seed=4)
     cfg = GRPOConfig(prompts_per_step=2, group_size=4, seed=9, max_new_tokens=5, loss_type="dapo",
                      mask_truncated_completions=True)

@@ -1,4 +1,4 @@
-"""The machinery of a run: what happens around the seven stages so that hours of work are safe.
+"""The machinery of a run: what happens around the stages of a step so that hours of work are safe.
 
 Nothing here knows GRPO: these modules import nothing from the stages, the
 trainer or the chapter tools (``tests/test_layout.py`` checks it). The trainer,
@@ -16,8 +16,10 @@ Module             What it holds
 ``interrupt``      Ctrl-C: finish the step, save, stop
 ``progress``       progress bars for a terminal, Colab and the book
 ``completions``    ``log_completions``: a few completions shown and kept in ``completions.jsonl``
-``warn``           ``GRPOWarning``, issued once per run, pointing at the user's line
 =================  ================================================================
+
+``GRPOWarning`` and its once-per-run issuer live in the shared leaf
+:mod:`grpo_tutorial.warn`, which the stages use too; this package re-exports them.
 """
 
 from .checkpoint import load_model_state, read_checkpoint, write_checkpoint
@@ -28,7 +30,7 @@ from .layout import HISTORY_FILE, find_checkpoint, read_meta
 from .lock import RunLockedError, run_lock
 from .progress import progress_bar
 from .state import RunState, dataset_fingerprint
-from .warn import GRPOWarning, WarnOnce
+from ..warn import GRPOWarning, WarnOnce
 
 __all__ = [
     "GRPOWarning",

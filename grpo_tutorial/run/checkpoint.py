@@ -38,7 +38,7 @@ from .layout import (
     read_meta,
 )
 from .state import check_same_dataset
-from .warn import warn_now
+from ..warn import warn_now
 
 __all__ = [
     "RESUME_FREE_FIELDS",

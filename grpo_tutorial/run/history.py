@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from .disk import disk_errors, write_durably
 from .layout import HISTORY_FILE
-from .warn import GRPOWarning, caller_stacklevel
+from ..warn import GRPOWarning, caller_stacklevel
 
 __all__ = ["HistoryWriter", "append_history", "history_line", "history_until", "read_history", "write_history"]
 

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .warn import WarnOnce
+from ..warn import WarnOnce
 
 __all__ = ["RunState", "check_same_dataset", "dataset_fingerprint"]
 
@@ -47,7 +47,7 @@ class RunState:
             (None until the first ``train``).
         skipped_updates: optimizer updates skipped for a non-finite loss or
             gradient, since the start.
-        warn: the run's :class:`~grpo_tutorial.run.warn.WarnOnce` (which
+        warn: the run's :class:`~grpo_tutorial.warn.WarnOnce` (which
             warnings were given already).
     """
 

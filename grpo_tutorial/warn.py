@@ -7,6 +7,9 @@ that, so a resumed run does not repeat them). The warning's ``stacklevel`` is
 computed (:func:`caller_stacklevel`): it points at the first frame outside the
 package, the user's ``trainer.train(...)`` line, wherever inside the package
 the warning was raised.
+
+A shared leaf: it imports nothing of the package, so both the stages (the step,
+the optimizer) and the run machinery (``run/``) use it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Sequence
 __all__ = ["GRPOWarning", "WarnOnce", "caller_stacklevel", "warn_now"]
 
 #: ``grpo_tutorial/``: frames inside it (and inside its subpackages) are the package's own.
-PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 class GRPOWarning(UserWarning):
