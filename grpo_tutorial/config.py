@@ -232,6 +232,9 @@ class GRPOConfig:
                      "a positive number (e.g. 1e-4 for the tiny model)")
         check_number(o, "weight_decay", self.weight_decay, lambda v: v >= 0, "a number >= 0")
         self.loss_options()  # every setting of the loss, validated where the loss defines them (loss.py)
+        if self.loss_type != "cispo":  # a training run's clip range (the loss takes any > 0: chapter 4 unclips)
+            check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: 0 < v < 1,
+                         "None or a number in (0, 1), e.g. 0.28 (only CISPO takes a cap above 2)", optional=True)
         self._check_sampling_options()
         check_choice(o, "scale_rewards", self.scale_rewards, SCALES)
         check_choice(o, "std", self.std, STDS)

@@ -97,7 +97,9 @@ class LossOptions:
             weight; aggregated like ``"dapo"``). How each aggregates: the module docstring.
         clip_eps, clip_eps_high: PPO clip range (1 - eps, 1 + eps_high);
             ``clip_eps_high=None`` means symmetric. DAPO's clip-higher uses 0.28.
-            Both lie in (0, 1), except CISPO's cap.
+            The loss takes any ``clip_eps_high > 0`` (chapter 4 switches the clip
+            off with 1e6); a training run's :class:`~grpo_tutorial.config.GRPOConfig`
+            keeps it in (0, 1) except for CISPO, whose cap lies far above 2.
         beta: KL penalty weight; 0 = no penalty (and the trainer keeps no
             reference model at all).
         kl_kind: ``"k1"``, ``"k2"`` or ``"k3"`` (the estimator in the penalty).
@@ -123,7 +125,7 @@ class LossOptions:
             ``entropy`` stays the sampling policy's.
         off_policy_mask_threshold: None, or drop from the loss the completions
             with a negative advantage whose mean log(pi_old / pi_theta) exceeds
-            it (DeepSeek-V3.2). Here sampler and scorer are one model, so it
+            it (DeepSeek-V3.2). With the default sampler, sampler and scorer are one model, so it
             only acts on the later updates of an off-policy step (mu > 1 or
             several minibatches); on-policy it keeps everything.
         use_bias_correction_kl: multiply the KL term by the importance ratio
@@ -170,13 +172,8 @@ class LossOptions:
         o = owner
         check_choice(o, "loss_type", self.loss_type, LOSS_TYPES)
         check_number(o, "clip_eps", self.clip_eps, lambda v: 0 < v < 1, "a number in (0, 1), e.g. 0.2")
-        if self.loss_type == "cispo":  # CISPO's cap, 1 + clip_eps_high, may lie far above 2
-            check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: v > 0,
-                         "None or a number > 0 (CISPO's cap is 1 + clip_eps_high; TRL's 5.0 is 4.0 here)",
-                         optional=True)
-        else:  # a training run's clip range
-            check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: 0 < v < 1,
-                         "None or a number in (0, 1), e.g. 0.28 (only CISPO takes a cap above 2)", optional=True)
+        check_number(o, "clip_eps_high", self.clip_eps_high, lambda v: v > 0,
+                     "None or a number > 0 (e.g. 0.28; CISPO's cap is 1 + clip_eps_high)", optional=True)
         check_number(o, "beta", self.beta, lambda v: v >= 0, "a number >= 0 (0 = no KL penalty)")
         check_choice(o, "kl_kind", self.kl_kind, KL_KINDS)
         check_int(o, "max_completion_length", self.max_completion_length, 1, optional=True)
@@ -424,7 +421,7 @@ def _check_option_tensors(logp: torch.Tensor, opts: LossOptions, truncated, entr
             )
     if opts.needs_entropy and entropies is None:
         raise ValueError(
-            "top_entropy_quantile < 1 and entropy_coef != 0 need entropies, the [N, T] per-token entropy "
+            "top_entropy_quantile < 1 and entropy_coef != 0 each need entropies, the [N, T] per-token entropy "
             "of the current policy (completion_logprobs(..., return_entropy=True, entropy_grad=True))"
         )
     if entropies is not None:

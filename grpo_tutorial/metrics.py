@@ -3,7 +3,7 @@
 Every number a step logs is assembled here from what the stages returned, and
 :func:`check_failure_modes` reads the row for the failure modes chapters 8 and 10
 show: no learning signal, collapse, truncation. (Non-finite losses are caught
-where they happen, in the trainer's update.)
+where they happen, in the step's update, ``step.py``.)
 """
 
 from __future__ import annotations

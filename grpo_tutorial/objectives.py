@@ -15,8 +15,8 @@ new aggregation (DAPO's token mean, LUSPO's length-scaled sequence sum). Each is
 a function here, chosen by name from a table (:data:`IMPORTANCE_WEIGHTS`,
 :data:`OBJECTIVES`, :data:`AGGREGATIONS`), so ``grpo_loss`` stays a straight line.
 The entropy bonus's coefficient may move between updates (Skywork-OR1's adaptive
-entropy control, :func:`adapt_entropy_coef`); the trainer keeps that state in an
-:class:`EntropyControl`.
+entropy control, :func:`adapt_entropy_coef`); the step keeps that state in an
+:class:`EntropyControl` (``GRPOStep.entropy_control``), which the trainer checkpoints.
 The names and the numbers are TRL 1.16's (``tests/test_trl_agreement.py`` runs
 TRL's own ``_compute_loss`` on the same tensors); the one deliberate difference
 is CISPO's cap, see :func:`cispo_objective`.

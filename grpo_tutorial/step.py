@@ -67,8 +67,9 @@ class Policies:
         yield self.reference_model
 
     def sync_reference(self) -> None:
-        """``ref_sync_every``: the reference becomes a copy of the policy."""
-        self.reference_model.load_state_dict(self.policy.state_dict())
+        """``ref_sync_every``: the reference becomes a copy of the policy (nothing to do without one)."""
+        if self.reference_model is not None:
+            self.reference_model.load_state_dict(self.policy.state_dict())
 
 
 class GRPOStep:
@@ -82,15 +83,17 @@ class GRPOStep:
     """
 
     def __init__(self, model, tokenizer, reward_fns, config: GRPOConfig | None = None, ref_model=None, *,
-                 accuracy_fn: Callable | None = None, sampler: Sampler | None = None) -> None:
+                 accuracy_fn: Callable | None = None, sampler: Sampler | None = None,
+                 policies: Policies | None = None) -> None:
         config = GRPOConfig() if config is None else config
         if not isinstance(config, GRPOConfig):
             raise TypeError(f"config must be a GRPOConfig, got {type(config).__name__}")
         self.reward_fns = list(reward_function_list(reward_fns, config.reward_weights))
         if getattr(tokenizer, "eos_token_id", None) is None:
             raise ValueError("tokenizer.eos_token_id is None; the trainer needs an EOS token")
-        if accuracy_fn is not None and not callable(accuracy_fn):
-            raise TypeError(f"accuracy_fn must be None or a function, got {type(accuracy_fn).__name__}")
+        for name, fn in (("accuracy_fn", accuracy_fn), ("sampler", sampler)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be None or a function, got {type(fn).__name__}")
         if ref_model is not None and ref_model is model:
             raise ValueError(
                 "ref_model is the policy itself; the reference must be a separate, frozen copy "
@@ -99,11 +102,12 @@ class GRPOStep:
         self.tokenizer, self.config, self.accuracy_fn = tokenizer, config, accuracy_fn
         if config.disable_dropout:
             disable_dropout(model)
-        # the reference only with a KL penalty: the given one, or a frozen copy of the policy
-        ref = frozen_reference(model, ref_model, without_dropout=config.disable_dropout) if config.beta > 0 else None
-        self.policies = Policies(model, ref)
-        self.sampler: Sampler = sampler or self.generate
-        self.entropy = EntropyControl.from_config(config)  # the entropy bonus's coefficient (adaptive: it moves)
+        if policies is None:  # the reference only with a KL penalty: the given one, or a frozen copy of the policy
+            ref = frozen_reference(model, ref_model, without_dropout=config.disable_dropout) if config.beta > 0 else None
+            policies = Policies(model, ref)
+        self.policies = policies
+        self.sampler = sampler  # None: the policy itself (generate)
+        self.entropy_control = EntropyControl.from_config(config)  # the entropy bonus's coefficient (adaptive: it moves)
         self.params = trainable_parameters(model)
         self.optimizer, self.scheduler = make_optimizer(self.params, config)
         #: Reuse the gradient pass's log-probs as the old policy's when a step makes exactly one
@@ -123,9 +127,8 @@ class GRPOStep:
         # 1. sample and 2. reward (with dynamic sampling: more rounds until enough groups have a signal)
         sample = self.sample(batch, state, more_rows, clock)
         rollout = sample["rollout"]
-        # 3. advantages: z-scores within each group, [N]
+        # 3. advantages: each reward against its group (by default a z-score), [N]
         advantages = self.advantages(sample).to(rollout.completion_ids.device)
-        self.last_batch = (rollout.prompts, rollout.completions, sample["rewards"], sample["per_fn"], advantages)
         # 4. score: the sampling policy's log-probs (unless the step is exactly on-policy) ...
         on_policy = self.reuse_on_policy_logprobs and cfg.updates_per_step == 1
         old_logp, entropy = (None, None) if on_policy else self.score(self.model, rollout, entropy=True)
@@ -136,11 +139,13 @@ class GRPOStep:
         clock.lap("reference")
         # 5. update: mu passes over shuffled minibatches, one optimizer update each
         update = self.update(rollout, old_logp, ref_logp, advantages, state)
+        # the history's entropy: stage 4's pass, or on-policy the update's own pass (filled in accumulate)
         entropy = update["entropy"] if entropy is None else entropy  # [N, Tc]
-        state.step += 1
-        if self.policies.reference_model is not None and cfg.ref_sync_every and state.step % cfg.ref_sync_every == 0:
+        state.step += 1  # completed steps: the step that ran was number state.step
+        if cfg.beta > 0 and cfg.ref_sync_every and state.step % cfg.ref_sync_every == 0:
             self.policies.sync_reference()
         clock.lap("update")
+        self.last_batch = (rollout.prompts, rollout.completions, sample["rewards"], sample["per_fn"], advantages)
         # after the step: the history row, and warnings about failure modes
         return self.history_row(sample, update, entropy, clock, state, history)
 
@@ -167,7 +172,7 @@ class GRPOStep:
         cfg, G = self.config, self.config.group_size
         seed = sampling_seed(cfg.seed, state.step, round_)  # round 0: the SAMPLING stream; later ones: RESAMPLING
         # 1. sample: all B*G completions in one generate call
-        rollout = self.sampler([row["prompt"] for row in batch], seed)  # N = B*G completions
+        rollout = (self.sampler or self.generate)([row["prompt"] for row in batch], seed)  # N = B*G completions
         clock.lap("generate")
         # 2. reward: [N] (NaN: no reward function could score the completion)
         answers = [row.get("answer") for row in batch for _ in range(G)]
@@ -232,6 +237,7 @@ class GRPOStep:
         out["lr"] = float(self.optimizer.param_groups[0]["lr"])
         if old_logp is None:  # filled by each micro-batch's pass; NaN: a row no pass reached (skipped update)
             out["entropy"] = torch.full(mask.shape, math.nan, dtype=torch.float32, device=mask.device)  # [N, Tc]
+        # mu passes (num_iterations), each cut into shuffled minibatches: one optimizer update per minibatch
         updates = minibatches(len(rollout), cfg.update_size, cfg.num_iterations, cfg.seed, state.step, advantages.device)
         was_training = self.model.training
         self.model.train()
@@ -261,7 +267,7 @@ class GRPOStep:
         """
         cfg, micro, first = self.config, self.config.micro_size, len(out["stats"])  # this update's stats start at first
         mask = rollout.completion_mask
-        options = self.entropy.loss_options(cfg.loss_options())  # the loss's settings, this update's entropy coef
+        options = self.entropy_control.loss_options(cfg.loss_options())  # the loss's settings, this update's coef
         measure = options.needs_entropy or cfg.use_adaptive_entropy  # grpo_loss gets (and sums) the entropies
         with_entropy = old_logp is None or measure  # the scoring pass returns the entropies
         truncated = rollout.truncated.to(mask.device)  # [N]
@@ -289,7 +295,7 @@ class GRPOStep:
                 return value
             with timed(out["seconds"], "backward_seconds"):
                 loss.backward()
-        self.entropy.measured(out["stats"][first:])  # adaptive: the update's entropy sets the next coefficient
+        self.entropy_control.measured(out["stats"][first:])  # adaptive: the update's entropy sets the next coefficient
         return total
 
     # ------------------------------------------------------------------ after the step
@@ -305,7 +311,7 @@ class GRPOStep:
         )
         row["groups_drawn"] = sample["groups_drawn"]
         if cfg.use_adaptive_entropy or cfg.entropy_coef != 0.0:
-            row["entropy_coef"] = self.entropy.coef  # after the step's last update, as TRL logs it
+            row["entropy_coef"] = self.entropy_control.coef  # after the step's last update, as TRL logs it
         check_failure_modes(
             row, history, group_size=cfg.group_size, learning_rate=cfg.learning_rate,
             max_new_tokens=cfg.max_new_tokens, warn=state.warn,

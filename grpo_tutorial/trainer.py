@@ -125,6 +125,7 @@ class GRPOTrainer:
     accuracy_fn = _step_attribute("accuracy_fn")
     optimizer = _step_attribute("optimizer")
     scheduler = _step_attribute("scheduler")
+    reuse_on_policy_logprobs = _step_attribute("reuse_on_policy_logprobs")
 
     @property
     def step(self) -> int:
@@ -160,7 +161,7 @@ class GRPOTrainer:
         meta = {
             **self.state.to_meta(),
             "data_seed": self.config.seed,
-            "entropy_control": self.grpo_step.entropy.to_meta(),  # adaptive entropy control's state
+            "entropy_control": self.grpo_step.entropy_control.to_meta(),  # adaptive entropy control's state
             "config": self.config.to_dict(),
         }
         return save_training(
@@ -182,7 +183,7 @@ class GRPOTrainer:
         if meta is None:
             return False
         self.state = RunState.from_meta(meta)
-        self.grpo_step.entropy = EntropyControl.from_config(self.config, meta.get("entropy_control"))
+        self.grpo_step.entropy_control = EntropyControl.from_config(self.config, meta.get("entropy_control"))
         self.history = history_until(root, meta)
         return True
 

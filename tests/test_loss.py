@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_tutorial import group_advantages, grpo_loss, sequence_logprob_loss
+from grpo_tutorial import GRPOConfig, group_advantages, grpo_loss, sequence_logprob_loss
 from grpo_tutorial.loss import aggregate_tokens
 
 
@@ -212,3 +212,19 @@ def test_kl_penalty_at_padded_positions_cannot_poison_the_gradient():
     loss.backward()
     assert torch.isfinite(logp.grad).all() and logp.grad[0, 1] == 0
     assert stats["kl"] == pytest.approx(float(torch.expm1(torch.tensor(-0.2)) + 0.2))
+
+
+def test_the_loss_takes_any_clip_above_zero_but_a_training_config_keeps_it_below_one():
+    """Chapter 4 switches the clip off with clip_eps_high=1e6 (and clip_eps near 1): grpo_loss must take it,
+    giving the unclipped surrogate -mean(ratio * A); a GRPOConfig (a training run) refuses it outside CISPO."""
+    logp = torch.tensor([[-0.5, -1.0]], dtype=torch.float64)
+    old = torch.tensor([[-1.5, -0.2]], dtype=torch.float64)  # ratios e^1 and e^-0.8, far outside any clip
+    for advantage in (1.0, -1.0):
+        adv = torch.tensor([advantage], dtype=torch.float64)
+        loss, stats = grpo_loss(logp, old, adv, torch.ones(1, 2, dtype=torch.float64),
+                                clip_eps=1 - 1e-6, clip_eps_high=1e6)
+        expected = -(torch.exp(logp - old) * advantage).mean()
+        assert loss.item() == pytest.approx(expected.item(), rel=1e-12) and stats["clip_frac"] == 0.0
+    with pytest.raises(ValueError, match=r"clip_eps_high must be None or a number in \(0, 1\)"):
+        GRPOConfig(clip_eps_high=1e6)
+    GRPOConfig(loss_type="cispo", clip_eps_high=4.0)  # CISPO's cap lies far above 2

@@ -709,7 +709,8 @@ def test_logged_entropy_averages_only_the_rows_the_step_scored(monkeypatch):
 
 def test_a_policies_subclass_supplies_the_reference_without_a_copy():
     """What LoRA needs: the reference is the policy with something switched off, entered once per scoring pass."""
-    from grpo_tutorial.step import Policies
+    from grpo_tutorial.run.state import RunState
+    from grpo_tutorial.step import GRPOStep, Policies
 
     class PolicyAsReference(Policies):
         entered = 0
@@ -720,10 +721,11 @@ def test_a_policies_subclass_supplies_the_reference_without_a_copy():
             yield self.policy  # a LoRA model would yield the policy with its adapters off
 
     model, tok = tiny()
-    trainer = GRPOTrainer(model, tok, length_reward, config(beta=0.1))
-    trainer.grpo_step.policies = PolicyAsReference(model, trainer.ref_model)
-    row = quiet(trainer.train_step, data()[:2])
-    assert PolicyAsReference.entered == 1
+    step = GRPOStep(model, tok, length_reward, config(beta=0.1, ref_sync_every=1),
+                    policies=PolicyAsReference(model))  # no reference model: no copy is made
+    assert step.policies.reference_model is None
+    row = quiet(step, data()[:2], RunState(), [])
+    assert PolicyAsReference.entered == 1  # once per scoring pass of the reference
     assert row["kl"] == pytest.approx(0.0, abs=1e-6)  # before its update, the policy is its own reference
 
 
@@ -738,5 +740,7 @@ def test_a_sampler_writes_the_completions_and_row_listeners_get_every_row(tmp_pa
     assert len(calls) == 3 and len(set(calls)) == 3  # one rollout a step, each with its own seed
     assert rows == history and len(rows) == 3
     assert [json.loads(line)["step"] for line in (tmp_path / "history.jsonl").read_text().splitlines()] == [1, 2, 3]
-    with_sampler = GRPOTrainer(tiny()[0], tok, length_reward, config(), sampler=lambda p, s: real(p, s))
-    assert with_sampler.grpo_step.sampler is not with_sampler.grpo_step.generate
+    mine = lambda p, s: real(p, s)  # noqa: E731
+    assert GRPOTrainer(tiny()[0], tok, length_reward, config(), sampler=mine).grpo_step.sampler is mine
+    with pytest.raises(TypeError, match="sampler must be None or a function"):
+        GRPOTrainer(tiny()[0], tok, length_reward, config(), sampler="vllm")

@@ -18,8 +18,8 @@ Why a written-out copy and not the trainer's step with one seam per bug: each
 bug lives *between* the stages (which tensor is passed as ``old_logp``, whether
 the forward pass runs under ``no_grad``, which mask reaches the loss), and a
 reader of chapter 10 should see the wrong line next to the right one on one
-page. Seams for these bugs inside ``GRPOTrainer`` would put switches that no
-real run wants into the core trainer. So the page stays, and the duplication is
+page. Seams for these bugs inside the step (``GRPOStep`` in ``step.py``) would put
+switches that no real run wants into the core. So the page stays, and the duplication is
 limited to the order of the calls: every stage is the core function itself
 (``generate_rollouts``, ``compute_rewards``, ``group_advantages``,
 ``score_rollout`` and ``rollout_logprobs``, ``grpo_loss`` with the config's
