@@ -83,21 +83,21 @@ def test_every_test_the_page_names_exists():
     assert wrong == [], f"book/architecture.md names tests that do not exist: {wrong}"
 
 
-def _table_rows(text: str, header: str) -> list[list[str]]:
-    """The rows of the markdown table whose header line starts with ``header``."""
+def table_rows(text: str, header: str) -> list[list[str]]:
+    """The rows of the markdown table whose header line starts with ``header`` (tests/test_stages.py reads them too)."""
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(header))
     rows = []
     for line in lines[start + 2:]:
         if not line.startswith("|"):
             break
-        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
     return rows
 
 
 def test_the_stage_tables_entry_points_exist_in_their_modules():
     text = PAGE.read_text()
-    rows = _table_rows(text, "| Stage | Module |")
+    rows = table_rows(text, "| Stage | Module |")
     # numbered as grpo_tutorial.stages.STAGES: the input before stage 1, the history row after stage 5
     assert [r[0] for r in rows][:2] == ["before 1", "1. sample"] and rows[-1][0] == "after 5"
     wrong = []
@@ -153,7 +153,7 @@ def test_readme_lists_every_book_page():
 
 def test_readme_module_table_lists_every_top_level_module_and_only_those():
     text = README.read_text()
-    rows = _table_rows(text, "| Module | Stage / role |")
+    rows = table_rows(text, "| Module | Stage / role |")
     listed = {name for row in rows for name in spans(row[0])}
     assert listed == stems(PACKAGE), (
         f"README's module table: missing {sorted(stems(PACKAGE) - listed)}, not modules {sorted(listed - stems(PACKAGE))}"

@@ -20,7 +20,7 @@ def tiny():
     return build_tiny_policy()
 
 
-def _same_weights(model_a, model_b) -> bool:
+def same_weights(model_a, model_b) -> bool:
     sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
     return sd_a.keys() == sd_b.keys() and all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
 
@@ -139,9 +139,9 @@ def test_build_is_deterministic_and_leaves_the_global_rng_alone(tiny):
     state = torch.get_rng_state()
     again, _ = build_tiny_policy(seed=0)
     assert torch.equal(torch.get_rng_state(), state)
-    assert _same_weights(model, again)
+    assert same_weights(model, again)
     other, _ = build_tiny_policy(seed=1)
-    assert not _same_weights(model, other)
+    assert not same_weights(model, other)
 
 
 def test_build_with_other_sizes():

@@ -18,16 +18,7 @@ import torch
 from grpo_tutorial import pretrained
 from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.pretrained import cache_root, load_policy
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return build_tiny_policy()
-
-
-def _same_weights(model_a, model_b) -> bool:
-    sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
-    return sd_a.keys() == sd_b.keys() and all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
+from test_models import same_weights, tiny  # noqa: F401  (tiny: the module-scoped fixture, shared)
 
 
 # ---------------------------------------------------------------------------
@@ -37,7 +28,7 @@ def _same_weights(model_a, model_b) -> bool:
 
 def test_load_tiny_is_the_default_build(tiny):
     model, tok = load_policy("tiny", device="cpu")
-    assert _same_weights(model, tiny[0])
+    assert same_weights(model, tiny[0])
     assert model.dtype == torch.float32 and not model.training
     assert tok("1+2=")["input_ids"] == tiny[1]("1+2=")["input_ids"]
     half, _ = load_policy("Tiny", device="cpu", dtype="bf16")
@@ -64,7 +55,7 @@ def test_load_from_a_local_folder(tiny, tmp_path):
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     loaded, loaded_tok = load_policy(str(tmp_path), device="cpu")
-    assert _same_weights(model, loaded)
+    assert same_weights(model, loaded)
     assert loaded_tok("12+34=")["input_ids"] == [1, 5, 6, 14, 7, 8, 17]
     assert loaded_tok.padding_side == "left" and loaded_tok.pad_token_id == 0
     assert loaded.generation_config.pad_token_id == 0
@@ -232,7 +223,7 @@ def test_first_load_caches_and_second_load_reads_the_cache(fake_gguf):
     assert json.loads((folder / "grpo_tutorial_source.json").read_text())["max_logit_diff_vs_gguf"] == 0.0
     second, tok2 = load_policy("smollm2-135m-instruct", device="cpu")
     assert len(calls) == 1  # not dequantized again
-    assert _same_weights(first, reference) and _same_weights(second, reference)
+    assert same_weights(first, reference) and same_weights(second, reference)
     assert tok2("12+3=")["input_ids"] == tok("12+3=")["input_ids"] == [1, 5, 6, 14, 7, 17]
     assert tok2.padding_side == "left" and second.generation_config.pad_token_id == 0
 
@@ -244,7 +235,7 @@ def test_a_damaged_cache_is_rebuilt(fake_gguf):
     model, _ = load_policy("smollm2-135m-instruct", device="cpu")
     assert len(calls) == 2
     assert (folder / "model.safetensors").is_file()
-    assert _same_weights(model, build_tiny_policy(seed=7)[0])
+    assert same_weights(model, build_tiny_policy(seed=7)[0])
 
 
 def test_an_interrupted_cache_write_leaves_no_cache(tiny, tmp_path):

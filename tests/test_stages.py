@@ -29,6 +29,7 @@ import nbformat
 import pytest
 
 from grpo_tutorial.stages import STAGES, VOCABULARY
+from test_architecture_doc import table_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -86,18 +87,6 @@ def cells(path: Path, cell_type: str | None = None) -> list[nbformat.NotebookNod
 def cell(path: Path, cell_id: str) -> str:
     (found,) = [c.source for c in cells(path) if c.get("id") == cell_id]
     return found
-
-
-def table_rows(text: str, header: str) -> list[list[str]]:
-    """The rows of the markdown table whose header line starts with ``header``."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header))
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
-    return rows
 
 
 def spans(text: str) -> list[str]:
