@@ -18,8 +18,8 @@ def describe_environment(print_it: bool = True) -> dict[str, str]:
 
     import grpo_tutorial
 
-    if torch.cuda.is_available():
-        device = f"cuda ({torch.cuda.get_device_name(0)})"
+    if torch.cuda.is_available():  # asks the driver; does not start CUDA
+        device = f"cuda ({gpu_name()})"
     else:
         device = f"cpu ({os.cpu_count()} cores, torch threads={torch.get_num_threads()})"
     info = {
@@ -35,6 +35,50 @@ def describe_environment(print_it: bool = True) -> dict[str, str]:
         for key, value in info.items():
             print(f"{key:<{width}} : {value}")
     return info
+
+
+def gpu_name(timeout: float = 10.0) -> str:
+    """The first GPU's name, without starting CUDA when it has not started yet.
+
+    ``torch.cuda.get_device_name`` starts CUDA, and PyTorch's CUDA allocator reads
+    ``PYTORCH_CUDA_ALLOC_CONF`` only then: a notebook that prints its environment
+    first must not start it before a later cell has set the variable (chapter 9
+    sets it in its install cell, but a user may not). So before CUDA has started
+    the name comes from ``nvidia-smi``, and when that cannot answer, the result
+    says so.
+    """
+    import shutil
+    import subprocess
+
+    import torch
+
+    if torch.cuda.is_initialized():
+        return torch.cuda.get_device_name(0)
+    smi = shutil.which("nvidia-smi")
+    if smi is not None:
+        try:
+            out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                                 timeout=timeout, check=True).stdout.strip().splitlines()
+        except (OSError, subprocess.SubprocessError):
+            out = []
+        if out and out[0].strip():
+            return out[0].strip()
+    return "name not read: nvidia-smi did not answer, and asking PyTorch would start CUDA"
+
+
+def show_download_progress() -> None:
+    """Progress bars for downloads from the Hugging Face hub, none for loading weights from disk.
+
+    ``transformers.utils.logging.disable_progress_bar()`` switches off both kinds
+    (it also calls ``huggingface_hub``'s switch), so a 1 GB model would download
+    without a sign of life. Here transformers' own bars (loading a model's
+    weights: noise in a book page) stay off, and the hub's download bars on.
+    """
+    from huggingface_hub.utils import enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    enable_progress_bars()
 
 
 def glue(name: str, value, display: bool = False):

@@ -15,6 +15,7 @@ Chapter  Module                What it holds
 0, 8     ``recipes``           the tiny-addition recipe (warm start + GRPO), held-out evaluation
 0, 9     ``costs``             memory of the model state and logits, PPO vs GRPO counts per step
 9        ``gsm8k``             the GPU run (Qwen2.5 on GSM8K) as one function, T4 step estimate, CPU run data
+9        ``colab``             the run's folder (named by its settings, on Drive in Colab), resume plan, Drive quota
 10       ``pitfalls``          the bug gallery: a written-out step with bug switches
 11       ``trl_multiprocess``  TRL's GRPOTrainer in two CPU processes (torchrun)
 12       ``lab``               the variant lab: runs, statistics, pass@k

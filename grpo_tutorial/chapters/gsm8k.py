@@ -55,6 +55,7 @@ __all__ = [
     "gsm8k_run",
     "published_peaks",
     "read_gsm8k_jsonl",
+    "session_estimate",
     "t4_step_estimate",
     "smollm2_cpu_data",
 ]
@@ -79,9 +80,10 @@ def boxed_reward(completions: Sequence, **kwargs: Any) -> list[float]:
     The format part of chapter 9's GPU reward: with weight 0.1 beside
     ``correctness_reward`` (weight 1), a boxed wrong answer earns 0.1 and an
     answer the extractor has to guess (the last number of the text) earns no
-    format credit. ReFT's reward for GSM8K (Luong et al., 2024), which verl's
-    GSM8K example uses, is the same idea: 1 for a right answer, 0.1 for a wrong
-    one in the required format, 0 for none.
+    format credit. ReFT's partial reward for GSM8K (Luong et al., 2024) is the
+    same idea: 1 for a right answer, 0.1 for a wrong one whose answer can be
+    read, 0 for none. (verl's GSM8K scorer, ``verl/utils/reward_score/gsm8k.py``,
+    has the same knob, ``format_score``, and sets it to 0 by default.)
     """
     return [1.0 if (b := last_boxed(completion_to_text(c))) is not None and last_number(b) is not None else 0.0
             for c in completions]
@@ -220,7 +222,9 @@ def gsm8k_run(
         NaN without ``eval_rows``), ``train_seconds`` (this call's),
         ``resumed_from`` (the step the checkpoint held; 0 for a fresh run),
         ``before_from`` (the file the 'before' evaluation was read from, or None
-        when it was computed now) and ``trainer``.
+        when it was computed now), ``after_from`` (likewise for 'after', read
+        back when the run had already reached ``steps``: a finished run is not
+        trained or evaluated again) and ``trainer``.
     """
     if isinstance(preset, GRPOConfig):
         if overrides:
@@ -269,13 +273,20 @@ def gsm8k_run(
             _write_eval(out, "before", before, eval_rows, config)
     checkpoint = find_checkpoint(out) if resume else None
     resumed_from = int(read_meta(checkpoint)["step"]) if checkpoint is not None else 0
+    if resumed_from >= steps:
+        print(f"gsm8k_run: the run in {str(out)!r} already reached step {resumed_from} (of {steps}); nothing to "
+              "train. To start another run, use a new output_dir.", flush=True)
     start = time.perf_counter()
     history = trainer.train(train_rows, steps, resume=resume, progress=progress)
     train_seconds = time.perf_counter() - start
-    after = None
+    after, after_from = None, None
     if eval_rows:
-        after = trainer.evaluate(eval_rows)
-        _write_eval(out, "after", after, eval_rows, config)
+        stored = _read_eval(out, "after", eval_rows, config) if resumed_from >= steps else None
+        if stored is not None:  # a finished run: its evaluation is read back, not repeated
+            after, after_from = stored, str(out / EVAL_FILES["after"])
+        else:
+            after = trainer.evaluate(eval_rows)
+            _write_eval(out, "after", after, eval_rows, config)
     gain, gain_se = paired_gain(before["correct"], after["correct"]) if eval_rows else (float("nan"), float("nan"))
     return {
         "config": config,
@@ -287,6 +298,7 @@ def gsm8k_run(
         "train_seconds": train_seconds,
         "resumed_from": resumed_from,
         "before_from": before_from,
+        "after_from": after_from,
         "trainer": trainer,
     }
 
@@ -589,3 +601,44 @@ def t4_step_estimate(record: dict) -> dict:
         "step_scaled": other + sum(p["t4_scaled"] for p in phases.values()),
         "step_low": other + sum(p["t4_low"] for p in phases.values()),
     }
+
+
+#: Installing the package and downloading Qwen2.5-0.5B-Instruct (about 1 GB) and GSM8K: an assumption, in minutes.
+SETUP_MINUTES = 5.0
+
+
+def session_estimate(record: dict, config: GRPOConfig, steps: int, n_eval: int,
+                     setup_minutes: float = SETUP_MINUTES) -> dict:
+    """An ESTIMATE of chapter 9's GPU notebook on a T4, part by part, in minutes: ``(low, high)`` each.
+
+    Training is ``steps`` times :func:`t4_step_estimate`'s ``step_low`` and
+    ``step_scaled``. An evaluation generates greedily for ``n_eval`` problems,
+    ``config.eval_batch_size`` at a time, each batch as long as the record's
+    generation phase (the same budget and at most as many rows; it scales that
+    phase's ``t4_low`` and ``t4_scaled`` by the batches). Setup is an assumed
+    ``setup_minutes`` for both ends. The record's step must have had
+    ``config``'s shapes (prompts, group size, token budget); else ValueError.
+
+    Returns ``parts`` ({part: (low, high)}: ``setup``, ``evaluation before``,
+    ``training``, ``evaluation after``) and ``total`` (low, high).
+    """
+    check_int(None, "steps", steps, 1)
+    check_int(None, "n_eval", n_eval, 1)
+    shapes = record["qwen_step"]["shapes"]
+    measured = (shapes["prompts"], shapes["group_size"], shapes["max_new_tokens"])
+    wanted = (config.prompts_per_step, config.group_size, config.max_new_tokens)
+    if measured != wanted:
+        raise ValueError(f"the record measured prompts, group size and budget {measured}, the config has {wanted}: "
+                         "run make gpu-proof with these settings first")
+    t4 = t4_step_estimate(record)
+    generation = t4["phases"]["generation"]
+    batches = -(-n_eval // config.eval_batch_size)
+    evaluation = (batches * generation["t4_low"] / 60, batches * generation["t4_scaled"] / 60)
+    parts = {
+        "setup": (setup_minutes, setup_minutes),
+        "evaluation before": evaluation,
+        "training": (steps * t4["step_low"] / 60, steps * t4["step_scaled"] / 60),
+        "evaluation after": evaluation,
+    }
+    total = (sum(low for low, _ in parts.values()), sum(high for _, high in parts.values()))
+    return {"parts": parts, "total": total}

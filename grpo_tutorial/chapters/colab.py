@@ -1,0 +1,225 @@
+"""Where chapter 9's run lives, so that nothing is lost: one folder per run, on Google Drive in Colab.
+
+A Colab runtime can disconnect at any time, and everything on its disk goes with
+it. So in Colab the GPU run writes into Google Drive, one folder per run named by
+its settings (:func:`run_name`): running the notebook again with the same settings
+finds the same folder, and :func:`plan_run` says what to do there:
+
+- ``"new"``: no checkpoint yet, start from step 0 (no resume, no warning);
+- ``"interrupted"``: a checkpoint short of the run's steps, or a finished
+  training without its final evaluation: resume;
+- ``"finished"``: trained to the end and evaluated: nothing to train, the
+  results are read back; change a setting (a new folder) to start another.
+
+Google Drive's free 15 GB is shared with Gmail and Photos, and a deleted file
+goes to the bin, where it still counts until the bin is emptied. A trainer
+that writes each checkpoint beside the old one and then deletes the old one
+(the default, :func:`~grpo_tutorial.run.checkpoint.write_checkpoint`) leaves one
+checkpoint's bytes in the bin at every save. On Drive the run therefore saves
+``checkpoint_in_place``: one checkpoint, overwritten. :func:`drive_usage` does the
+arithmetic for both ways of saving, from the checkpoint's size, and
+:func:`checkpoint_bytes` measures that size from the files of a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .._checks import check_int
+from ..run import find_checkpoint, read_meta
+from ..run.checkpoint import RESUME_FREE_FIELDS
+
+__all__ = [
+    "DRIVE_FOLDER",
+    "DRIVE_MOUNT",
+    "RunPlan",
+    "checkpoint_bytes",
+    "choose_run_root",
+    "drive_usage",
+    "estimate_checkpoint_bytes",
+    "free_bytes",
+    "in_colab",
+    "mount_drive",
+    "plan_run",
+    "run_name",
+    "temporary_root",
+]
+
+#: Where Colab mounts Google Drive, and the folder under it that holds chapter 9's runs.
+DRIVE_MOUNT = "/content/drive"
+DRIVE_FOLDER = "/content/drive/MyDrive/grpo-tutorial-runs"
+#: Where a GPU run goes when Drive cannot be mounted (Colab) or is not there (elsewhere).
+COLAB_DISK_FOLDER = "/content/grpo-tutorial-runs"
+LOCAL_FOLDER = Path.home() / "grpo-tutorial-runs"
+#: The file that says a run was trained to its end and evaluated (written by ``gsm8k_run``).
+FINISHED_FILE = "eval_after.json"
+
+
+def in_colab() -> bool:
+    """True inside a Google Colab runtime (its ``google.colab`` module is loaded there)."""
+    return "google.colab" in sys.modules
+
+
+def mount_drive(mount: str = DRIVE_MOUNT) -> bool:
+    """Mount Google Drive in Colab (it asks for permission once); False, with the reason printed, when it cannot."""
+    try:
+        from google.colab import drive  # only in Colab
+
+        drive.mount(mount)
+    except Exception as err:  # declined, timed out or not in Colab: the run goes to the VM's disk, said loudly
+        print(f"Google Drive is not mounted ({type(err).__name__}: {err}); the run goes to this runtime's disk "
+              "and is lost with it", flush=True)
+        return False
+    return True
+
+
+def run_name(model: str, config: Any, steps: int, task: str) -> str:
+    """A folder name that changes whenever a setting that changes the run's numbers changes.
+
+    ``model`` and ``task`` are short labels; ``config`` a ``GRPOConfig``. The
+    name reads ``<model>-<task>-<steps>steps-seed<seed>-<hash>``: the hash covers
+    every config field except those a resume may change
+    (:data:`~grpo_tutorial.run.checkpoint.RESUME_FREE_FIELDS`), so a changed
+    learning rate gets a new folder instead of resuming the old run with it.
+    """
+    check_int(None, "steps", steps, 1)
+    fields = {k: v for k, v in config.to_dict().items() if k not in RESUME_FREE_FIELDS}
+    digest = hashlib.sha256(json.dumps([model, task, steps, fields], sort_keys=True, default=str).encode()).hexdigest()
+    label = "".join(c if c.isalnum() or c in ".-" else "-" for c in f"{model.split('/')[-1]}-{task}").lower()
+    return f"{label}-{steps}steps-seed{config.seed}-{digest[:8]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What :func:`plan_run` found in a run's folder, and what to do there.
+
+    Attributes:
+        path: the run's folder.
+        status: ``"new"``, ``"interrupted"`` or ``"finished"`` (see the module).
+        checkpoint_step: the step of the folder's checkpoint, or None.
+        steps: the steps the run trains to.
+        where: where the folder is, in words (Google Drive, the VM's disk, ...).
+    """
+
+    path: Path
+    status: str
+    checkpoint_step: int | None
+    steps: int
+    where: str
+
+    @property
+    def resume(self) -> bool:
+        """Whether ``gsm8k_run`` should resume: only when there is a checkpoint to resume from."""
+        return self.status != "new"
+
+    def describe(self) -> str:
+        """One paragraph for the notebook: where the run is and what running it will do."""
+        head = f"run folder ({self.where}): {self.path}\n"
+        if self.status == "new":
+            return head + f"a new run: no checkpoint yet, training starts at step 0 of {self.steps}"
+        if self.status == "interrupted":
+            return head + (f"an interrupted run: its checkpoint is at step {self.checkpoint_step} of {self.steps}; "
+                           "it resumes from there, with the 'before' evaluation read back")
+        return head + (f"a finished run: trained to step {self.checkpoint_step} and evaluated; nothing is trained "
+                       "again and its results are read back. To start another run, change a setting (it gets a new "
+                       "folder) or delete this folder.")
+
+
+def plan_run(root: str | os.PathLike, name: str, steps: int, *, where: str = "this machine's disk") -> RunPlan:
+    """Look into ``root/name`` and say whether the run there is new, interrupted or finished (see the module)."""
+    check_int(None, "steps", steps, 1)
+    path = Path(root) / name
+    checkpoint = find_checkpoint(path) if path.is_dir() else None
+    if checkpoint is None:
+        return RunPlan(path, "new", None, steps, where)
+    step = int(read_meta(checkpoint)["step"])
+    finished = step >= steps and (path / FINISHED_FILE).is_file()
+    return RunPlan(path, "finished" if finished else "interrupted", step, steps, where)
+
+
+def choose_run_root(on_gpu: bool, in_colab: bool, *, mount: Any = mount_drive) -> tuple[Path, str, bool]:
+    """Where chapter 9's runs go: ``(root, where in words, on Google Drive?)``.
+
+    - on a CPU: a new temporary folder, so the page shows a live run every time;
+    - on a GPU in Colab: Google Drive, mounted by ``mount()`` (False: it could
+      not be; the run then goes to the runtime's own disk, and the words say it
+      is lost with the runtime);
+    - on a GPU elsewhere: ``~/grpo-tutorial-runs``, which outlives the kernel.
+    """
+    if not on_gpu:
+        return temporary_root(), "a new temporary folder: the CPU run starts afresh every time", False
+    if in_colab:
+        if mount():
+            return Path(DRIVE_FOLDER), "Google Drive", True
+        return Path(COLAB_DISK_FOLDER), "this runtime's own disk: LOST when the runtime is recycled", False
+    return LOCAL_FOLDER, "this machine's disk", False
+
+
+def temporary_root() -> Path:
+    """A fresh folder under the system's temporary directory (the CPU demonstration starts anew each time)."""
+    return Path(tempfile.mkdtemp(prefix="grpo-chapter9-"))
+
+
+def estimate_checkpoint_bytes(model: Any) -> int:
+    """A checkpoint's size before the first save: every weight, plus AdamW's two moments per trainable weight.
+
+    The scheduler, the RNG states and ``trainer_state.json`` add kilobytes; a
+    reference model (``beta > 0``) would add its weights once more.
+    """
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    moments = sum(2 * p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return weights + moments
+
+
+def checkpoint_bytes(run_dir: str | os.PathLike) -> int:
+    """The bytes of the checkpoint a run folder holds (0 when it holds none)."""
+    path = find_checkpoint(run_dir)
+    if path is None:
+        return 0
+    return sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
+
+
+def drive_usage(checkpoint: int, saves: int, *, in_place: bool, free: int | None = None) -> dict:
+    """What a run's checkpoints take on Google Drive, counting the bin.
+
+    Args:
+        checkpoint: the bytes of one checkpoint.
+        saves: how many times the run saves (``ceil(steps / checkpoint_every)``:
+            the trainer also saves at the end).
+        in_place: saves overwrite the checkpoint (``checkpoint_in_place``);
+            else each save writes a new checkpoint beside the old one, then
+            deletes the old one, which goes to Drive's bin.
+        free: the Drive's free bytes, if known; ``fits`` then says whether the
+            run's checkpoints fit in them.
+
+    Returns:
+        ``live`` (the checkpoint kept at the end), ``bin`` (what the run's
+        deletions leave in the bin), ``total`` (``live + bin``: what the run adds
+        to the quota until the bin is emptied; never more exists at once: with
+        atomic saves the last save holds the old checkpoint, the new one and
+        every earlier deletion, the same sum) and ``fits`` (None without
+        ``free``).
+    """
+    check_int(None, "checkpoint", checkpoint, 0)
+    check_int(None, "saves", saves, 0)
+    live = checkpoint if saves else 0
+    binned = 0 if in_place or not saves else (saves - 1) * checkpoint
+    return {"live": live, "bin": binned, "total": live + binned,
+            "fits": None if free is None else live + binned <= free}
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """The free bytes of the file system that holds ``path`` (on Colab's Drive mount: the account's quota, as the
+    mount reports it), or None when it cannot be read."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None

