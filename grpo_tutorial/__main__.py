@@ -115,7 +115,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         help="'tiny', 'smollm2-135m-instruct', a Hugging Face id (online) or a local folder (train's default: tiny)",
     )
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:0 ... (default: cuda if available)")
-    p.add_argument("--dtype", default=None, help="float32, bf16 or fp16 (default: by device)")
+    p.add_argument("--dtype", default="float32",
+                   help="the weights' format: float32, bf16 or fp16 (default: float32 on every device; "
+                   "AdamW's small updates round away in 16-bit weights)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for the tiny model, else torch's choice)")
 
 

@@ -5,7 +5,9 @@
   (:func:`build_char_tokenizer`). Built from a seed in a fraction of a second,
   no download; ``load_policy("tiny")`` returns it.
 * :func:`pick_device_and_dtype`: where a policy runs and in what precision
-  (:func:`native_bf16_supported`, :func:`use_expandable_segments` for a GPU).
+  (float32 unless asked: the trainer's weights; :func:`generation_dtype` for a
+  model that only generates; :func:`native_bf16_supported`,
+  :func:`use_expandable_segments` for a GPU).
 * :func:`frozen_reference` and :func:`disable_dropout`: the reference policy of
   the KL penalty.
 * :func:`prepare_for_generation`: left padding, a pad token and the pad/EOS ids
@@ -33,6 +35,7 @@ __all__ = [
     "build_tiny_policy",
     "disable_dropout",
     "frozen_reference",
+    "generation_dtype",
     "native_bf16_supported",
     "pick_device_and_dtype",
     "prepare_for_generation",
@@ -96,9 +99,12 @@ def pick_device_and_dtype(
     """Choose where a policy runs and in what precision.
 
     - ``device=None``: ``"cuda"`` when a GPU is available, else ``"cpu"``.
-    - ``dtype=None``: bfloat16 on a GPU that computes in it natively (Ampere and
-      newer), float16 on an older GPU (such as Colab's free T4, which would only
-      emulate bfloat16; :func:`native_bf16_supported`), float32 on the CPU.
+    - ``dtype=None``: float32, on every device. The trainer's AdamW updates the
+      weights the model holds (there is no float32 master copy), and an update of
+      size ``lr`` is mostly rounded away in 16-bit weights (chapter 9, section 9.5;
+      :func:`grpo_tutorial.optim.trainable_parameters` warns about it). A model that
+      only generates may use :func:`generation_dtype`, the fast 16-bit format of
+      the GPU.
 
     Explicit values win. ``dtype`` may be a name: ``"float32"``/``"fp32"``,
     ``"bfloat16"``/``"bf16"``, ``"float16"``/``"fp16"``/``"half"``.
@@ -110,11 +116,27 @@ def pick_device_and_dtype(
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         dev = _as_device(device)
-    if dtype is not None:
-        return dev, _as_dtype(dtype)
+    return dev, torch.float32 if dtype is None else _as_dtype(dtype)
+
+
+def generation_dtype(device: str | torch.device | None = None) -> torch.dtype:
+    """The precision to *generate* in on ``device`` (default: as :func:`pick_device_and_dtype`), never to train in.
+
+    bfloat16 on a GPU that computes in it natively (Ampere and newer), float16 on
+    an older GPU (such as Colab's free T4, which would only emulate bfloat16;
+    :func:`native_bf16_supported`), float32 on the CPU. Pass it as
+    ``load_policy(name, dtype=generation_dtype())`` for a model that is only
+    sampled or evaluated; a model to train stays in float32, the default.
+    float16's range ends at 65504, and some models' activations overflow it to
+    inf or NaN: if the logits come out NaN, generate in float32.
+
+    >>> generation_dtype("cpu")
+    torch.float32
+    """
+    dev = pick_device_and_dtype(device)[0]
     if dev.type == "cuda":
-        return dev, torch.bfloat16 if native_bf16_supported() else torch.float16
-    return dev, torch.float32
+        return torch.bfloat16 if native_bf16_supported() else torch.float16
+    return torch.float32
 
 
 def native_bf16_supported() -> bool:

@@ -504,7 +504,11 @@ def load_policy(
     - a local folder saved with ``save_pretrained``;
     - a Hugging Face hub id such as ``"Qwen/Qwen2.5-0.5B-Instruct"``.
 
-    ``device`` and ``dtype`` default to :func:`~grpo_tutorial.models.pick_device_and_dtype`'s choice.
+    ``device`` and ``dtype`` default to :func:`~grpo_tutorial.models.pick_device_and_dtype`'s choice:
+    the GPU if there is one, and float32 on every device, because the trainer updates
+    these weights and 16-bit weights round small updates away. A 16-bit format only
+    when asked (``dtype="bfloat16"``, or :func:`~grpo_tutorial.models.generation_dtype`
+    for a model that only generates).
 
     Returns ``(model, tokenizer)``: the model on ``device`` in ``dtype`` and in
     eval mode; the tokenizer pads on the left and has a pad token, and

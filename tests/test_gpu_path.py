@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import pathlib
 import time
+import warnings
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from grpo_tutorial.tasks import DatasetUnavailableError, load_gsm8k
 from test_models import tiny  # noqa: F401  (the module-scoped fixture, shared)
 
 # ---------------------------------------------------------------------------
-# float16 on a T4 (issue 21, item 10)
+# Generating on a T4: float16, not emulated bfloat16 (issue 21, item 10)
 # ---------------------------------------------------------------------------
 
 
@@ -36,22 +37,98 @@ def _fake_cuda(monkeypatch, *, native_bf16: bool, has_argument: bool = True):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
 
 
-def test_a_t4_gets_float16_not_emulated_bfloat16(monkeypatch):
+def test_a_t4_generates_in_float16_not_emulated_bfloat16(monkeypatch):
     _fake_cuda(monkeypatch, native_bf16=False)
     assert torch.cuda.is_bf16_supported() is True  # what the old check read on a T4
-    assert models.pick_device_and_dtype() == (torch.device("cuda"), torch.float16)
+    assert models.generation_dtype() == torch.float16
+    assert models.pick_device_and_dtype() == (torch.device("cuda"), torch.float32)  # training: float32 (issue 33)
 
 
-def test_an_ampere_gpu_gets_bfloat16(monkeypatch):
+def test_an_ampere_gpu_generates_in_bfloat16(monkeypatch):
     _fake_cuda(monkeypatch, native_bf16=True)
-    assert models.pick_device_and_dtype() == (torch.device("cuda"), torch.bfloat16)
+    assert models.generation_dtype() == torch.bfloat16
+    assert models.generation_dtype("cpu") == torch.float32
+    assert models.pick_device_and_dtype() == (torch.device("cuda"), torch.float32)
 
 
 @pytest.mark.parametrize("native", [False, True])
 def test_an_older_torch_without_the_argument_still_works(monkeypatch, native):
     _fake_cuda(monkeypatch, native_bf16=native, has_argument=False)
-    assert models.pick_device_and_dtype("cuda")[1] == (torch.bfloat16 if native else torch.float16)
-    assert models.pick_device_and_dtype("cuda", "float32")[1] == torch.float32  # an explicit dtype wins
+    assert models.generation_dtype("cuda") == (torch.bfloat16 if native else torch.float16)
+    assert models.pick_device_and_dtype("cuda", "bf16")[1] == torch.bfloat16  # an explicit dtype wins
+
+
+# ---------------------------------------------------------------------------
+# Trainable weights in float32 on every device (issue 33, item B)
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def gpu_placement(monkeypatch):
+    """Weights sent to "cuda" stay on this machine's CPU; the devices asked for are recorded."""
+    asked: list[torch.device | None] = []
+    real_to = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        device = kwargs.pop("device", None)
+        if args and isinstance(args[0], (str, torch.device)):
+            device, args = args[0], args[1:]
+        asked.append(None if device is None else torch.device(device))
+        if device is not None and torch.device(device).type != "cuda":
+            kwargs["device"] = device
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", to)
+    monkeypatch.setattr(pretrained, "use_expandable_segments", lambda: "stubbed")
+    return asked
+
+
+def _trains_in_float32(model) -> None:
+    from grpo_tutorial.optim import trainable_parameters
+    from grpo_tutorial.warn import GRPOWarning
+
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GRPOWarning)  # no "16-bit weights" warning
+        trainable_parameters(model)
+
+
+@pytest.mark.parametrize("native_bf16", [False, True], ids=["T4", "A100"])
+def test_load_policy_loads_float32_on_any_gpu_unless_asked(monkeypatch, gpu_placement, tmp_path, tiny, native_bf16):
+    from grpo_tutorial.optim import trainable_parameters
+    from grpo_tutorial.warn import GRPOWarning
+
+    _fake_cuda(monkeypatch, native_bf16=native_bf16)
+    assert models.pick_device_and_dtype() == (torch.device("cuda"), torch.float32)
+    tiny[0].save_pretrained(tmp_path)
+    tiny[1].save_pretrained(tmp_path)
+    for name in ("tiny", str(tmp_path)):  # built in code; through from_pretrained
+        model, _ = pretrained.load_policy(name)
+        assert gpu_placement[-1] == torch.device("cuda")
+        _trains_in_float32(model)
+    half, _ = pretrained.load_policy("tiny", dtype="bfloat16")  # a 16-bit format only when asked
+    assert half.dtype == torch.bfloat16
+    with pytest.warns(GRPOWarning, match="16-bit weights"):  # and the trainer still says what it costs
+        trainable_parameters(half)
+
+
+@pytest.mark.parametrize("native_bf16", [False, True], ids=["T4", "A100"])
+def test_the_cli_trains_in_float32_by_default_on_a_gpu(monkeypatch, gpu_placement, tmp_path, tiny, native_bf16):
+    from grpo_tutorial.__main__ import _load_model, build_parser, resolve_run_defaults
+
+    _fake_cuda(monkeypatch, native_bf16=native_bf16)
+    tiny[0].save_pretrained(tmp_path / "model")
+    tiny[1].save_pretrained(tmp_path / "model")
+    for command in ("train", "evaluate"):
+        for model_flags in ([], ["--model", str(tmp_path / "model")]):
+            argv = [command, *model_flags] + (["--out", str(tmp_path / "run")] if command == "train" else [])
+            args = resolve_run_defaults(build_parser().parse_args(argv))
+            args.model = args.model or "tiny"
+            model, _ = _load_model(args, seed=0)
+            assert gpu_placement[-1] == torch.device("cuda")
+            _trains_in_float32(model)
+    args = resolve_run_defaults(build_parser().parse_args(["train", "--out", str(tmp_path / "run"), "--dtype", "bf16"]))
+    assert _load_model(args, seed=0)[0].dtype == torch.bfloat16
 
 
 # ---------------------------------------------------------------------------

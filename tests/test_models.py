@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from grpo_tutorial.models import build_char_tokenizer, build_tiny_policy, pick_device_and_dtype
+from grpo_tutorial.models import build_char_tokenizer, build_tiny_policy, generation_dtype, pick_device_and_dtype
 
 
 @pytest.fixture(scope="module")
@@ -215,16 +215,19 @@ def test_cpu_defaults_to_float32(monkeypatch):
     assert pick_device_and_dtype("cpu", "bf16") == (torch.device("cpu"), torch.bfloat16)
 
 
-def test_gpu_with_bf16_defaults_to_bf16(monkeypatch):
+def test_gpu_with_bf16_defaults_to_float32_and_generates_in_bf16(monkeypatch):
     _fake_cuda(monkeypatch, bf16=True)
-    assert pick_device_and_dtype() == (torch.device("cuda"), torch.bfloat16)
+    assert pick_device_and_dtype() == (torch.device("cuda"), torch.float32)  # weights that train (issue 33)
+    assert generation_dtype() == torch.bfloat16
     assert pick_device_and_dtype("cpu") == (torch.device("cpu"), torch.float32)
+    assert generation_dtype("cpu") == torch.float32
 
 
-def test_gpu_without_bf16_defaults_to_fp16(monkeypatch):
+def test_gpu_without_bf16_defaults_to_float32_and_generates_in_fp16(monkeypatch):
     _fake_cuda(monkeypatch, bf16=False)  # Colab's T4
-    assert pick_device_and_dtype() == (torch.device("cuda"), torch.float16)
-    assert pick_device_and_dtype("cuda:0", "float32") == (torch.device("cuda:0"), torch.float32)
+    assert pick_device_and_dtype() == (torch.device("cuda"), torch.float32)
+    assert generation_dtype() == torch.float16
+    assert pick_device_and_dtype("cuda:0", "fp16") == (torch.device("cuda:0"), torch.float16)
 
 
 @pytest.mark.parametrize(
