@@ -84,9 +84,30 @@ def test_format_shows_the_step_rewards_advantages_and_short_texts():
     first = rows[0]
     assert f"adv {first['advantage']:+.2f}" in lines[1] and "(a " in lines[1] and f"-> '{first['completion']}'" in lines[1]
     long = [{**rows[0], "prompt": [{"role": "user", "content": "x " * 100}], "completion": "y\n" * 100}]
-    line = format_completions(long, width=20).splitlines()[1]
+    line = format_completions(long, prompt_width=20, head=10, tail=10).splitlines()[1]
     assert "…" in line and "\n" not in line and len(line) < 120
+    assert "-> 'y y y y y … y y y y y'" in line  # the completion's beginning and its end, one line
     assert format_completions([]) == ""
+
+
+GSM8K_PROMPT = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+                "How many clips did Natalia sell altogether in April and May?")
+GSM8K_COMPLETION = ("Natalia sold 48 clips in April.\nIn May she sold half as many:   48 / 2 = 24 clips.\n"
+                    + "Let me check that again. " * 12 + "\nIn all: 48 + 24 = 72.\n\nThe answer is \\boxed{72}.")
+
+
+def test_a_long_completion_is_shown_with_its_beginning_and_its_end():
+    """The boxed answer at the end is what the reward pays for, so the line shows it (issue 33, item C)."""
+    row = {**_sample(count=1)[0], "prompt": GSM8K_PROMPT, "completion": GSM8K_COMPLETION, "reward": 1.1,
+           "rewards": {"correctness_reward": 1.0, "boxed_format_reward": 0.1}}
+    line = format_completions([row]).splitlines()[1]
+    assert line.endswith("The answer is \\boxed{72}.'")  # the end, as written (not escaped)
+    assert "-> 'Natalia sold 48 clips in April. In May" in line  # the beginning, one line
+    assert " … " in line and "\n" not in line and len(line) < 220
+    assert "reward  1.10 (correctness 1, boxed_format 0.1)" in line  # the rewards beside it
+    assert "Natalia sold clips to 48" in line and "How many clips" not in line  # the prompt stays short
+    short = {**row, "completion": "The answer is\n\\boxed{42}."}
+    assert format_completions([short]).splitlines()[1].endswith("-> 'The answer is \\boxed{42}.'")  # kept whole
 
 
 # ---------------------------------------------------------------------------

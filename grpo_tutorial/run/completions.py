@@ -116,23 +116,43 @@ def truncate_completions(path: str | os.PathLike, step: int) -> None:
     os.replace(tmp, path)
 
 
-def _short(value: Any, width: int) -> str:
-    if is_chat_messages(value):  # chat messages: the last one
+def _one_line(value: Any) -> str:
+    """The text of a prompt or completion on one line (chat messages: the last one's content)."""
+    if is_chat_messages(value):
         value = value[-1]["content"]
-    text = " ".join(str(value).split())  # one line
+    return " ".join(str(value).split())
+
+
+def _short(value: Any, width: int) -> str:
+    """The first ``width`` characters, "…" where the rest is cut."""
+    text = _one_line(value)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def format_completions(rows: Sequence[dict], *, total: int | None = None, width: int = 48) -> str:
+def _ends(value: Any, head: int, tail: int) -> str:
+    """The whole text if it is short, else its first ``head`` and last ``tail`` characters around " … "."""
+    text = _one_line(value)
+    return text if len(text) <= head + tail + 3 else f"{text[:head].rstrip()} … {text[-tail:].lstrip()}"
+
+
+def format_completions(
+    rows: Sequence[dict], *, total: int | None = None, prompt_width: int = 40, head: int = 40, tail: int = 60
+) -> str:
     """A few lines of text for the console: the step, then one line per completion.
 
-    ``total`` is the number of completions in the step (shown as "3 of 128").
+    Each line holds the completion's reward (and each function's, when there are
+    several), its advantage, the prompt's first ``prompt_width`` characters and the
+    completion, whitespace and newlines collapsed. A completion longer than
+    ``head + tail`` characters shows its first ``head`` and last ``tail``
+    characters around " … ": its end is where the answer the reward pays for
+    usually is (``\\boxed{72}``). ``total`` is the number of completions in the step
+    (shown as "3 of 128").
     """
     if not rows:
         return ""
     step = rows[0]["step"]
-    head = f"step {step}: {len(rows)}" + (f" of {total}" if total is not None else "") + " completions"
-    lines = [head]
+    top = f"step {step}: {len(rows)}" + (f" of {total}" if total is not None else "") + " completions"
+    lines = [top]
     for row in rows:
         reward = "  n/a" if row["reward"] is None else f"{row['reward']:5.2f}"
         parts = ""
@@ -142,7 +162,7 @@ def format_completions(rows: Sequence[dict], *, total: int | None = None, width:
             ) + ")"
         lines.append(
             f"  reward {reward}{parts}  adv {row['advantage']:+.2f}  "
-            f"{_short(row['prompt'], width)!s} -> {_short(row['completion'], width)!r}"
+            f"{_short(row['prompt'], prompt_width)} -> '{_ends(row['completion'], head, tail)}'"
         )
     return "\n".join(lines)
 
