@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .advantages import BASELINES, MULTI_OBJECTIVE_AGGREGATIONS, SCALES, STDS
-from .config import GRPOConfig, field_docs
+from .config import REPORT_TO, GRPOConfig, field_docs
 from .kl import KL_KINDS
 from .objectives import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
 from .presets import PRESETS, get_preset
@@ -86,6 +86,7 @@ FIELD_CHOICES: dict[str, Sequence[str]] = {
     "scale_rewards": SCALES,
     "multi_objective_aggregation": MULTI_OBJECTIVE_AGGREGATIONS,
     "std": STDS,
+    "report_to": REPORT_TO,
 }
 
 #: Short names that stay beside the generated ``--field-name`` flags.

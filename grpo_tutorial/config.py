@@ -18,10 +18,12 @@ from ._checks import check_choice, check_flag, check_int, check_number, config_e
 from .advantages import BASELINES, MULTI_OBJECTIVE_AGGREGATIONS, SCALES, STDS
 from .loss import LossOptions
 
-__all__ = ["GRPOConfig", "field_docs"]
+__all__ = ["GRPOConfig", "REPORT_TO", "field_docs"]
 
 _OWNER = "GRPOConfig"
 _LOSS = LossOptions()  # the loss fields' defaults are LossOptions' (defined there, once)
+#: What ``report_to`` takes (TRL's and transformers' name): no reporting, or TensorBoard's event files.
+REPORT_TO = ("none", "tensorboard")
 
 
 @dataclass
@@ -148,6 +150,18 @@ class GRPOConfig:
         num_completions_to_print: how many completions to log each time,
             drawn at random (seeded by ``seed`` and the step) from the step's
             batch; None = all of them (TRL's default).
+        report_to: ``"tensorboard"``: every history row's numbers also go to
+            TensorBoard, as scalars ``train/<key>`` at the row's step, in
+            ``output_dir/tensorboard/``, flushed as each step ends, so
+            ``%tensorboard --logdir OUT/tensorboard`` (Colab) shows the run live;
+            a resumed run hides what the interrupted one wrote after its
+            checkpoint (:mod:`grpo_tutorial.run.tensorboard`). Needs output_dir
+            and the ``tensorboard`` package (the trainer refuses it, when it is
+            built, without either). ``"none"`` (default): no reporting,
+            which is also the default of transformers' ``TrainingArguments`` (and
+            so of TRL's ``GRPOConfig``) in transformers 5.24, the version this
+            was checked against. TRL's name; a list such as ``["tensorboard"]``
+            is taken as transformers takes it, and stored as one name.
         checkpoint_every: save a checkpoint every this many steps and at the
             end of ``train`` (0 = no periodic checkpoints; Ctrl-C still saves
             one). Needs output_dir.
@@ -208,6 +222,7 @@ class GRPOConfig:
     log_every: int = 1
     log_completions: bool = False
     num_completions_to_print: int | None = None
+    report_to: str = "none"
     checkpoint_every: int = 0
     output_dir: str | None = None
     eval_batch_size: int = 64
@@ -273,6 +288,7 @@ class GRPOConfig:
             if not isinstance(self.output_dir, (str, os.PathLike)):
                 raise type_error(o, "output_dir", self.output_dir, "None or a path")
             self.output_dir = os.fspath(self.output_dir)
+        self._check_report_to()
 
     def _check_sampling_options(self) -> None:
         o = _OWNER
@@ -284,6 +300,22 @@ class GRPOConfig:
                                ": a group whose rewards are all equal has std 0, so dividing a batch-centred "
                                "reward by it would blow up (REINFORCE++ uses scale_rewards='batch')")
         check_int(o, "max_sampling_rounds", self.max_sampling_rounds, 1)
+
+    def _check_report_to(self) -> None:
+        """``report_to``: a name of :data:`REPORT_TO`, or a list of them as transformers takes (stored as one name)."""
+        o, value = _OWNER, self.report_to
+        expected = f"one of {list(REPORT_TO)} or a list of them"
+        if isinstance(value, (list, tuple)) and all(isinstance(name, str) for name in value):
+            names = set(value)
+        elif isinstance(value, str):
+            names = {value}
+        else:
+            raise type_error(o, "report_to", value, expected)
+        if not names <= set(REPORT_TO):
+            raise config_error(o, "report_to", value, expected,
+                               ": the package writes TensorBoard's files only; to send each step's row elsewhere "
+                               "(wandb, trackio, ...), append a function to GRPOTrainer.row_listeners")
+        self.report_to = "tensorboard" if "tensorboard" in names else "none"  # [], ["none"]: none (as transformers)
 
     def _check_aggregation_and_entropy_control(self) -> None:
         o = _OWNER

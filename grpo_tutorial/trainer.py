@@ -38,6 +38,7 @@ from .run.layout import find_checkpoint
 from .run.lock import run_lock
 from .run.progress import postfix, progress_bar
 from .run.state import RunState, dataset_fingerprint
+from .run.tensorboard import check_reporting, report_rows
 from .seeding import DataStream
 from .step import GRPOStep, Sampler
 from .tasks import as_rows, validate_for_model
@@ -95,7 +96,8 @@ class GRPOTrainer:
             checkpoint.
         history: one dict per completed step (see :func:`~grpo_tutorial.metrics.step_row`).
         row_listeners: functions called with each history row as :meth:`train`
-            appends it (besides ``history.jsonl``): e.g. a TensorBoard writer.
+            appends it (besides ``history.jsonl``); with ``report_to="tensorboard"``,
+            :meth:`train` adds a TensorBoard writer here while it runs.
     """
 
     def __init__(
@@ -111,6 +113,7 @@ class GRPOTrainer:
     ) -> None:
         self.grpo_step = GRPOStep(model, tokenizer, reward_fns, config, ref_model, accuracy_fn=accuracy_fn,
                                   sampler=sampler)
+        check_reporting(self.config.report_to, self.config.output_dir)  # no output_dir or no TensorBoard: now
         self.state = RunState()
         self.history: list[dict] = []
         self.row_listeners: list[Callable[[dict], None]] = []
@@ -233,7 +236,8 @@ class GRPOTrainer:
         cfg = self.config
         out = Path(cfg.output_dir) if cfg.output_dir is not None else None
         with HistoryWriter(out, self.history) as history, \
-                CompletionsWriter(out, self.step, enabled=cfg.log_completions) as completions:
+                CompletionsWriter(out, self.step, enabled=cfg.log_completions) as completions, \
+                report_rows(cfg.report_to, out, self.row_listeners, first_step=self.step + 1):  # run/tensorboard.py
             self._writers = (history, completions)
             bar = progress_bar(total=steps, desc="GRPO", initial=min(self.step, steps), unit="step",
                                dynamic_ncols=True) if progress else None

@@ -16,6 +16,7 @@ Module             What it holds
 ``interrupt``      Ctrl-C: finish the step, save, stop
 ``progress``       progress bars for a terminal, Colab and the book
 ``completions``    ``log_completions``: a few completions shown and kept in ``completions.jsonl``
+``tensorboard``    ``report_to="tensorboard"``: each step's numbers as TensorBoard scalars, live
 =================  ================================================================
 
 ``GRPOWarning`` and its once-per-run issuer live in the shared leaf

@@ -212,7 +212,8 @@ def resume_or_start(
 
 #: Fields that may change between a run and its resumption without changing its numbers.
 RESUME_FREE_FIELDS = frozenset(
-    {"output_dir", "log_every", "checkpoint_every", "eval_batch_size", "log_completions", "num_completions_to_print"}
+    {"output_dir", "log_every", "checkpoint_every", "eval_batch_size", "log_completions", "num_completions_to_print",
+     "report_to"}
 )
 
 

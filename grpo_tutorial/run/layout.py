@@ -17,6 +17,9 @@
     ``run.json``, ``eval.json``  the command line's arguments and config, and
     its evaluations (``python -m grpo_tutorial train``).
 
+    ``tensorboard/``  TensorBoard's event files, each step's numbers, with
+    ``report_to="tensorboard"`` (:mod:`~grpo_tutorial.run.tensorboard`).
+
 A checkpoint is written into ``checkpoint.tmp/``, then the old one is renamed to
 ``checkpoint.old``, the new one renamed into place and the old one deleted, so
 at every instant a complete checkpoint exists under ``checkpoint`` or
@@ -40,6 +43,7 @@ __all__ = [
     "META_FILE",
     "RUN_FILE",
     "STATE_FILE",
+    "TENSORBOARD_DIR",
     "find_checkpoint",
     "read_meta",
     "what_was_kept",
@@ -55,6 +59,7 @@ META_FILE = "trainer_state.json"
 LOCK_FILE = ".lock"
 RUN_FILE = "run.json"
 EVAL_FILE = "eval.json"
+TENSORBOARD_DIR = "tensorboard"
 #: 1: the history was stored inside trainer_state.json; 2: only in history.jsonl.
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)
