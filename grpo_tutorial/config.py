@@ -165,6 +165,15 @@ class GRPOConfig:
         checkpoint_every: save a checkpoint every this many steps and at the
             end of ``train`` (0 = no periodic checkpoints; Ctrl-C still saves
             one). Needs output_dir.
+        checkpoint_in_place: overwrite the checkpoint's files at each save
+            instead of writing a new checkpoint and deleting the old one. On
+            Google Drive a deleted file goes to the bin and counts against the
+            free 15 GB until the bin is emptied, so an atomic save of a 5.9 GB
+            checkpoint leaves 5.9 GB behind each time; in place, only one
+            checkpoint's bytes ever exist. The price: a save killed mid-way
+            (about the time it takes to write the file) leaves no usable
+            checkpoint (:mod:`grpo_tutorial.run.layout`). False (default):
+            atomic saves, a complete checkpoint at every instant.
         output_dir: where ``history.jsonl`` and ``checkpoint/`` go (None = keep
             the history in memory only).
         eval_batch_size: prompts per ``generate`` call in evaluation.
@@ -224,6 +233,7 @@ class GRPOConfig:
     num_completions_to_print: int | None = None
     report_to: str = "none"
     checkpoint_every: int = 0
+    checkpoint_in_place: bool = False
     output_dir: str | None = None
     eval_batch_size: int = 64
 
@@ -255,6 +265,7 @@ class GRPOConfig:
         check_choice(o, "std", self.std, STDS)
         self._check_aggregation_and_entropy_control()
         check_flag(o, "log_completions", self.log_completions)
+        check_flag(o, "checkpoint_in_place", self.checkpoint_in_place)
         check_int(o, "num_completions_to_print", self.num_completions_to_print, 1, optional=True,
                   hint=" (None = every completion of the logged step)")
         check_number(o, "max_grad_norm", self.max_grad_norm, lambda v: v > 0, "None or a number > 0", optional=True)

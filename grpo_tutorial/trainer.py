@@ -169,7 +169,7 @@ class GRPOTrainer:
         }
         return save_training(
             self._run_dir(output_dir, "save_checkpoint"), self.model, self.optimizer, self.scheduler, self.ref_model,
-            meta=meta, history=self.history, appending=self._writers or (),
+            meta=meta, history=self.history, appending=self._writers or (), in_place=self.config.checkpoint_in_place,
         )
 
     def load_checkpoint(self, output_dir: str | os.PathLike | None = None) -> bool:

@@ -34,8 +34,8 @@ import torch
 from .disk import disk_errors, fsync_dir, write_durably
 from .history import write_history
 from .layout import (
-    CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP, FORMAT_VERSION, HISTORY_FILE, META_FILE, STATE_FILE, find_checkpoint,
-    read_meta,
+    CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_TMP, FORMAT_VERSION, HISTORY_FILE, META_FILE, STATE_FILE, WRITING_FILE,
+    find_checkpoint, read_meta,
 )
 from .state import check_same_dataset
 from ..warn import warn_now
@@ -102,9 +102,33 @@ def load_model_state(model: torch.nn.Module, checkpoint: str | os.PathLike) -> d
     return meta
 
 
-def write_checkpoint(root: Path, state: dict, meta: dict) -> Path:
-    """Write ``root/checkpoint/`` atomically (see :mod:`~grpo_tutorial.run.layout`); return its path."""
+def _save_tensors(path: Path, state: dict) -> None:
+    """``torch.save`` into ``path`` (truncated if it exists), synced; a full disk is an OSError."""
+    with open(path, "wb") as fh:  # a Python file, so a full disk is an OSError
+        try:
+            torch.save(state, fh)
+        except RuntimeError as err:  # torch's zip writer hides a failed write's OSError behind its own
+            if isinstance(err.__context__, OSError):
+                raise err.__context__ from None
+            raise
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def write_checkpoint(root: Path, state: dict, meta: dict, *, in_place: bool = False) -> Path:
+    """Write ``root/checkpoint/`` atomically, or ``in_place``; return its path.
+
+    Atomically (the default): into ``checkpoint.tmp/``, then renamed over the
+    old one, which is deleted (see :mod:`~grpo_tutorial.run.layout`); for a
+    moment two checkpoints exist, and the old one's files are deleted.
+    ``in_place``: the existing files are overwritten, so only one checkpoint's
+    bytes ever exist and no file is deleted (on Google Drive a deleted file goes
+    to the bin, which counts against the quota); ``checkpoint/.writing`` marks
+    the save while it runs, and a save killed mid-way leaves no usable checkpoint.
+    """
     root = Path(root)
+    if in_place:
+        return _write_in_place(root, state, meta)
     final, tmp, old = root / CHECKPOINT, root / CHECKPOINT_TMP, root / CHECKPOINT_OLD
     with disk_errors(tmp, root):
         root.mkdir(parents=True, exist_ok=True)
@@ -115,15 +139,7 @@ def write_checkpoint(root: Path, state: dict, meta: dict) -> Path:
         shutil.rmtree(old, ignore_errors=True)
         try:
             tmp.mkdir()
-            with open(tmp / STATE_FILE, "wb") as fh:  # a Python file, so a full disk is an OSError
-                try:
-                    torch.save(state, fh)
-                except RuntimeError as err:  # torch's zip writer hides a failed write's OSError behind its own
-                    if isinstance(err.__context__, OSError):
-                        raise err.__context__ from None
-                    raise
-                fh.flush()
-                os.fsync(fh.fileno())
+            _save_tensors(tmp / STATE_FILE, state)
             write_durably(tmp / META_FILE, json.dumps({"format": FORMAT_VERSION, **meta}, indent=1).encode("utf-8"))
             fsync_dir(tmp)
         except OSError:
@@ -138,9 +154,23 @@ def write_checkpoint(root: Path, state: dict, meta: dict) -> Path:
     return final
 
 
+def _write_in_place(root: Path, state: dict, meta: dict) -> Path:
+    final = root / CHECKPOINT
+    marker = final / WRITING_FILE
+    with disk_errors(final, None):
+        final.mkdir(parents=True, exist_ok=True)
+        write_durably(marker, b"an in-place save is running; this checkpoint is incomplete until it ends\n")
+        fsync_dir(final)
+        _save_tensors(final / STATE_FILE, state)
+        write_durably(final / META_FILE, json.dumps({"format": FORMAT_VERSION, **meta}, indent=1).encode("utf-8"))
+        marker.unlink()
+        fsync_dir(final)
+    return final
+
+
 def save_training(
     root: str | os.PathLike, model, optimizer, scheduler, ref_model, *, meta: dict, history: Sequence[dict],
-    appending: Sequence[Any] = (),
+    appending: Sequence[Any] = (), in_place: bool = False,
 ) -> Path:
     """A trainer's save: the history up to this step on disk first, then the atomic checkpoint; return its path.
 
@@ -148,6 +178,7 @@ def save_training(
     ``completions.jsonl``): when they write into ``root``, they are synced, else
     ``root/history.jsonl`` is rewritten to hold ``history``. The history is not
     stored in the checkpoint. ``meta`` is where the run stands (JSON-ready).
+    ``in_place``: overwrite the checkpoint's files (:func:`write_checkpoint`).
     """
     root = Path(root)
     if appending and all(writer.output_dir == root for writer in appending):
@@ -157,7 +188,7 @@ def save_training(
         with disk_errors(root, root):
             root.mkdir(parents=True, exist_ok=True)
         write_history(root / HISTORY_FILE, history)
-    return write_checkpoint(root, training_state(model, optimizer, scheduler, ref_model), meta)
+    return write_checkpoint(root, training_state(model, optimizer, scheduler, ref_model), meta, in_place=in_place)
 
 
 def load_training(
@@ -212,8 +243,8 @@ def resume_or_start(
 
 #: Fields that may change between a run and its resumption without changing its numbers.
 RESUME_FREE_FIELDS = frozenset(
-    {"output_dir", "log_every", "checkpoint_every", "eval_batch_size", "log_completions", "num_completions_to_print",
-     "report_to"}
+    {"output_dir", "log_every", "checkpoint_every", "checkpoint_in_place", "eval_batch_size", "log_completions",
+     "num_completions_to_print", "report_to"}
 )
 
 

@@ -24,6 +24,13 @@ A checkpoint is written into ``checkpoint.tmp/``, then the old one is renamed to
 ``checkpoint.old``, the new one renamed into place and the old one deleted, so
 at every instant a complete checkpoint exists under ``checkpoint`` or
 ``checkpoint.old``; :func:`find_checkpoint` finds it.
+
+A checkpoint written *in place* (``GRPOConfig.checkpoint_in_place``, for a folder
+on Google Drive, where a deleted file goes to the bin and still counts against the
+quota) overwrites ``checkpoint/``'s two files instead. ``checkpoint/.writing``
+exists while it does, and :func:`find_checkpoint` ignores a checkpoint that holds
+it: a save killed in place leaves no usable checkpoint (the price of keeping one
+copy only).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ __all__ = [
     "RUN_FILE",
     "STATE_FILE",
     "TENSORBOARD_DIR",
+    "WRITING_FILE",
     "find_checkpoint",
     "read_meta",
     "what_was_kept",
@@ -56,6 +64,8 @@ CHECKPOINT_TMP = "checkpoint.tmp"
 CHECKPOINT_OLD = "checkpoint.old"
 STATE_FILE = "state.pt"
 META_FILE = "trainer_state.json"
+#: Present inside ``checkpoint/`` while an in-place save overwrites it.
+WRITING_FILE = ".writing"
 LOCK_FILE = ".lock"
 RUN_FILE = "run.json"
 EVAL_FILE = "eval.json"
@@ -70,15 +80,15 @@ def find_checkpoint(output_dir: str | os.PathLike) -> Path | None:
 
     ``output_dir/checkpoint`` normally; if a save was killed between its two
     renames, the previous checkpoint is still complete under ``checkpoint.old``.
-    A leftover ``checkpoint.tmp`` is an unfinished write and is never used.
+    A leftover ``checkpoint.tmp`` is an unfinished write and is never used, nor is
+    a checkpoint an in-place save was killed in (it holds ``.writing``).
     ``output_dir`` may also be a checkpoint directory itself.
     """
     root = Path(output_dir)
-    if (root / META_FILE).exists() and (root / STATE_FILE).exists():
-        return root
-    for name in (CHECKPOINT, CHECKPOINT_OLD):
-        candidate = root / name
-        if (candidate / META_FILE).exists() and (candidate / STATE_FILE).exists():
+    for candidate in (root, root / CHECKPOINT, root / CHECKPOINT_OLD):
+        if all((candidate / name).exists() for name in (META_FILE, STATE_FILE)) and not (
+            candidate / WRITING_FILE
+        ).exists():
             return candidate
     return None
 
