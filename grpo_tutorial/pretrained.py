@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import importlib.util
 import json
 import logging
@@ -61,6 +62,7 @@ __all__ = [
     "TINY_NAME",
     "cache_root",
     "check_model_dir",
+    "hub_errors",
     "hub_offline",
     "hub_reachable",
     "load_policy",
@@ -396,11 +398,29 @@ def _download_failed(name: str, err: BaseException, warned: list[str]) -> str:
     return f"could not download {name!r} from the Hugging Face hub: {cause}\n{advice}"
 
 
-def _download_errors() -> tuple[type[BaseException], ...]:
-    """What a download raises when the hub or the network, not the code, is the problem (``tasks``' list)."""
-    from .tasks import _hub_errors
+def hub_errors() -> tuple[type[BaseException], ...]:
+    """What a download from the hub raises when the hub or the network, not the code, is the problem.
 
-    return _hub_errors()
+    :func:`load_policy` (models) and :func:`grpo_tutorial.tasks.load_gsm8k` (data) both catch these.
+
+    A refused connection, a timeout or a DNS failure (``OSError``: ``ConnectionError`` and
+    ``TimeoutError`` are subclasses), and an HTTP error status such as 429 (rate limit) or
+    503 (unavailable): ``huggingface_hub``'s ``HfHubHTTPError`` and the HTTP client's
+    own errors (``requests`` in older versions, ``httpx`` or ``httpx2`` in newer ones), whichever exist.
+    """
+    errors: list[type[BaseException]] = [OSError]
+    for module, name in (
+        ("huggingface_hub.errors", "HfHubHTTPError"),
+        ("huggingface_hub.utils", "HfHubHTTPError"),
+        ("requests", "RequestException"),
+        ("httpx", "HTTPError"),
+        ("httpx2", "HTTPError"),
+    ):
+        try:
+            errors.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(dict.fromkeys(errors))
 
 
 def _load_hub(name: str, dtype: torch.dtype, probe_timeout: float = 3.0):
@@ -427,7 +447,7 @@ def _load_hub(name: str, dtype: torch.dtype, probe_timeout: float = 3.0):
     hub_logger.addHandler(warnings_seen)
     try:
         return _from_pretrained(name, dtype, local_files_only=False)
-    except _download_errors() as err:
+    except hub_errors() as err:
         raise ModelUnavailableError(_download_failed(name, err, warnings_seen.lines)) from err
     finally:
         hub_logger.removeHandler(warnings_seen)

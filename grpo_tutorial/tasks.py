@@ -17,7 +17,6 @@ columns TRL's ``GRPOTrainer`` passes to reward functions as keyword arguments.
 from __future__ import annotations
 
 import ast
-import importlib
 import operator
 import os
 import random
@@ -476,7 +475,7 @@ def load_gsm8k(split: str = "train", *, timeout: float = 3.0) -> list[dict]:
         raise TypeError(f"split must be a str such as 'train' or 'test', got {split!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    from .pretrained import hub_reachable  # one hub probe for models and data
+    from .pretrained import hub_errors, hub_reachable  # one hub probe, one list of its errors, for models and data
 
     flags = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
     set_flags = [f for f in flags if os.environ.get(f, "").strip().upper() in {"1", "ON", "YES", "TRUE"}]
@@ -495,34 +494,11 @@ def load_gsm8k(split: str = "train", *, timeout: float = 3.0) -> list[dict]:
         raise ImportError("load_gsm8k needs the datasets package: pip install datasets") from err
     try:
         data = load_dataset("openai/gsm8k", "main", split=split)
-    except _hub_errors() as err:
+    except hub_errors() as err:
         raise DatasetUnavailableError(
             f"load_gsm8k could not download openai/gsm8k ({type(err).__name__}: {err}). {_FALLBACK_ADVICE}"
         ) from err
     return gsm8k_rows(data)
-
-
-def _hub_errors() -> tuple[type[BaseException], ...]:
-    """What a download from the hub raises when the hub, not the request, is the problem.
-
-    A refused connection, a timeout or a DNS failure (``OSError``: ``ConnectionError`` and
-    ``TimeoutError`` are subclasses), and an HTTP error status such as 429 (rate limit) or
-    503 (unavailable): ``huggingface_hub``'s ``HfHubHTTPError`` and the HTTP client's
-    own errors (``requests`` in older versions, ``httpx`` or ``httpx2`` in newer ones), whichever exist.
-    """
-    errors: list[type[BaseException]] = [OSError]
-    for module, name in (
-        ("huggingface_hub.errors", "HfHubHTTPError"),
-        ("huggingface_hub.utils", "HfHubHTTPError"),
-        ("requests", "RequestException"),
-        ("httpx", "HTTPError"),
-        ("httpx2", "HTTPError"),
-    ):
-        try:
-            errors.append(getattr(importlib.import_module(module), name))
-        except (ImportError, AttributeError):
-            continue
-    return tuple(dict.fromkeys(errors))
 
 
 # ---------------------------------------------------------------------------
