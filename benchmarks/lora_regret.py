@@ -1,0 +1,133 @@
+"""``python -m benchmarks.lora_regret``: the LoRA chapter's experiment, full fine-tuning against LoRA adapters.
+
+For each seed, one warm start (chapter 8's recipe), then every setting of
+:class:`grpo_tutorial.chapters.low_rank.LowRankSweep` from a copy of it: full
+fine-tuning over a learning-rate grid, LoRA on every linear layer at ranks 1, 4 and
+16 over the same grid shifted up (``lora_alpha`` fixed), and LoRA on attention only
+at a matched count of trained parameters. The per-seed results and the summary
+(:func:`~grpo_tutorial.chapters.low_rank.summarize_sweep`) go into ONE file in the
+package data, ``grpo_tutorial/data/lora_regret.json``, with the command, the
+package commit, the wall time and the machine's load.
+
+``--jobs N`` (default 2) runs seeds in parallel processes (the numbers do not
+change, only the wall time). ``--quick`` is a seconds-long smoke run of the test
+recipe that proves nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as futures
+import datetime as dt
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import LoadSampler, load_average, machine, package_commit  # noqa: E402
+from benchmarks.lab import json_safe, uptime  # noqa: E402
+from grpo_tutorial.chapters.low_rank import LowRankSweep, run_sweep_seed, summarize_sweep  # noqa: E402
+from grpo_tutorial.chapters.recipes import TinyAdditionRecipe  # noqa: E402
+from grpo_tutorial.run.progress import progress_bar  # noqa: E402
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data" / "lora_regret.json"
+
+
+def sweep_for(args: argparse.Namespace) -> LowRankSweep:
+    if args.quick:
+        recipe = TinyAdditionRecipe.quick(grpo_steps=args.steps or 4, eval_every=2)
+        return LowRankSweep(recipe=recipe, full_lrs=(1e-3,), lora_lrs=(1e-2,), ranks=(1, 4), matched_rank=1,
+                            seeds=tuple(args.seeds or (0,)))
+    recipe = LowRankSweep().recipe
+    if args.steps:
+        recipe = recipe.with_settings(grpo_steps=args.steps)
+    return LowRankSweep(recipe=recipe, seeds=tuple(args.seeds or (0, 1, 2, 3, 4)))
+
+
+def _one_seed(sweep: LowRankSweep, seed: int, only: list[str] | None) -> dict:
+    def report(name: str, result: dict) -> None:
+        print(f"  seed {seed} {name:<22} held-out {result['final_accuracy']:.3f} "
+              f"(gain {result['gain']:+.3f})  {result['seconds_per_step']:.2f} s/step", flush=True)
+
+    return run_sweep_seed(sweep, seed, only=only, on_setting=report)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; tests/test_records.py parses the record's command with it."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.lora_regret", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2 3 4)")
+    parser.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default the sweep's 80)")
+    parser.add_argument("--only", nargs="+", default=None, help="run only these settings (by name)")
+    parser.add_argument("--jobs", type=int, default=2, help="seeds run in parallel processes (default 2)")
+    parser.add_argument("--quick", action="store_true", help="the seconds-long test recipe (proves nothing)")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="default: %(default)s")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    code = package_commit()  # at the start: the code that runs, whatever changes while it runs
+    sweep = sweep_for(args)
+    command = "python -m benchmarks.lora_regret " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    started = dt.datetime.now(dt.timezone.utc)
+    uptime_start = uptime()
+    print(f"{command.strip()}: {len(sweep.seeds)} seeds x {sweep.recipe.grpo_steps} steps, jobs={args.jobs}\n"
+          f"  {uptime_start}", flush=True)
+    t0 = time.perf_counter()
+    seeds: list[dict] = []
+    with LoadSampler(every=10.0) as sampler:
+        bar = progress_bar(total=len(sweep.seeds), desc="seeds", enabled=not args.no_progress)
+        if args.jobs <= 1:
+            for seed in sweep.seeds:
+                seeds.append(_one_seed(sweep, seed, args.only))
+                bar.update(1)
+        else:
+            with futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+                pending = [pool.submit(_one_seed, sweep, seed, args.only) for seed in sweep.seeds]
+                for done in futures.as_completed(pending):
+                    seeds.append(done.result())
+                    bar.update(1)
+                    print(f"seed {seeds[-1]['seed']} done: {seeds[-1]['seconds']:.0f} s "
+                          f"(total {time.perf_counter() - t0:.0f} s)", flush=True)
+        bar.close()
+    seeds.sort(key=lambda r: r["seed"])
+    wall = time.perf_counter() - t0
+    out = {
+        "created": started.isoformat(timespec="seconds"),
+        "command": command.strip(),
+        **code,
+        "quick": args.quick,
+        "wall_seconds": wall,
+        "jobs": args.jobs,
+        "load": {"uptime_start": uptime_start, "uptime_end": uptime(), "during": sampler.summary(),
+                 "end": load_average()},
+        "machine": machine(sweep.recipe.num_threads or 1),
+        "sweep": sweep.to_dict(),
+        "summary": summarize_sweep(seeds),
+        "seeds": seeds,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(json_safe(out), indent=1, allow_nan=False) + "\n")
+    print(f"\nwall time {wall / 60:.1f} min; {out['load']['uptime_end']}")
+    print(f"{'setting':<24}{'final acc':>10}{'95% CI':>18}{'gain':>8}{'params':>9}{'s/step':>8}")
+    for name, e in out["summary"]["settings"].items():
+        acc = e["final_accuracy"]
+        print(f"{name:<24}{acc['mean']:10.3f} [{acc['lo']:6.3f}, {acc['hi']:6.3f}]{e['gain']['mean']:+8.3f}"
+              f"{e['trained_parameters']:9d}{e['seconds_per_step']:8.2f}")
+    for family, best in out["summary"]["families"].items():
+        vs = best.get("vs_full")
+        extra = f", vs full {vs['mean']:+.3f} [{vs['lo']:+.3f}, {vs['hi']:+.3f}]" if vs else ""
+        print(f"best {family}: lr {best['learning_rate']:g}{extra}")
+    print(f"wrote {args.out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,260 @@
+"""The LoRA chapter's experiment: full fine-tuning against LoRA adapters over a learning-rate grid, on chapter 8's task.
+
+"LoRA Without Regret" (Schulman et al., 2025) argues that in reinforcement learning
+even rank-1 adapters learn as well as the whole model, provided they sit on every
+linear layer and learn at about ten times full fine-tuning's rate, a rate that hardly
+depends on the rank when ``lora_alpha`` is held fixed (the adapter's update is scaled
+by ``alpha / r``). This module tests that on the tiny model and the 2-digit addition
+of chapter 8 (:mod:`grpo_tutorial.chapters.recipes`):
+
+- one warm start per seed, shared by every setting of that seed (so the
+  comparison between settings is paired: same start, same data);
+- every setting of :meth:`LowRankSweep.settings`: full fine-tuning at each of
+  ``full_lrs``; LoRA on every linear layer at ranks ``ranks``, each at each of
+  ``lora_lrs``; LoRA on the attention projections only, at the rank whose count
+  of trained parameters matches every-linear-layer LoRA at ``matched_rank``;
+- per run: the held-out greedy accuracy curve, the final per-problem outcomes,
+  the trained parameters, AdamW's state bytes and the seconds per step.
+
+:func:`summarize_sweep` puts the seeds together with :func:`~grpo_tutorial.chapters.lab.mean_ci`
+and :func:`~grpo_tutorial.chapters.lab.paired_comparison`: final accuracy and gain per
+setting, the best learning rate of each family, and each family at its best rate
+against full fine-tuning at its best rate, paired by seed.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .._checks import check_int
+from ..evaluation import evaluate_policy
+from ..rewards import correctness_reward
+from ..trainer import GRPOConfig, GRPOTrainer
+from .lab import mean_ci, paired_comparison
+from .recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, paired_gain, warm_start
+
+__all__ = [
+    "ATTENTION",
+    "LowRankSweep",
+    "lora_parameter_count",
+    "matched_rank",
+    "run_setting",
+    "run_sweep_seed",
+    "summarize_sweep",
+]
+
+#: Qwen2's attention projections (LoRA "on attention only").
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+#: PEFT's name for every linear layer but the output layer.
+ALL_LINEAR = "all-linear"
+
+
+def _targeted(model: torch.nn.Module, targets: str | Sequence[str]) -> list[torch.nn.Linear]:
+    """The linear layers LoRA wraps for ``targets`` (``"all-linear"``: every one but the output layer)."""
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    found = []
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or module is output:
+            continue
+        if targets == ALL_LINEAR or name.split(".")[-1] in targets:
+            found.append(module)
+    if not found:
+        raise ValueError(f"no linear layer of {type(model).__name__} matches {targets!r}")
+    return found
+
+
+def lora_parameter_count(model: torch.nn.Module, rank: int, targets: str | Sequence[str] = ALL_LINEAR) -> int:
+    """Trained parameters of rank-``rank`` LoRA on ``targets``: ``r * (in + out)`` per wrapped layer (A and B)."""
+    check_int(None, "rank", rank, 1)
+    return sum(rank * (layer.in_features + layer.out_features) for layer in _targeted(model, targets))
+
+
+def matched_rank(model: torch.nn.Module, rank: int, targets: Sequence[str] = ATTENTION) -> int:
+    """The rank on ``targets`` whose trained parameters come nearest to every-linear-layer LoRA at ``rank``."""
+    goal = lora_parameter_count(model, rank)
+    per_rank = lora_parameter_count(model, 1, targets)
+    return max(1, round(goal / per_rank))
+
+
+@dataclass
+class LowRankSweep:
+    """What the experiment runs (see the module). The recipe's ``grpo_steps`` and ``eval_every`` apply to every run.
+
+    ``lora_alpha`` is held fixed across ranks, as the paper does; the default
+    recipe is chapter 8's with 80 GRPO steps and 500 held-out problems, as
+    chapter 12's lab.
+    """
+
+    recipe: TinyAdditionRecipe = field(
+        default_factory=lambda: TinyAdditionRecipe(grpo_steps=80, eval_every=20, n_test=500))
+    full_lrs: tuple[float, ...] = (3e-5, 1e-4, 3e-4, 1e-3)
+    lora_lrs: tuple[float, ...] = (3e-4, 1e-3, 3e-3, 1e-2)
+    ranks: tuple[int, ...] = (1, 4, 16)
+    lora_alpha: float = 32.0
+    matched_rank: int = 4
+    attention_lrs: tuple[float, ...] | None = None  # None: the same as lora_lrs
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+
+    def __post_init__(self) -> None:
+        for name in ("full_lrs", "lora_lrs", "ranks", "seeds"):
+            if not getattr(self, name):
+                raise ValueError(f"LowRankSweep.{name} is empty")
+        for rank in self.ranks:
+            check_int("LowRankSweep", "ranks[]", rank, 1)
+        check_int("LowRankSweep", "matched_rank", self.matched_rank, 1)
+
+    def settings(self, model: torch.nn.Module) -> dict[str, dict[str, Any]]:
+        """Every setting's name and its ``GRPOConfig`` fields on top of the recipe's, for ``model``'s shapes."""
+        out: dict[str, dict[str, Any]] = {}
+        for lr in self.full_lrs:
+            out[f"full lr={lr:g}"] = {"learning_rate": lr}
+        lora = {"use_peft": True, "lora_alpha": self.lora_alpha, "lora_dropout": 0.0}
+        for rank in self.ranks:
+            for lr in self.lora_lrs:
+                out[f"all r={rank} lr={lr:g}"] = {**lora, "lora_r": rank, "lora_target_modules": ALL_LINEAR,
+                                                  "learning_rate": lr}
+        attention_rank = matched_rank(model, self.matched_rank)
+        for lr in self.attention_lrs or self.lora_lrs:
+            out[f"attn r={attention_rank} lr={lr:g}"] = {**lora, "lora_r": attention_rank,
+                                                         "lora_target_modules": list(ATTENTION), "learning_rate": lr}
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"recipe": self.recipe.to_dict(), "full_lrs": list(self.full_lrs), "lora_lrs": list(self.lora_lrs),
+                "ranks": list(self.ranks), "lora_alpha": self.lora_alpha, "matched_rank": self.matched_rank,
+                "attention_lrs": None if self.attention_lrs is None else list(self.attention_lrs),
+                "seeds": list(self.seeds)}
+
+
+def _family(name: str) -> str:
+    return name.split(" lr=")[0]
+
+
+def run_setting(start_model, tokenizer, data: dict, recipe: TinyAdditionRecipe, overrides: dict[str, Any],
+                seed: int) -> dict:
+    """Train a copy of ``start_model`` with the recipe's GRPO settings and ``overrides``; evaluate as it goes."""
+    model = copy.deepcopy(start_model)
+    config = GRPOConfig(**{**recipe.grpo_config(seed).to_dict(), **overrides})
+    trainer = GRPOTrainer(model, tokenizer, correctness_reward, config)
+    policy = trainer.model
+    first = evaluate_policy(policy, tokenizer, data["test"], config)
+    curve = [[0, first["accuracy"], first["se"]]]
+    seconds, point = 0.0, first
+    chunk = recipe.eval_every or recipe.grpo_steps
+    while trainer.step < recipe.grpo_steps:
+        target = min(recipe.grpo_steps, trainer.step + chunk)
+        t0 = time.perf_counter()
+        trainer.train(data["train"], target, progress=False)
+        seconds += time.perf_counter() - t0
+        point = evaluate_policy(policy, tokenizer, data["test"], config)
+        curve.append([trainer.step, point["accuracy"], point["se"]])
+    trained = sum(p.numel() for group in trainer.optimizer.param_groups for p in group["params"])
+    state_bytes = sum(t.numel() * t.element_size() for s in trainer.optimizer.state.values()
+                      for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
+    gain, gain_se = paired_gain(first["correct"], point["correct"])
+    return {
+        "overrides": overrides,
+        "heldout_curve": curve,
+        "reward_curve": [row["reward_mean"] for row in trainer.history],
+        "start_correct": [int(bool(c)) for c in first["correct"]],
+        "final_correct": [int(bool(c)) for c in point["correct"]],
+        "final_accuracy": point["accuracy"],
+        "gain": gain,
+        "gain_se": gain_se,
+        "trained_parameters": trained,
+        "optimizer_state_bytes": state_bytes,
+        "seconds": seconds,
+        "seconds_per_step": seconds / max(1, trainer.step),
+        "steps": trainer.step,
+    }
+
+
+def run_sweep_seed(sweep: LowRankSweep, seed: int, *, only: Sequence[str] | None = None,
+                   on_setting: Callable[[str, dict], None] | None = None) -> dict:
+    """One seed: one warm start, then every setting (or those named in ``only``) from a copy of it."""
+    recipe = sweep.recipe
+    t_seed = time.perf_counter()
+    previous = torch.get_num_threads()
+    if recipe.num_threads is not None:
+        torch.set_num_threads(recipe.num_threads)
+    try:
+        data = make_recipe_data(recipe)
+        model, tokenizer = build_recipe_model(recipe, seed)
+        sft = warm_start(model, tokenizer, data, recipe, seed, progress=False)
+        settings = sweep.settings(model)
+        unknown = sorted(set(only or ()) - set(settings))
+        if unknown:
+            raise ValueError(f"unknown settings {unknown}; the sweep has {list(settings)}")
+        results = {}
+        for name, overrides in settings.items():
+            if only is not None and name not in only:
+                continue
+            results[name] = run_setting(model, tokenizer, data, recipe, overrides, seed)
+            if on_setting is not None:
+                on_setting(name, results[name])
+    finally:
+        torch.set_num_threads(previous)
+    return {
+        "seed": seed,
+        "warm_start": {"steps": sft["steps"], "seconds": sft["seconds"], "reached": sft["reached"]},
+        "base_parameters": sum(p.numel() for p in model.parameters()),
+        "settings": results,
+        "seconds": time.perf_counter() - t_seed,
+    }
+
+
+def summarize_sweep(seed_results: Sequence[dict], confidence: float = 0.95) -> dict:
+    """Across seeds: each setting's final accuracy and gain (mean, SE, t interval) and held-out curve band; each
+    family's best learning rate (highest mean final accuracy); each family at its best rate against full
+    fine-tuning at its best rate, paired by seed (difference of final accuracies)."""
+    if not seed_results:
+        raise ValueError("seed_results is empty; run at least one seed")
+    names: list[str] = []
+    for r in seed_results:
+        names += [n for n in r["settings"] if n not in names]
+    table: dict[str, dict] = {}
+    for name in names:
+        runs = {r["seed"]: r["settings"][name] for r in seed_results if name in r["settings"]}
+        first = next(iter(runs.values()))
+        curves = [[p[1] for p in run["heldout_curve"]] for run in runs.values()]
+        table[name] = {
+            "family": _family(name),
+            "learning_rate": first["overrides"]["learning_rate"],
+            "final_accuracy": mean_ci([run["final_accuracy"] for run in runs.values()], confidence),
+            "gain": mean_ci([run["gain"] for run in runs.values()], confidence),
+            "heldout_steps": [p[0] for p in first["heldout_curve"]],
+            "heldout_mean": [sum(c[i] for c in curves) / len(curves) for i in range(len(curves[0]))],
+            "heldout_se": [_se([c[i] for c in curves]) for i in range(len(curves[0]))],
+            "trained_parameters": first["trained_parameters"],
+            "optimizer_state_bytes": first["optimizer_state_bytes"],
+            "seconds_per_step": mean_ci([run["seconds_per_step"] for run in runs.values()], confidence)["mean"],
+            "per_seed_final": {str(s): run["final_accuracy"] for s, run in runs.items()},
+        }
+    families: dict[str, dict] = {}
+    for name, entry in table.items():
+        best = families.get(entry["family"])
+        if best is None or entry["final_accuracy"]["mean"] > table[best["setting"]]["final_accuracy"]["mean"]:
+            families[entry["family"]] = {"setting": name, "learning_rate": entry["learning_rate"]}
+    full = next((f for f in families if f == "full"), None)
+    for family, best in families.items():
+        best["final_accuracy"] = table[best["setting"]]["final_accuracy"]
+        if full is not None and family != full:
+            mine = {int(s): v for s, v in table[best["setting"]]["per_seed_final"].items()}
+            theirs = {int(s): v for s, v in table[families[full]["setting"]]["per_seed_final"].items()}
+            best["vs_full"] = paired_comparison(mine, theirs, confidence)
+            best["lr_ratio_to_full"] = best["learning_rate"] / families[full]["learning_rate"]
+    return {"confidence": confidence, "settings": table, "families": families}
+
+
+def _se(values: Sequence[float]) -> float:
+    n = len(values)
+    if n < 2:
+        return math.nan
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
