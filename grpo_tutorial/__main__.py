@@ -1,4 +1,4 @@
-"""Command line: ``python -m grpo_tutorial {train,evaluate,plot} ...``.
+"""Command line: ``python -m grpo_tutorial {train,evaluate,plot,export} ...``.
 
 Examples::
 
@@ -15,12 +15,20 @@ Examples::
     python -m grpo_tutorial evaluate --checkpoint runs/tiny
     python -m grpo_tutorial plot runs/tiny --out runs/tiny/curves.png
 
+    # LoRA adapters on every linear layer instead of every weight (pip install peft); the
+    # checkpoint holds the adapters; export merges them into the base as one plain model
+    python -m grpo_tutorial train --out runs/lora --use-peft --lora-r 4 --lr 1e-3
+    python -m grpo_tutorial export --checkpoint runs/lora --out runs/lora/merged
+
 A run's settings are a named preset (``--preset``; :mod:`grpo_tutorial.presets`)
 with any :class:`~grpo_tutorial.config.GRPOConfig` field changed by a flag of the
 same name (``--loss-type``, ``--group-size``; ``--lr`` and ``--out`` are short
 for ``--learning-rate`` and ``--output-dir``). The flags are made from the
 dataclass's fields, with the field docs as their help, so a new field is a new
-flag. What is not a config field (model, task, steps, warm start, evaluation)
+flag. A LoRA run (``--use-peft``) that had a warm start keeps the warm-started
+base once, in ``OUT/base.safetensors``: its checkpoints hold only the adapters,
+and ``--resume``, ``evaluate --checkpoint`` and ``export`` put them back on that
+base. What is not a config field (model, task, steps, warm start, evaluation)
 defaults by kind of model (:data:`RUN_DEFAULTS`): the tiny model's defaults are
 chapter 8's recipe.
 
@@ -49,7 +57,7 @@ from .objectives import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
 from .presets import PRESETS, get_preset
 
 __all__ = [
-    "FIELD_ALIASES", "FIELD_CHOICES", "RUN_DEFAULTS", "RUN_FIELDS", "TASKS", "TaskData", "build_parser",
+    "BASE_FILE", "FIELD_ALIASES", "FIELD_CHOICES", "RUN_DEFAULTS", "RUN_FIELDS", "TASKS", "TaskData", "build_parser",
     "config_from_args", "main", "make_task_data", "parse_rewards", "resolve_run_defaults",
 ]
 
@@ -88,6 +96,9 @@ FIELD_CHOICES: dict[str, Sequence[str]] = {
     "std": STDS,
     "report_to": REPORT_TO,
 }
+
+#: A LoRA run's warm-started base, in its output directory (written once, before GRPO starts).
+BASE_FILE = "base.safetensors"
 
 #: Short names that stay beside the generated ``--field-name`` flags.
 FIELD_ALIASES: dict[str, str] = {"learning_rate": "--lr", "output_dir": "--out"}
@@ -168,6 +179,7 @@ def _add_config_args(group: argparse._ArgumentGroup) -> None:
         args = typing.get_args(hint)
         optional = type(None) in args
         base = next((a for a in args if a is not type(None)), hint) if optional else hint
+        listing = any(typing.get_origin(a) is list for a in args)  # str | list[str]: one name or several
         names = [f"--{f.name.replace('_', '-')}"] + ([FIELD_ALIASES[f.name]] if f.name in FIELD_ALIASES else [])
         if f.name == "output_dir":
             names.reverse()  # the usage line and the examples say --out
@@ -179,6 +191,8 @@ def _add_config_args(group: argparse._ArgumentGroup) -> None:
         elif typing.get_origin(base) is list:
             item = typing.get_args(base)[0]
             kwargs.update(nargs="+", type=_optional(item, item.__name__), metavar=item.__name__.upper())
+        elif base is str and listing:
+            kwargs.update(nargs="+", type=_optional(str, "str"), metavar="NAME")
         elif f.name in FIELD_CHOICES:
             kwargs["choices"] = list(FIELD_CHOICES[f.name]) + (["none"] if optional else [])
         elif base in (int, float):
@@ -196,10 +210,10 @@ def _add_config_args(group: argparse._ArgumentGroup) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m grpo_tutorial",
-        description="GRPO from the ground up: train, evaluate and plot from the command line.",
+        description="GRPO from the ground up: train, evaluate, plot and export from the command line.",
     )
     parser.add_argument("--traceback", action="store_true", help="show full tracebacks instead of one-line errors")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,evaluate,plot}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,evaluate,plot,export}")
 
     # -- train
     t = sub.add_parser(
@@ -279,6 +293,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--smooth", type=int, default=None, help="moving-average window in steps")
     p.add_argument("--keys", nargs="+", default=None, help="history keys to plot (default: the standard six)")
     p.set_defaults(func=_cmd_plot)
+
+    # -- export
+    x = sub.add_parser(
+        "export",
+        help="save a run's policy as one plain model folder (LoRA: the adapters merged into the base)",
+        description="Load a train --out directory's checkpoint (a LoRA run's adapters on its base, merged with "
+        "merge_and_unload) and save the model and its tokenizer with save_pretrained, so that --model DIR, "
+        "load_policy(DIR) or any transformers code loads it.",
+        formatter_class=_DefaultsOnceFormatter,
+    )
+    x.add_argument("--checkpoint", required=True, help="a train --out directory or a checkpoint directory")
+    x.add_argument("--out", required=True, help="the folder to write (created)")
+    x.add_argument("--device", default=None, help="cpu, cuda, cuda:0 ... (default: cuda if available)")
+    x.add_argument("--dtype", default="float32", help="the weights' format while merging: float32, bf16 or fp16")
+    x.set_defaults(func=_cmd_export, model=None, threads=None)
     return parser
 
 
@@ -509,6 +538,10 @@ def _check_paths(args: argparse.Namespace) -> None:
             raise ValueError(f"--checkpoint {args.checkpoint!r} does not exist")
         if args.out is not None:
             _check_writable("--out", args.out, is_dir=False)
+    elif args.command == "export":
+        if not Path(args.checkpoint).expanduser().exists():
+            raise ValueError(f"--checkpoint {args.checkpoint!r} does not exist")
+        _check_writable("--out", args.out, is_dir=True)
     elif args.command == "plot":
         if not Path(args.history).expanduser().exists():
             raise ValueError(f"{args.history!r} does not exist; pass a train --out directory or its history.jsonl")
@@ -587,6 +620,8 @@ def _train(args: argparse.Namespace, config: GRPOConfig, out: Path) -> int:
     _print_plan(args, config)
     torch.manual_seed(seed)
     model, tokenizer = _load_model(args, seed)
+    if config.use_peft and resuming:
+        _load_base(model, out)  # the warm-started base the adapters train on, when the run had a warm start
     _write_json(out / "run.json", run_dir=out, data={"argv": sys.argv[1:], "args": vars(args) | {"func": None}, "config": config.to_dict()})
 
     evals: dict[str, Any] = {}
@@ -595,6 +630,8 @@ def _train(args: argparse.Namespace, config: GRPOConfig, out: Path) -> int:
 
     if args.sft_steps and not resuming:
         _warm_start(args, config, model, tokenizer, data, reward_fns, evals)
+        if config.use_peft:  # the checkpoints hold only the adapters: keep the base they sit on, once
+            _save_base(model, out)
 
     trainer = GRPOTrainer(model, tokenizer, reward_fns, config, accuracy_fn=accuracy_fn_for(args.task))
     if args.eval_before and not resuming:
@@ -634,6 +671,29 @@ def _announce_resume(args: argparse.Namespace, out: Path) -> bool:
     elif args.resume:
         print(f"--resume: no checkpoint in {out} yet, starting from step 0", flush=True)
     return checkpoint is not None
+
+
+def _save_base(model: Any, out: Path) -> None:
+    """A LoRA run's warm-started base, to ``out/base.safetensors`` (through a temporary file, then renamed)."""
+    from safetensors.torch import save_model
+
+    from .run.disk import disk_errors, fsync_dir
+
+    tmp = out / f"{BASE_FILE}.tmp"
+    with disk_errors(tmp, out):
+        save_model(model, str(tmp))
+        os.replace(tmp, out / BASE_FILE)
+        fsync_dir(out)
+    print(f"LoRA: the warm-started base the adapters train on is in {out / BASE_FILE}", flush=True)
+
+
+def _load_base(model: Any, run_dir: Path) -> None:
+    """Put a LoRA run's warm-started base (``run_dir/base.safetensors``) into ``model``; nothing when there is none."""
+    from safetensors.torch import load_model
+
+    path = run_dir / BASE_FILE
+    if path.exists():
+        load_model(model, str(path), device=str(next(model.parameters()).device))
 
 
 def _reward_functions(args: argparse.Namespace, config: GRPOConfig, data: TaskData) -> list:
@@ -682,19 +742,43 @@ def _warm_start(args: argparse.Namespace, config: GRPOConfig, model: Any, tokeni
     torch.manual_seed(config.seed)  # GRPO starts from the same RNG state however long the warm start ran
 
 
-def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from .run.checkpoint import load_model_state
+def _run_of(checkpoint: str) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint directory a ``--checkpoint`` names, and its run's ``train`` arguments (from run.json; {} if none)."""
     from .run.layout import find_checkpoint
 
+    ckpt = find_checkpoint(checkpoint)
+    if ckpt is None:
+        raise FileNotFoundError(f"--checkpoint {checkpoint!r} holds no checkpoint (expected checkpoint/state.pt)")
+    for candidate in (Path(checkpoint) / "run.json", ckpt.parent / "run.json"):
+        if candidate.exists():
+            return ckpt, json.loads(candidate.read_text(encoding="utf-8"))["args"]
+    return ckpt, {}
+
+
+def _load_checkpoint(model: Any, ckpt: Path) -> tuple[Any, dict]:
+    """The run's policy from its checkpoint: its weights, or (LoRA) its adapters on its base; and the checkpoint's meta."""
+    from .run.checkpoint import load_model_state
+    from .run.layout import read_meta
+
+    meta = read_meta(ckpt)
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    config = GRPOConfig(**{k: v for k, v in meta["config"].items() if k in fields and k != "output_dir"})
+    if not config.use_peft:
+        load_model_state(model, ckpt.parent)
+        return model, meta
+    from .lora import AdapterWeights, check_checkpoint_fits, wrap_with_adapters
+
+    _load_base(model, ckpt.parent)
+    model = wrap_with_adapters(model, config)
+    check_checkpoint_fits(meta, model)  # another base: refused, in words
+    load_model_state(AdapterWeights(model), ckpt.parent)
+    return model, meta
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
     run: dict[str, Any] = {}
     if args.checkpoint is not None:
-        ckpt = find_checkpoint(args.checkpoint)
-        if ckpt is None:
-            raise FileNotFoundError(f"--checkpoint {args.checkpoint!r} holds no checkpoint (expected checkpoint/state.pt)")
-        for candidate in (Path(args.checkpoint) / "run.json", ckpt.parent / "run.json"):
-            if candidate.exists():
-                run = json.loads(candidate.read_text(encoding="utf-8"))["args"]
-                break
+        ckpt, run = _run_of(args.checkpoint)
     model_name = args.model or run.get("model")
     task = args.task or run.get("task")
     if model_name is None or task is None:
@@ -716,7 +800,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     model, tokenizer = _load_model(args, seed)
     config_values: dict[str, Any]
     if args.checkpoint is not None:  # evaluate as the run trained: its whole config
-        meta = load_model_state(model, args.checkpoint)
+        model, meta = _load_checkpoint(model, ckpt)
         fields = {f.name for f in dataclasses.fields(GRPOConfig)}
         config_values = {k: v for k, v in meta["config"].items() if k in fields and k != "output_dir"}
     else:
@@ -732,6 +816,21 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     _print_eval(f"{model_name} on {task}" + (f" ({args.checkpoint})" if args.checkpoint else ""), result)
     if args.out:
         _write_json(Path(args.out), result)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    """The run's policy as one plain model folder: a LoRA run's adapters merged into its base."""
+    from .lora import export_merged
+
+    ckpt, run = _run_of(args.checkpoint)
+    if run.get("model") is None:
+        raise ValueError(f"export needs the run's run.json (written by train) beside {str(ckpt)!r}")
+    args.model, args.threads = run["model"], run.get("threads")
+    model, tokenizer = _load_model(args, run.get("seed", 0))
+    model, _ = _load_checkpoint(model, ckpt)
+    path = export_merged(model, args.out, tokenizer, copy_first=False)  # the loaded copy is ours to spend
+    print(f"wrote {path} (load it with --model {path})")
     return 0
 
 

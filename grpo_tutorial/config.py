@@ -18,10 +18,12 @@ from ._checks import check_choice, check_flag, check_int, check_number, config_e
 from .advantages import BASELINES, MULTI_OBJECTIVE_AGGREGATIONS, SCALES, STDS
 from .loss import LossOptions
 
-__all__ = ["GRPOConfig", "REPORT_TO", "field_docs"]
+__all__ = ["ALL_LINEAR", "GRPOConfig", "REPORT_TO", "field_docs"]
 
 _OWNER = "GRPOConfig"
 _LOSS = LossOptions()  # the loss fields' defaults are LossOptions' (defined there, once)
+#: PEFT's name for every linear layer but the output layer (``lora_target_modules``' default).
+ALL_LINEAR = "all-linear"
 #: What ``report_to`` takes (TRL's and transformers' name): no reporting, or TensorBoard's event files.
 REPORT_TO = ("none", "tensorboard")
 
@@ -134,7 +136,10 @@ class GRPOConfig:
         max_grad_norm: gradient clipping threshold (None = no clipping, but the
             norm is still measured and logged).
         ref_sync_every: copy the policy into the reference every this many
-            steps (None = never). Only used when beta > 0.
+            steps (None = never). Only used when beta > 0. With ``use_peft`` the
+            copy is of the adapters only: the reference becomes the base with a
+            frozen copy of the adapters as they are (TRL refuses
+            ``sync_ref_model`` with PEFT; :mod:`grpo_tutorial.lora`).
         reward_weights: one weight per reward function (None = all 1).
         system_prompt: system message for chat-template models.
         use_chat_template: None = automatic (use it when the tokenizer has one).
@@ -174,6 +179,38 @@ class GRPOConfig:
             (about the time it takes to write the file) leaves no usable
             checkpoint (:mod:`grpo_tutorial.run.layout`). False (default):
             atomic saves, a complete checkpoint at every instant.
+        use_peft: train LoRA adapters instead of every weight, through the
+            ``peft`` package (``pip install peft``). TRL's ``ModelConfig`` name and
+            default (False). The trainer wraps the policy with
+            ``peft.get_peft_model`` (a model that already is a ``PeftModel`` is
+            used as it is, with its own adapter settings: the ``lora_*`` fields
+            then do not apply); only the adapters train and AdamW holds only
+            them, the base weights stay bit-identical. The KL's reference is the
+            base with the adapters switched off, no second copy of the model
+            (a given ``PeftModel``'s reference is a frozen copy of its adapters,
+            as in TRL). A checkpoint holds the adapters, not the base
+            (:mod:`grpo_tutorial.lora`).
+        lora_r: the adapters' rank r (TRL's default 16). Only with ``use_peft``.
+        lora_alpha: the adapters' scale: the update ``B A x`` is multiplied by
+            ``lora_alpha / lora_r`` (TRL's default 32). Holding it fixed while
+            the rank changes, as "LoRA Without Regret" (Schulman et al., 2025)
+            does, keeps the best learning rate about the same at every rank.
+            Only with ``use_peft``.
+        lora_dropout: dropout on the adapters' input (TRL's default 0.05).
+            With ``disable_dropout`` (the default) it is set to 0 when the
+            trainer is built, like every other dropout of the policy, so the
+            first pass's ratio is exactly 1. Only with ``use_peft``.
+        lora_target_modules: the layers that get adapters: ``"all-linear"``
+            (default: every linear layer but the output layer, the attention
+            projections and the MLP), a list of module names such as
+            ``["q_proj", "v_proj"]``, a str other than ``"all-linear"`` (PEFT
+            reads it as a regular expression of the whole module path), or None
+            (PEFT's default for the model's type: the q and v projections for
+            Qwen2). The default deliberately differs from TRL's None: "LoRA
+            Without Regret" (Schulman et al., 2025) finds that adapters on the
+            attention projections alone learn worse than adapters on every
+            linear layer, MLP included, even at a matched number of parameters.
+            Only with ``use_peft``.
         output_dir: where ``history.jsonl`` and ``checkpoint/`` go (None = keep
             the history in memory only).
         eval_batch_size: prompts per ``generate`` call in evaluation.
@@ -236,6 +273,11 @@ class GRPOConfig:
     checkpoint_in_place: bool = False
     output_dir: str | None = None
     eval_batch_size: int = 64
+    use_peft: bool = False
+    lora_r: int = 16
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.05
+    lora_target_modules: str | list[str] | None = ALL_LINEAR
 
     def __post_init__(self) -> None:
         o = _OWNER
@@ -300,6 +342,7 @@ class GRPOConfig:
                 raise type_error(o, "output_dir", self.output_dir, "None or a path")
             self.output_dir = os.fspath(self.output_dir)
         self._check_report_to()
+        self._check_lora()
 
     def _check_sampling_options(self) -> None:
         o = _OWNER
@@ -327,6 +370,25 @@ class GRPOConfig:
                                ": the package writes TensorBoard's files only; to send each step's row elsewhere "
                                "(wandb, trackio, ...), append a function to GRPOTrainer.row_listeners")
         self.report_to = "tensorboard" if "tensorboard" in names else "none"  # [], ["none"]: none (as transformers)
+
+    def _check_lora(self) -> None:
+        """The LoRA fields; a list of target modules is stored as a list, ``["all-linear"]`` as that name."""
+        o = _OWNER
+        check_flag(o, "use_peft", self.use_peft)
+        check_int(o, "lora_r", self.lora_r, 1)
+        check_number(o, "lora_alpha", self.lora_alpha, lambda v: v > 0, "a number > 0 (TRL's default: 32)")
+        check_number(o, "lora_dropout", self.lora_dropout, lambda v: 0 <= v < 1, "a number in [0, 1)")
+        targets, expected = self.lora_target_modules, "None, 'all-linear', a regular expression or a list of module names"
+        if isinstance(targets, (list, tuple)):
+            if not targets or not all(isinstance(name, str) and name for name in targets):
+                raise config_error(o, "lora_target_modules", targets, expected)
+            if ALL_LINEAR in targets and len(targets) > 1:
+                raise config_error(o, "lora_target_modules", targets, expected, f": {ALL_LINEAR!r} stands alone")
+            self.lora_target_modules = ALL_LINEAR if list(targets) == [ALL_LINEAR] else list(targets)
+        elif targets is not None and not (isinstance(targets, str) and targets):
+            if isinstance(targets, str):
+                raise config_error(o, "lora_target_modules", targets, expected)
+            raise type_error(o, "lora_target_modules", targets, expected)
 
     def _check_aggregation_and_entropy_control(self) -> None:
         o = _OWNER

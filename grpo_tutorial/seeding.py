@@ -13,6 +13,7 @@ stream             number   seeds
 ``DATA_ORDER``     1        the shuffled order of epoch ``e``
 ``MINIBATCHES``    2        the minibatch shuffle of step ``i``
 ``RESAMPLING``     3        round ``r`` >= 1 of dynamic sampling in step ``i``
+``ADAPTER_INIT``   4        the LoRA adapters' initial A matrices (index 0)
 =================  =======  ======================================
 
 The numbers are part of the stored results: changing one changes every run.
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "ADAPTER_INIT",
     "DATA_ORDER",
     "DataStream",
     "MINIBATCHES",
@@ -47,6 +49,7 @@ SAMPLING = 0
 DATA_ORDER = 1
 MINIBATCHES = 2
 RESAMPLING = 3
+ADAPTER_INIT = 4
 
 
 def derive_seed(seed: int, *keys: int) -> int:

@@ -47,7 +47,8 @@ bit), and the stages call them with today's defaults:
    scoring runs each distinct prompt through the model once and lets every row
    with that prompt read its cache, which skips (G-1)/G of the prompt work, forward
    and backward. Both step aside where they would not be the same computation
-   (:func:`generation_can_share_prompts`, :func:`can_share_prompts`).
+   (:func:`generation_can_share_prompts`, :func:`can_share_prompts`). A PEFT
+   model (LoRA) counts as the transformers model it wraps (:func:`wrapped_model`).
    :func:`~grpo_tutorial.rollout.generate_rollouts` shares the cache whenever it
    can; the trainer scores with ``share_prompts=GRPOConfig.share_prompt_cache``
    (True by default).
@@ -76,6 +77,7 @@ __all__ = [
     "shared_prompt_cache",
     "shared_prompt_logits",
     "use_onednn",
+    "wrapped_model",
 ]
 
 
@@ -310,6 +312,17 @@ def score_tokens(
 # ---------------------------------------------------------------------------
 
 
+def wrapped_model(model: Any) -> Any:
+    """The transformers model inside a PEFT wrapper, its adapter layers included; any other model as it is.
+
+    A ``peft.PeftModel`` is no ``PreTrainedModel``, but for LoRA it passes every
+    call and keyword to the model it wraps, whose linear layers carry the
+    adapters, so the checks below look at that model.
+    """
+    get_base_model = getattr(model, "get_base_model", None)
+    return get_base_model() if type(model).__module__.startswith("peft.") and callable(get_base_model) else model
+
+
 def cache_argument(model) -> str:
     """The keyword under which ``model`` takes a KV cache: ``cache`` or ``past_key_values``.
 
@@ -319,7 +332,7 @@ def cache_argument(model) -> str:
     signature says which one it takes, and ``generate`` takes the same.
     """
     try:
-        parameters = inspect.signature(model.forward).parameters
+        parameters = inspect.signature(wrapped_model(model).forward).parameters
     except (TypeError, ValueError):  # not introspectable: the name every version accepts
         return "past_key_values"
     return "cache" if "cache" in parameters else "past_key_values"
@@ -340,6 +353,7 @@ def generation_can_share_prompts(model: Any) -> bool:
     """
     from transformers import PreTrainedModel
 
+    model = wrapped_model(model)
     if not isinstance(model, PreTrainedModel) or getattr(model.config, "is_encoder_decoder", False):
         return False
     if getattr(model.config, "use_cache", True) is False:
@@ -377,6 +391,7 @@ def can_share_prompts(model) -> bool:
     """
     from transformers import PreTrainedModel
 
+    model = wrapped_model(model)
     if not isinstance(model, PreTrainedModel) or getattr(model.config, "is_encoder_decoder", False):
         return False
     if not model.training:

@@ -14,8 +14,8 @@ It imports nothing from :mod:`grpo_tutorial.run`: the loop around the step, its
 checkpoints, history file and progress bar are
 :class:`~grpo_tutorial.trainer.GRPOTrainer`'s. Two extension points let new
 pieces plug in without growing the step: :class:`Policies` supplies the policy
-and its reference (a subclass can give the policy with its LoRA adapters
-switched off as the reference), and ``sampler``, ``(prompts, seed) -> Rollout``,
+and its reference (:class:`~grpo_tutorial.lora.AdapterPolicies`: the policy
+with its LoRA adapters switched off, no copy), and ``sampler``, ``(prompts, seed) -> Rollout``,
 writes the completions (default: the policy itself, :meth:`GRPOStep.generate`;
 a sampler copy of the policy plugs in here).
 """
@@ -53,9 +53,8 @@ class Policies:
     """The policy being trained and the frozen reference its KL term compares it with (extension point).
 
     This default holds a separate model as the reference (None without a KL
-    penalty). A wrapper that can switch its trained part off (LoRA adapters)
-    overrides :meth:`reference` to yield the policy with the adapters off, and
-    :meth:`sync_reference`, so that no second copy is kept.
+    penalty); :class:`~grpo_tutorial.lora.AdapterPolicies` yields the policy with
+    its LoRA adapters switched off instead, so that no second copy is kept.
     """
 
     def __init__(self, policy: torch.nn.Module, reference: torch.nn.Module | None = None) -> None:
@@ -103,6 +102,8 @@ class GRPOStep:
         if config.disable_dropout:
             disable_dropout(model)
         if policies is None:  # the reference only with a KL penalty: the given one, or a frozen copy of the policy
+            if config.use_peft:  # LoRA's policies wrap the model first, as GRPOTrainer does
+                raise ValueError("config.use_peft needs policies=lora.adapter_policies(model, config) (GRPOTrainer's)")
             ref = frozen_reference(model, ref_model, without_dropout=config.disable_dropout) if config.beta > 0 else None
             policies = Policies(model, ref)
         self.policies = policies

@@ -11,7 +11,9 @@ never interrupted (on CPU, same seed). Only wall-clock fields
 (seeding.py); building a trainer touches no global RNG.
 
 Where other things plug in: ``ref_model`` and ``sampler`` go to the step (its
-:class:`~grpo_tutorial.step.Policies` and sampler); each history row also goes
+:class:`~grpo_tutorial.step.Policies` and sampler); with ``use_peft`` the policy
+is wrapped with LoRA adapters and its policies are :mod:`grpo_tutorial.lora`'s
+(the base is the reference; a checkpoint holds the adapters); each history row also goes
 to every function in :attr:`GRPOTrainer.row_listeners` (a TensorBoard writer,
 say) as the run appends it.
 """
@@ -27,6 +29,7 @@ import torch
 from ._checks import is_int
 from .config import GRPOConfig
 from .evaluation import evaluate_policy
+from .lora import adapter_policies, check_checkpoint_fits, checkpoint_meta, checkpoint_weights
 from .metrics import TIMING_KEYS
 from .models import disable_dropout
 from .objectives import EntropyControl
@@ -34,7 +37,7 @@ from .run.checkpoint import load_model_state, load_training, resume_or_start, sa
 from .run.completions import CompletionsWriter, sample_completions
 from .run.history import HistoryWriter, history_until, read_history
 from .run.interrupt import StopAfterStep
-from .run.layout import find_checkpoint
+from .run.layout import find_checkpoint, read_meta
 from .run.lock import run_lock
 from .run.progress import postfix, progress_bar
 from .run.state import RunState, dataset_fingerprint
@@ -69,13 +72,17 @@ class GRPOTrainer:
     """GRPO for a Hugging Face causal LM, with verifiable reward functions.
 
     Args:
-        model: the policy (a transformers causal LM), trained in place.
+        model: the policy (a transformers causal LM), trained in place. With
+            ``config.use_peft`` it gets LoRA adapters (``peft.get_peft_model``,
+            in place) and :attr:`model` is the ``PeftModel``; a ``PeftModel``
+            is trained as it is (:func:`~grpo_tutorial.lora.adapter_policies`).
         tokenizer: its tokenizer (needs an EOS token).
         reward_fns: one reward function or a list, TRL signature
             ``fn(completions, *, answer, **kwargs) -> list[float | None]``.
         config: a :class:`GRPOConfig` (default: ``GRPOConfig()``).
         ref_model: the reference policy for the KL penalty. Only used when
-            ``config.beta > 0``; if None, a frozen deep copy of ``model`` is made.
+            ``config.beta > 0``; if None, a frozen deep copy of ``model`` is made
+            (with ``use_peft``: none, the base with the adapters off is the reference).
         accuracy_fn: what the ``accuracy`` metric counts as correct: a function
             with the reward signature returning 1.0 (correct) or 0.0 per
             completion. Default: the answer ``extract_answer`` finds equals the
@@ -111,8 +118,10 @@ class GRPOTrainer:
         accuracy_fn: Callable | None = None,
         sampler: Sampler | None = None,
     ) -> None:
-        self.grpo_step = GRPOStep(model, tokenizer, reward_fns, config, ref_model, accuracy_fn=accuracy_fn,
-                                  sampler=sampler)
+        given = GRPOConfig() if config is None else config
+        policies = adapter_policies(model, given, ref_model) if isinstance(given, GRPOConfig) else None  # LoRA
+        self.grpo_step = GRPOStep(model if policies is None else policies.policy, tokenizer, reward_fns, config,
+                                  ref_model, accuracy_fn=accuracy_fn, sampler=sampler, policies=policies)
         check_reporting(self.config.report_to, self.config.output_dir)  # no output_dir or no TensorBoard: now
         self.state = RunState()
         self.history: list[dict] = []
@@ -121,7 +130,8 @@ class GRPOTrainer:
 
     # the step's objects, by the names a user of the trainer knows
     model = property(lambda self: self.grpo_step.model, doc="The policy, trained in place.")
-    ref_model = property(lambda self: self.grpo_step.policies.reference_model, doc="The reference (None: beta = 0).")
+    ref_model = property(lambda self: self.grpo_step.policies.reference_model,
+                         doc="The reference (None: beta = 0, or LoRA, whose reference is the base).")
     tokenizer = _step_attribute("tokenizer")
     config = _step_attribute("config")
     reward_fns = _step_attribute("reward_fns")
@@ -157,7 +167,8 @@ class GRPOTrainer:
     def save_checkpoint(self, output_dir: str | os.PathLike | None = None) -> Path:
         """Write ``output_dir/checkpoint/`` atomically and return its path.
 
-        The history is not stored in the checkpoint: it lives in
+        With ``use_peft`` it holds the adapters (and their optimizer state), not
+        the base, and the base's fingerprint. The history is not stored in the checkpoint: it lives in
         ``output_dir/history.jsonl`` (rewritten here, unless :meth:`train` is
         appending to it right now: then it is synced).
         """
@@ -166,9 +177,11 @@ class GRPOTrainer:
             "data_seed": self.config.seed,
             "entropy_control": self.grpo_step.entropy_control.to_meta(),  # adaptive entropy control's state
             "config": self.config.to_dict(),
+            **checkpoint_meta(self.model),  # LoRA: the base's fingerprint
         }
-        return save_training(
-            self._run_dir(output_dir, "save_checkpoint"), self.model, self.optimizer, self.scheduler, self.ref_model,
+        return save_training(  # LoRA: the adapters, not the base (lora.AdapterWeights)
+            self._run_dir(output_dir, "save_checkpoint"), checkpoint_weights(self.model), self.optimizer,
+            self.scheduler, self.ref_model,
             meta=meta, history=self.history, appending=self._writers or (), in_place=self.config.checkpoint_in_place,
         )
 
@@ -179,8 +192,10 @@ class GRPOTrainer:
         checkpoint's step (rows written after the checkpoint are redone).
         """
         root = self._run_dir(output_dir, "load_checkpoint")
+        if find_checkpoint(root) is not None:  # adapters for a whole model, or on another base: refused first
+            check_checkpoint_fits(read_meta(find_checkpoint(root)), self.model)
         meta = load_training(
-            root, self.model, self.optimizer, self.scheduler, self.ref_model,
+            root, checkpoint_weights(self.model), self.optimizer, self.scheduler, self.ref_model,
             config=self.config.to_dict(), defaults=GRPOConfig().to_dict(),
         )
         if meta is None:

@@ -45,10 +45,11 @@ def one_thread(monkeypatch):
 @pytest.mark.parametrize(
     "argv, expected",
     [
-        ([], "{train,evaluate,plot}"),
+        ([], "{train,evaluate,plot,export}"),
         (["train"], "--group-size"),
         (["evaluate"], "--checkpoint"),
         (["plot"], "--smooth"),
+        (["export"], "merge_and_unload"),
     ],
 )
 def test_help_for_every_subcommand(argv, expected, capsys):
@@ -372,6 +373,7 @@ def _other_value(name: str, value, hint: str):
         "reward_weights": (["1", "0.5"], [1.0, 0.5]), "entropy_coef": ("0.01", 0.01),
         "entropy_coef_min": ("0.001", 0.001), "use_adaptive_entropy": None, "output_dir": None,
         "system_prompt": ("Be brief.", "Be brief."), "log_completions": ("--no-log-completions", False),
+        "lora_target_modules": (["q_proj", "v_proj"], ["q_proj", "v_proj"]),
     }
     if name in special:
         return special[name]
@@ -423,6 +425,19 @@ def test_optional_fields_take_none_and_bools_turn_off():
     assert _parse("--scale-rewards", "none").scale_rewards == "none"  # a choice named 'none' stays a name
     assert _parse("--no-share-prompt-cache").share_prompt_cache is False
     assert _parse("--lr", "3e-4").learning_rate == 3e-4
+
+
+def test_lora_flags_reach_the_config():
+    """use_peft and the lora_* fields, TRL's names, are flags like every other field (LoRA: tests/test_lora.py)."""
+    config = _parse("--use-peft", "--lora-r", "4", "--lora-alpha", "8", "--lora-dropout", "0",
+                    "--lora-target-modules", "q_proj", "k_proj", "v_proj", "o_proj")
+    assert (config.use_peft, config.lora_r, config.lora_alpha, config.lora_dropout) == (True, 4, 8.0, 0.0)
+    assert config.lora_target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert _parse().use_peft is False and _parse().lora_target_modules == "all-linear"  # every linear layer
+    assert _parse("--lora-target-modules", "all-linear").lora_target_modules == "all-linear"  # one name, not a list
+    assert _parse("--lora-target-modules", "none").lora_target_modules is None  # PEFT's per-model default
+    assert "--lora-target-modules NAME [NAME ...]" in " ".join(
+        _subcommand_parsers()["train"].format_help().split())
 
 
 @pytest.mark.parametrize("flags", [["--group-size", "x"], ["--max-grad-norm", "big"], ["--loss-type", "ppo"],

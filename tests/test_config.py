@@ -75,6 +75,18 @@ def test_values_are_normalised_when_built():
     assert cfg.reward_weights == [1.0, 2.0] and all(type(w) is float for w in cfg.reward_weights)
     assert cfg.output_dir == "/tmp/run" and isinstance(cfg.output_dir, str)
     assert GRPOConfig(**cfg.to_dict()) == cfg
+    # LoRA's targets: a list of names stays a list, a one-item ["all-linear"] (the command line's) is that name
+    assert GRPOConfig(lora_target_modules=("q_proj", "v_proj")).lora_target_modules == ["q_proj", "v_proj"]
+    assert GRPOConfig(lora_target_modules=["all-linear"]).lora_target_modules == "all-linear"
+    assert GRPOConfig(lora_target_modules=["q_proj"]).lora_target_modules == ["q_proj"]  # a name, not a regex
+
+
+def test_lora_defaults():
+    """TRL's ModelConfig names and defaults (tests/test_lora.py compares them with TRL's own), but every
+    linear layer where TRL leaves PEFT's per-model default (q and v projections)."""
+    cfg = GRPOConfig()
+    assert (cfg.use_peft, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout) == (False, 16, 32.0, 0.05)
+    assert cfg.lora_target_modules == "all-linear"
 
 
 # ---------------------------------------------------------------------------
@@ -129,6 +141,20 @@ def test_field_docs_exact_entries():
         ({"output_dir": 3}, TypeError, "GRPOConfig.output_dir must be None or a path, got 3 (type int)"),
         ({"use_chat_template": "yes"}, TypeError,
          "GRPOConfig.use_chat_template must be None (auto), True or False, got 'yes' (type str)"),
+        ({"use_peft": 1}, TypeError, "GRPOConfig.use_peft must be True or False, got 1 (type int)"),
+        ({"lora_r": 0}, ValueError, "GRPOConfig.lora_r must be an int >= 1, got 0"),
+        ({"lora_r": 4.0}, TypeError, "GRPOConfig.lora_r must be an int >= 1, got 4.0 (type float)"),
+        ({"lora_alpha": 0}, ValueError, "GRPOConfig.lora_alpha must be a number > 0 (TRL's default: 32), got 0"),
+        ({"lora_dropout": 1.0}, ValueError, "GRPOConfig.lora_dropout must be a number in [0, 1), got 1.0"),
+        ({"lora_target_modules": []}, ValueError,
+         "GRPOConfig.lora_target_modules must be None, 'all-linear', a regular expression or a list of module "
+         "names, got []"),
+        ({"lora_target_modules": ["all-linear", "q_proj"]}, ValueError,
+         "GRPOConfig.lora_target_modules must be None, 'all-linear', a regular expression or a list of module "
+         "names, got ['all-linear', 'q_proj']: 'all-linear' stands alone"),
+        ({"lora_target_modules": 3}, TypeError,
+         "GRPOConfig.lora_target_modules must be None, 'all-linear', a regular expression or a list of module "
+         "names, got 3 (type int)"),
     ],
 )
 def test_refused_values(kwargs, error, message):

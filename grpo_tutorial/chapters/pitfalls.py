@@ -178,11 +178,14 @@ GALLERY_REFUSES: dict[str, str] = {
     "multi_objective_aggregation": "'sum_then_normalize' (GDPO's per-function advantages live in GRPOTrainer)",
     "ref_sync_every": "None (the gallery's reference stays the model it was given)",
     "log_completions": "False (the gallery shows no completions while it trains)",
+    "use_peft": "False (the gallery trains every weight; LoRA adapters live in GRPOTrainer)",
 }
 #: Fields that change nothing in one step: they drive the loop, the files and the evaluation around it.
 GALLERY_IGNORES = frozenset({
-    "log_every", "num_completions_to_print", "report_to", "checkpoint_every", "output_dir", "eval_batch_size",
+    "log_every", "num_completions_to_print", "report_to", "checkpoint_every", "checkpoint_in_place", "output_dir",
+    "eval_batch_size",
     "max_sampling_rounds", "entropy_target", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
+    "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",  # only with use_peft, which the gallery refuses
 })
 #: Fields the gallery step uses as the trainer does (tests/test_pitfalls.py checks each against the trainer).
 GALLERY_IMPLEMENTS = frozenset(

@@ -20,6 +20,10 @@
     ``tensorboard/``  TensorBoard's event files, each step's numbers, with
     ``report_to="tensorboard"`` (:mod:`~grpo_tutorial.run.tensorboard`).
 
+    ``base.safetensors``  a LoRA run's warm-started base, written once by the
+    command line before GRPO starts: the checkpoints of a run with
+    ``use_peft`` hold the adapters only, and this is the base they sit on.
+
 A checkpoint is written into ``checkpoint.tmp/``, then the old one is renamed to
 ``checkpoint.old``, the new one renamed into place and the old one deleted, so
 at every instant a complete checkpoint exists under ``checkpoint`` or
