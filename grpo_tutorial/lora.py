@@ -295,11 +295,12 @@ def check_checkpoint_fits(meta: dict, model: Any) -> None:
             if saved else "the checkpoint holds a whole model but this model trains LoRA adapters: use the run's "
             "config (use_peft=False)"
         )
-    if saved and meta.get(BASE_KEY, base_fingerprint(model)) != base_fingerprint(model):
+    mine = base_fingerprint(model) if saved else None
+    if saved and meta.get(BASE_KEY, mine) != mine:
         raise ValueError(
             f"the checkpoint's adapters were trained on another base model (fingerprint {meta[BASE_KEY]}, this "
-            f"model's {base_fingerprint(model)}): load the base the run started from (after its warm start, in the "
-            "same dtype) before resuming or evaluating"
+            f"model's {mine}): load the base the run started from (after its warm start, in the same dtype) before "
+            "resuming or evaluating"
         )
 
 

@@ -101,6 +101,17 @@ def test_the_fields_have_trls_names_and_defaults_but_every_linear_layer():
     assert peft.LoraConfig(r=4, target_modules=None).target_modules is None
 
 
+def test_the_lora_config_is_the_one_trls_get_peft_config_makes_from_the_same_names():
+    trl_utils = pytest.importorskip("trl.trainer.utils")
+    from grpo_tutorial.lora import lora_config
+
+    names = dict(lora_r=8, lora_alpha=24, lora_dropout=0.1, lora_target_modules=["q_proj", "up_proj"])
+    theirs = trl_utils.get_peft_config(__import__("trl").ModelConfig(use_peft=True, **names))
+    ours = lora_config(GRPOConfig(use_peft=True, **names))
+    for field in ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "task_type", "use_rslora", "use_dora"):
+        assert getattr(ours, field) == getattr(theirs, field), field
+
+
 # ---------------------------------------------------------------------------
 # The reference: the base, adapters off, no copy; KL exactly 0 at step 0
 # ---------------------------------------------------------------------------
