@@ -181,7 +181,8 @@ GALLERY_REFUSES: dict[str, str] = {
 }
 #: Fields that change nothing in one step: they drive the loop, the files and the evaluation around it.
 GALLERY_IGNORES = frozenset({
-    "log_every", "num_completions_to_print", "report_to", "checkpoint_every", "output_dir", "eval_batch_size",
+    "log_every", "num_completions_to_print", "report_to", "checkpoint_every", "checkpoint_in_place", "output_dir",
+    "eval_batch_size",
     "max_sampling_rounds", "entropy_target", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
 })
 #: Fields the gallery step uses as the trainer does (tests/test_pitfalls.py checks each against the trainer).
