@@ -63,7 +63,8 @@ PROVENANCE = {
     "thinking_results.json": ("thinking_results.json", None),
     "thinking_warm_start.safetensors": ("thinking_results.json", None),
     "step_policy.safetensors": ("step_policy.safetensors", "metadata"),  # its own metadata
-    "gpu_proof.json": ("gpu_proof.json", None),  # made on a lent GPU; tests/test_gpu_proof.py checks it
+    "gpu_proof.json": ("gpu_proof.json", None),
+    "lora_regret.json": ("lora_regret.json", None),  # made on a lent GPU; tests/test_gpu_proof.py checks it
 }
 
 
@@ -534,3 +535,55 @@ def test_step_policy_is_what_its_command_makes():
         return
     assert float(made["first_loss"]) == pytest.approx(float(shipped_meta["first_loss"]), rel=1e-5)
     assert float(made["final_loss"]) == pytest.approx(float(shipped_meta["final_loss"]), rel=0.02)
+
+
+# ---------------------------------------------------------------------------
+# Chapter 14: LoRA against full fine-tuning
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_lora_record_reproduces_its_first_steps():
+    """Seed 0's warm start, then one GRPO step of full fine-tuning and of rank-1 LoRA at their best rates."""
+    pytest.importorskip("peft")
+    from benchmarks import lora_regret as bench
+    from grpo_tutorial.chapters.low_rank import run_setting
+    from grpo_tutorial.chapters.recipes import build_recipe_model, make_recipe_data, warm_start
+
+    record = read_data("lora_regret.json")
+    args = bench.build_parser().parse_args(script_args(record["command"], "benchmarks.lora_regret"))
+    sweep = bench.sweep_for(args)
+    assert sweep.to_dict() == record["sweep"]
+    seed, stored = sweep.seeds[0], record["seeds"][0]
+    assert stored["seed"] == seed
+    recipe = sweep.recipe
+    families = record["summary"]["families"]
+    names = [families["full"]["setting"], families["all r=1"]["setting"]]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(recipe.num_threads)
+    try:
+        data = make_recipe_data(recipe)
+        model, tokenizer = build_recipe_model(recipe, seed)
+        sft = warm_start(model, tokenizer, data, recipe, seed, progress=False)
+        settings = sweep.settings(model)
+        assert list(settings) == list(stored["settings"])
+        one_step = recipe.with_settings(grpo_steps=1, eval_every=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runs = {name: run_setting(model, tokenizer, data, one_step, settings[name], seed) for name in names}
+    finally:
+        torch.set_num_threads(previous)
+    for name, run in runs.items():
+        want = stored["settings"][name]
+        assert run["overrides"] == want["overrides"] and run["trained_parameters"] == want["trained_parameters"]
+        if same_kernels(record):
+            assert sft["steps"] == stored["warm_start"]["steps"]
+            assert run["heldout_curve"][0] == pytest.approx(want["heldout_curve"][0])  # before GRPO
+            assert run["reward_curve"][0] == pytest.approx(want["reward_curve"][0], rel=1e-9)
+        else:  # other kernels: draws like the record's seeds
+            seeds = record["seeds"]
+            assert_like_the_seeds("warm-start steps", sft["steps"], [s["warm_start"]["steps"] for s in seeds])
+            assert_like_the_seeds(f"{name}: accuracy before GRPO", run["heldout_curve"][0][1],
+                                  [s["settings"][name]["heldout_curve"][0][1] for s in seeds])
+            assert_like_the_seeds(f"{name}: step 1's reward", run["reward_curve"][0],
+                                  [s["settings"][name]["reward_curve"][0] for s in seeds])

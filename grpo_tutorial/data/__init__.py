@@ -45,6 +45,10 @@ safetensors``                   chapter 13 trains live (weights, not readable
                                 stage by stage, and the tiny recipe learning
                                 (``make gpu-proof``, i.e.
                                 ``python -m benchmarks.gpu_proof``)
+``lora_regret.json``            chapter 14's experiment: full fine-tuning against
+                                LoRA adapters (ranks 1, 4, 16, attention only) over
+                                learning-rate grids, 5 seeds, the held-out curves
+                                (``python -m benchmarks.lora_regret``)
 =============================== ==================================================
 """
 
@@ -70,6 +74,7 @@ DATA_FILES = (
     "thinking_warm_start.safetensors",
     "step_policy.safetensors",
     "gpu_proof.json",
+    "lora_regret.json",
 )
 
 
