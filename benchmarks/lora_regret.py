@@ -43,10 +43,13 @@ def sweep_for(args: argparse.Namespace) -> LowRankSweep:
         recipe = TinyAdditionRecipe.quick(grpo_steps=args.steps or 4, eval_every=2)
         return LowRankSweep(recipe=recipe, full_lrs=(1e-3,), lora_lrs=(1e-2,), ranks=(1, 4), matched_rank=1,
                             seeds=tuple(args.seeds or (0,)))
-    recipe = LowRankSweep().recipe
+    default = LowRankSweep()
+    recipe = default.recipe
     if args.steps:
         recipe = recipe.with_settings(grpo_steps=args.steps)
-    return LowRankSweep(recipe=recipe, seeds=tuple(args.seeds or (0, 1, 2, 3, 4)))
+    grids = {name: tuple(getattr(args, name)) for name in ("full_lrs", "lora_lrs", "ranks", "attention_lrs")
+             if getattr(args, name) is not None}
+    return LowRankSweep(recipe=recipe, seeds=tuple(args.seeds or default.seeds), **grids)
 
 
 def _one_seed(sweep: LowRankSweep, seed: int, only: list[str] | None) -> dict:
@@ -63,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2 3 4)")
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default the sweep's 80)")
     parser.add_argument("--only", nargs="+", default=None, help="run only these settings (by name)")
+    parser.add_argument("--full-lrs", type=float, nargs="*", default=None,
+                        help="full fine-tuning's learning rates (default 3e-5 1e-4 3e-4 1e-3; none: no full runs)")
+    parser.add_argument("--lora-lrs", type=float, nargs="*", default=None,
+                        help="LoRA's learning rates (default 3e-4 1e-3 3e-3 1e-2)")
+    parser.add_argument("--ranks", type=int, nargs="*", default=None, help="LoRA ranks (default 1 4 16)")
+    parser.add_argument("--attention-lrs", type=float, nargs="*", default=None,
+                        help="attention-only LoRA's learning rates (default: --lora-lrs'; none: no such runs)")
     parser.add_argument("--jobs", type=int, default=2, help="seeds run in parallel processes (default 2)")
     parser.add_argument("--quick", action="store_true", help="the seconds-long test recipe (proves nothing)")
     parser.add_argument("--no-progress", action="store_true")

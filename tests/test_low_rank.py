@@ -10,7 +10,7 @@ import math
 import pytest
 
 from grpo_tutorial.chapters.low_rank import (
-    ATTENTION, LowRankSweep, lora_parameter_count, matched_rank, run_sweep_seed, summarize_sweep,
+    ATTENTION, LowRankSweep, combine_sweeps, lora_parameter_count, matched_rank, run_sweep_seed, summarize_sweep,
 )
 from grpo_tutorial.chapters.recipes import TinyAdditionRecipe
 
@@ -85,3 +85,23 @@ def test_a_quick_sweep_runs_every_setting_from_one_warm_start():
     assert [p[0] for p in rank1["heldout_curve"]] == [0, 1, 2] and len(rank1["reward_curve"]) == 2
     with pytest.raises(ValueError, match="unknown settings"):
         run_sweep_seed(sweep, 0, only=["full lr=1"])
+
+
+def test_two_records_combine_by_seed_and_must_agree_where_they_overlap():
+    def record(command, runs):
+        return {"command": command, "sweep": {"recipe": {"digits": 2}},
+                "seeds": [{"seed": s, "settings": {n: _run(float(n.split("lr=")[1]), acc) for n, acc in r.items()}}
+                          for s, r in runs.items()]}
+
+    main = record("main", {0: {"full lr=0.001": 0.6, "all r=1 lr=0.01": 0.5}, 1: {"full lr=0.001": 0.7,
+                                                                                   "all r=1 lr=0.01": 0.6}})
+    lower = record("lower", {0: {"full lr=0.001": 0.6, "all r=1 lr=0.001": 0.65}, 1: {"full lr=0.001": 0.7,
+                                                                                       "all r=1 lr=0.001": 0.66}})
+    seeds = combine_sweeps(main, lower)
+    assert [sorted(s["settings"]) for s in seeds] == [["all r=1 lr=0.001", "all r=1 lr=0.01", "full lr=0.001"]] * 2
+    assert summarize_sweep(seeds)["families"]["all r=1"]["setting"] == "all r=1 lr=0.001"
+    lower["seeds"][1]["settings"]["full lr=0.001"]["final_accuracy"] = 0.71
+    with pytest.raises(ValueError, match="disagree"):
+        combine_sweeps(main, lower)
+    with pytest.raises(ValueError, match="other seeds"):
+        combine_sweeps(main, record("one seed", {0: {"full lr=0.001": 0.6}}))

@@ -42,6 +42,7 @@ from .recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, p
 __all__ = [
     "ATTENTION",
     "LowRankSweep",
+    "combine_sweeps",
     "lora_parameter_count",
     "matched_rank",
     "run_setting",
@@ -98,11 +99,11 @@ class LowRankSweep:
     ranks: tuple[int, ...] = (1, 4, 16)
     lora_alpha: float = 32.0
     matched_rank: int = 4
-    attention_lrs: tuple[float, ...] | None = None  # None: the same as lora_lrs
+    attention_lrs: tuple[float, ...] | None = None  # None: the same as lora_lrs; (): no attention-only runs
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
 
     def __post_init__(self) -> None:
-        for name in ("full_lrs", "lora_lrs", "ranks", "seeds"):
+        for name in ("seeds",):
             if not getattr(self, name):
                 raise ValueError(f"LowRankSweep.{name} is empty")
         for rank in self.ranks:
@@ -120,7 +121,7 @@ class LowRankSweep:
                 out[f"all r={rank} lr={lr:g}"] = {**lora, "lora_r": rank, "lora_target_modules": ALL_LINEAR,
                                                   "learning_rate": lr}
         attention_rank = matched_rank(model, self.matched_rank)
-        for lr in self.attention_lrs or self.lora_lrs:
+        for lr in self.lora_lrs if self.attention_lrs is None else self.attention_lrs:
             out[f"attn r={attention_rank} lr={lr:g}"] = {**lora, "lora_r": attention_rank,
                                                          "lora_target_modules": list(ATTENTION), "learning_rate": lr}
         return out
@@ -258,3 +259,29 @@ def _se(values: Sequence[float]) -> float:
         return math.nan
     mean = sum(values) / n
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def combine_sweeps(*records: dict) -> list[dict]:
+    """The per-seed results of several sweep records as one list, for :func:`summarize_sweep`.
+
+    Each record (``python -m benchmarks.lora_regret``'s output) must hold the same
+    seeds with the same recipe, so every seed's warm start is the same one; a
+    setting that two records both ran must have given the same final accuracy
+    (on the same machine a run repeats exactly), else ValueError.
+    """
+    if not records:
+        raise ValueError("no records to combine")
+    recipe = records[0]["sweep"]["recipe"]
+    seeds = [r["seed"] for r in records[0]["seeds"]]
+    combined = {s: {"seed": s, "settings": {}} for s in seeds}
+    for record in records:
+        if record["sweep"]["recipe"] != recipe or [r["seed"] for r in record["seeds"]] != seeds:
+            raise ValueError(f"{record['command']!r} ran another recipe or other seeds than {records[0]['command']!r}")
+        for run in record["seeds"]:
+            into = combined[run["seed"]]["settings"]
+            for name, result in run["settings"].items():
+                if name in into and into[name]["final_accuracy"] != result["final_accuracy"]:
+                    raise ValueError(f"seed {run['seed']}, {name}: the records disagree "
+                                     f"({into[name]['final_accuracy']} and {result['final_accuracy']})")
+                into.setdefault(name, result)
+    return [combined[s] for s in seeds]
