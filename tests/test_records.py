@@ -64,7 +64,8 @@ PROVENANCE = {
     "thinking_warm_start.safetensors": ("thinking_results.json", None),
     "step_policy.safetensors": ("step_policy.safetensors", "metadata"),  # its own metadata
     "gpu_proof.json": ("gpu_proof.json", None),
-    "lora_regret.json": ("lora_regret.json", None),  # made on a lent GPU; tests/test_gpu_proof.py checks it
+    "lora_regret.json": ("lora_regret.json", None),
+    "lora_regret_lower.json": ("lora_regret_lower.json", None),  # made on a lent GPU; tests/test_gpu_proof.py checks it
 }
 
 
@@ -543,14 +544,15 @@ def test_step_policy_is_what_its_command_makes():
 
 
 @pytest.mark.slow
-def test_lora_record_reproduces_its_first_steps():
+@pytest.mark.parametrize("name", ["lora_regret.json", "lora_regret_lower.json"])
+def test_lora_record_reproduces_its_first_steps(name):
     """Seed 0's warm start, then one GRPO step of full fine-tuning and of rank-1 LoRA at their best rates."""
     pytest.importorskip("peft")
     from benchmarks import lora_regret as bench
     from grpo_tutorial.chapters.low_rank import run_setting
     from grpo_tutorial.chapters.recipes import build_recipe_model, make_recipe_data, warm_start
 
-    record = read_data("lora_regret.json")
+    record = read_data(name)
     args = bench.build_parser().parse_args(script_args(record["command"], "benchmarks.lora_regret"))
     sweep = bench.sweep_for(args)
     assert sweep.to_dict() == record["sweep"]

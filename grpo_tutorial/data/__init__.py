@@ -49,6 +49,9 @@ safetensors``                   chapter 13 trains live (weights, not readable
                                 LoRA adapters (ranks 1, 4, 16, attention only) over
                                 learning-rate grids, 5 seeds, the held-out curves
                                 (``python -m benchmarks.lora_regret``)
+``lora_regret_lower.json``      the same experiment's LoRA grid extended to lower
+                                learning rates, the same seeds (the same command
+                                with ``--lora-lrs``; ``chapters.low_rank.combine_sweeps``)
 =============================== ==================================================
 """
 
@@ -75,6 +78,7 @@ DATA_FILES = (
     "step_policy.safetensors",
     "gpu_proof.json",
     "lora_regret.json",
+    "lora_regret_lower.json",
 )
 
 
