@@ -401,6 +401,11 @@ ALLOWED = {
     ("run/lock.py", "_holder"): "the lock is held either way; the message says the holder is unknown and why",
     ("run/lock.py", "_try_flock"): "BlockingIOError is the answer 'held by another file': the caller raises RunLockedError",
     ("__main__.py", "main"): "the command line's top level prints the error as one line and exits 2",
+    ("pretrained.py", "_http_status"): "a response without its request (requests builds it lazily): its own url is used",
+    ("env.py", "gpu_name"): "nvidia-smi did not answer: the name says so, instead of starting CUDA to ask",
+    ("chapters/colab.py", "mount_drive"): "Drive declined, timed out or absent: printed, and the run goes to the "
+                                          "runtime's disk, which its plan says is lost with the runtime",
+    ("chapters/colab.py", "free_bytes"): "the free space cannot be read: None, and the quota check says so",
 }
 BROAD = {"OSError", "IOError", "EnvironmentError", "Exception", "BaseException", "PermissionError",
          "FileNotFoundError", "BlockingIOError", "FileExistsError", "IsADirectoryError"}

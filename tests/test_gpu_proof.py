@@ -20,7 +20,7 @@ from benchmarks import gpu_proof
 from grpo_tutorial.chapters.gsm8k import GPU_PEAKS, T4_BANDWIDTH, T4_FP32_FLOPS, published_peaks, t4_step_estimate
 from grpo_tutorial.data import read_data
 
-CHEAP_TEST = "tests/test_gpu_path.py::test_a_t4_gets_float16_not_emulated_bfloat16"
+CHEAP_TEST = "tests/test_gpu_path.py::test_a_t4_generates_in_float16_not_emulated_bfloat16"
 
 
 def shape(value):
