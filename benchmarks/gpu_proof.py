@@ -14,8 +14,9 @@ that chapter 9 prints (``grpo_tutorial/data/gpu_proof.json``):
    capped at what a Colab T4 leaves it (:data:`T4_CAP_BYTES`). One warm-up step, one
    measured step and a checkpoint save; for each stage (generation with its KV
    cache, the scoring forward pass, backward, optimizer step, checkpoint save) the
-   seconds and the peak allocated and reserved memory. Full fine-tuning; LoRA is
-   recorded as not measured until the trainer trains adapters.
+   seconds and the peak allocated and reserved memory. Twice: full fine-tuning
+   (``qwen2.5-0.5b-colab-t4-full``, mode ``full``) and LoRA adapters (the default
+   preset, mode ``lora``), each on a fresh model with the same weights.
 3. ``tiny_recipe``: chapter 8's tiny recipe (warm start, GRPO, held-out accuracy
    before and after) for one seed, on the GPU.
 
@@ -55,7 +56,8 @@ from benchmarks.common import ROOT, package_commit  # noqa: E402
 
 DEFAULT_OUT = ROOT / "grpo_tutorial" / "data" / "gpu_proof.json"
 DRY_RUN_OUT = ROOT / "runs" / "gpu_proof_dry_run.json"  # runs/ is not committed
-PRESET = "qwen2.5-0.5b-colab-t4"
+PRESET = "qwen2.5-0.5b-colab-t4"  # LoRA adapters, the chapter's default
+FULL_PRESET = "qwen2.5-0.5b-colab-t4-full"  # every weight trained
 PROMPT_TOKENS = 150  # chapter 9's assumption for a GSM8K prompt with its system prompt and template
 GiB = 2**30
 #: What PyTorch reports as a Colab T4's total memory (``torch.cuda.get_device_properties``;
@@ -83,7 +85,6 @@ STAGES = {
     "backward_seconds": "backward", "optimizer_seconds": "optimizer_step",
 }
 CUDA_TESTS = ("tests/test_cuda.py", "tests/test_gpu_path.py")
-LORA_NOT_MEASURED = "GRPOTrainer has no LoRA adapters yet (issue 32); this script measures them once it does"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -291,12 +292,13 @@ def measure_checkpoint(trainer, cuda: bool) -> dict[str, Any]:
 
 
 def qwen_step(device: torch.device, *, dry_run: bool, max_new_tokens: int | None) -> dict[str, Any]:
-    """The T4 preset's step at Qwen2.5-0.5B's size (a tiny stand-in in a dry run), full fine-tuning."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    """The T4 preset's step at Qwen2.5-0.5B's size (a tiny stand-in in a dry run): full fine-tuning, then LoRA.
 
-    from grpo_tutorial.chapters.gsm8k import enable_gradient_checkpointing
+    ``full`` is the full-weight preset (:data:`FULL_PRESET`), ``lora`` the default
+    one (:data:`PRESET`, LoRA adapters); both at the same shapes, each on a fresh
+    model with the same random weights.
+    """
     from grpo_tutorial.presets import get_preset
-    from grpo_tutorial.trainer import GRPOTrainer
 
     cuda = device.type == "cuda"
     architecture = TINY_ARCHITECTURE if dry_run else QWEN_ARCHITECTURE
@@ -304,48 +306,59 @@ def qwen_step(device: torch.device, *, dry_run: bool, max_new_tokens: int | None
     overrides = dict(use_chat_template=False, system_prompt=None, log_completions=False, seed=0)
     if budget is not None:
         overrides["max_new_tokens"] = budget
-    config = get_preset(PRESET, **overrides)
-    vocab = architecture["vocab_size"]
-    eos_id, pad_id = (151_645, 151_643) if not dry_run else (vocab - 1, vocab - 2)  # Qwen's <|im_end|>, <|endoftext|>
+    configs = {"full": get_preset(FULL_PRESET, **overrides), "lora": get_preset(PRESET, **overrides)}
+    config = configs["lora"]
     shapes = {"prompts": config.prompts_per_step, "group_size": config.group_size,
               "completions": config.prompts_per_step * config.group_size, "prompt_tokens": PROMPT_TOKENS,
               "max_new_tokens": config.max_new_tokens, "micro_batch_size": config.micro_batch_size}
-    out: dict[str, Any] = {"preset": PRESET, "shapes": shapes, "modes": {}}
+    out: dict[str, Any] = {"preset": PRESET, "full_preset": FULL_PRESET, "shapes": shapes, "modes": {}}
+    for mode, mode_config in configs.items():
+        out["modes"][mode], out["model"] = _measure_mode(device, architecture, mode_config, cuda, mode)
+    return out
+
+
+def _measure_mode(device: torch.device, architecture: dict, config, cuda: bool, mode: str) -> tuple[dict, dict]:
+    """Two steps (a warm-up and the measured one) and a checkpoint save of ``config`` on a fresh random model."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_tutorial.chapters.gsm8k import enable_gradient_checkpointing
+    from grpo_tutorial.trainer import GRPOTrainer
+
+    vocab = architecture["vocab_size"]
+    eos_id, pad_id = (151_645, 151_643) if vocab > 1000 else (vocab - 1, vocab - 2)  # Qwen's <|im_end|>, <|endoftext|>
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen2ForCausalLM(Qwen2Config(**architecture, eos_token_id=eos_id, pad_token_id=pad_id))
     model.generation_config.eos_token_id = eos_id
     model.generation_config.pad_token_id = pad_id
     enable_gradient_checkpointing(model)
-    out["model"] = {"architecture": architecture, "parameters": sum(p.numel() for p in model.parameters()),
-                    "dtype": str(model.dtype).replace("torch.", ""), "gradient_checkpointing": True,
-                    "weights": "random (the architecture's memory and time, not its answers)"}
+    about = {"architecture": architecture, "parameters": sum(p.numel() for p in model.parameters()),
+             "dtype": str(model.dtype).replace("torch.", ""), "gradient_checkpointing": True,
+             "weights": "random (the architecture's memory and time, not its answers)"}
     tokenizer = synthetic_tokenizer(vocab, eos_id, pad_id)
     prompts = synthetic_prompts(config.prompts_per_step, PROMPT_TOKENS, vocab, {eos_id, pad_id})
     batch = [{"prompt": p, "answer": "0"} for p in prompts]
-    full: dict[str, Any] = {"status": "measured", "error": None}
+    result: dict[str, Any] = {"status": "measured", "error": None}
     trainer = None
     try:
         trainer = GRPOTrainer(model, tokenizer, [odd_length_reward, sevens_reward], config)
-        full["trainable_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        print(f"qwen_step: {out['model']['parameters']:,} parameters on {device}; warm-up step", flush=True)
-        full["warmup_step"] = measure_step(trainer, batch, cuda)
-        print("qwen_step: measured step", flush=True)
-        full["step"] = measure_step(trainer, batch, cuda)
+        result["trainable_parameters"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        print(f"qwen_step ({mode}): {about['parameters']:,} parameters on {device}; warm-up step", flush=True)
+        result["warmup_step"] = measure_step(trainer, batch, cuda)
+        print(f"qwen_step ({mode}): measured step", flush=True)
+        result["step"] = measure_step(trainer, batch, cuda)
         # between steps: the weights, their gradients (freed at the next update's start) and Adam's moments
-        full["state_bytes"] = torch.cuda.memory_allocated() if cuda else None
-        print("qwen_step: checkpoint save", flush=True)
-        full["checkpoint"] = measure_checkpoint(trainer, cuda)
+        result["state_bytes"] = torch.cuda.memory_allocated() if cuda else None
+        print(f"qwen_step ({mode}): checkpoint save", flush=True)
+        result["checkpoint"] = measure_checkpoint(trainer, cuda)
     except torch.OutOfMemoryError as error:  # a finding, not a crash: the record says where
-        full.update(status="out of memory", error=str(error)[:2000])
+        result.update(status="out of memory", error=str(error)[:2000])
     finally:
         del trainer, model
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
-    out["modes"]["full"] = full
-    out["modes"]["lora"] = {"status": "not measured", "error": LORA_NOT_MEASURED}
-    return out
+    return result, about
 
 
 # ---------------------------------------------------------------------------

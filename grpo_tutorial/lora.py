@@ -118,6 +118,12 @@ def _seeded_init(seed: int) -> Iterator[None]:
 def wrap_with_adapters(model: torch.nn.Module, config: GRPOConfig) -> Any:
     """``model`` with new LoRA adapters (``peft.get_peft_model``, in place), ``A`` drawn from the run's seed, ``B = 0``."""
     peft = require_peft()
+    if getattr(model, "peft_config", None):
+        raise ValueError(
+            f"this {type(model).__name__} already carries LoRA adapters: PEFT added them in place, for an earlier "
+            "GRPOTrainer, and a second set would be added beside them. Load the model again to start a new run, "
+            "or pass that trainer's trainer.model (the PeftModel) to train the same adapters on"
+        )
     with _seeded_init(config.seed):
         return peft.get_peft_model(model, lora_config(config))
 

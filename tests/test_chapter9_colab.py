@@ -12,7 +12,18 @@ import nbformat
 import pytest
 import torch
 
-from grpo_tutorial.chapters.gsm8k import SETUP_MINUTES, session_estimate, t4_step_estimate
+from grpo_tutorial.chapters.gsm8k import (
+    GSM8K_FULL_PRESET,
+    GSM8K_PRESET,
+    GSM8K_STEPS,
+    GSM8K_TEST_SIZE,
+    SETUP_MINUTES,
+    lora_trainable_params,
+    session_estimate,
+    t4_memory_estimate,
+    t4_run_estimate,
+    t4_step_estimate,
+)
 from grpo_tutorial.data import read_data
 from grpo_tutorial.env import describe_environment, gpu_name, show_download_progress
 from grpo_tutorial.models import use_expandable_segments
@@ -101,19 +112,64 @@ def test_chapter_9_shows_downloads():
 
 def test_the_session_estimate_adds_up_from_the_gpu_proof_record():
     record = read_data("gpu_proof.json")
-    config = get_preset("qwen2.5-0.5b-colab-t4")
+    config = get_preset(GSM8K_PRESET)
     est = session_estimate(record, config, 50, 200)
-    step = t4_step_estimate(record)
-    assert est["parts"]["training"] == pytest.approx((50 * step["step_low"] / 60, 50 * step["step_scaled"] / 60))
-    generation = step["phases"]["generation"]
+    run = est["run"]
+    assert run == t4_run_estimate(record, config)
+    assert est["parts"]["training"] == pytest.approx((50 * run["step"][0] / 60, 50 * run["step"][1] / 60))
     batches = -(-200 // config.eval_batch_size)
     assert est["parts"]["evaluation before"] == pytest.approx(
-        (batches * generation["t4_low"] / 60, batches * generation["t4_scaled"] / 60))
+        (batches * run["eval_batch"][0] / 60, batches * run["eval_batch"][1] / 60))
+    assert est["parts"]["evaluation after"] == est["parts"]["evaluation before"]
+    assert est["parts"]["probe"] == pytest.approx((run["generation"][0] / 60, run["generation"][1] / 60))
     assert est["parts"]["setup"] == (SETUP_MINUTES, SETUP_MINUTES)
     assert est["total"] == pytest.approx(tuple(sum(p[i] for p in est["parts"].values()) for i in (0, 1)))
-    low, high = est["total"]
-    assert 0 < low < high
+    assert all(low < high for low, high in est["parts"].values() if low != SETUP_MINUTES)
     longer = session_estimate(record, config, 100, 200)
-    assert longer["total"][0] > low and longer["total"][1] > high
-    with pytest.raises(ValueError, match="make gpu-proof"):
-        session_estimate(record, get_preset("qwen2.5-0.5b-colab-t4", max_new_tokens=512), 50, 200)
+    assert longer["total"][0] > est["total"][0] and longer["total"][1] > est["total"][1]
+    with pytest.raises(ValueError, match="n_eval must be an int >= 1"):
+        session_estimate(record, config, 50, 0)
+
+
+def test_the_run_estimate_at_the_records_own_shapes_gives_back_what_was_measured():
+    """Carried to the record's own shapes (full fine-tuning, 256 tokens) and its own GPU, the model returns the
+    measured phases; carried to a T4, its training matches t4_step_estimate's two ends."""
+    record = read_data("gpu_proof.json")
+    shapes, full = record["qwen_step"]["shapes"], record["qwen_step"]["modes"]["full"]["step"]
+    same = get_preset(GSM8K_FULL_PRESET, max_new_tokens=shapes["max_new_tokens"], eval_batch_size=shapes["completions"])
+    run = t4_run_estimate(record, same)
+    step = t4_step_estimate(record)
+    training = step["phases"]["training"]
+    assert run["training"] == pytest.approx((training["t4_low"], training["t4_scaled"]))
+    assert run["share"] == pytest.approx(training["share_of_bound"])
+    # generation: the unexplained time per token plus the measuring GPU's own bound is the measured time
+    here = step["phases"]["generation"]
+    assert run["overhead_per_token"] * shapes["max_new_tokens"] + here["bound_here"] == pytest.approx(here["measured"])
+    assert run["generation"][0] == pytest.approx(run["overhead_per_token"] * shapes["max_new_tokens"] + here["t4_bound"])
+    assert run["trainable"] == record["qwen_step"]["model"]["parameters"]
+    # the memory estimate at the record's shapes is the record's measured peak
+    memory = t4_memory_estimate(record, same)
+    backward = full["stages"]["backward"]["peak_allocated"]
+    assert memory["training"] == pytest.approx(backward)
+    assert memory["peak_reserved"] == pytest.approx(full["peak_reserved"] * backward / full["peak_allocated"])
+
+
+def test_lora_makes_the_step_cheaper_and_the_default_session_fits_an_hour_and_a_t4():
+    record = read_data("gpu_proof.json")
+    lora, full = get_preset(GSM8K_PRESET), get_preset(GSM8K_FULL_PRESET)
+    with_lora, without = t4_run_estimate(record, lora), t4_run_estimate(record, full)
+    assert with_lora["generation"] == without["generation"]  # the same sampling
+    # frozen weights: the backward is one forward instead of two, so training costs about 3/4 (with checkpointing)
+    assert 0.6 < with_lora["training"][1] / without["training"][1] < 0.8
+    assert with_lora["trainable"] == lora_trainable_params(record["qwen_step"]["model"]["architecture"], 32)
+    assert with_lora["trainable"] < 0.04 * without["trainable"]
+    # the notebook's promise: the whole GPU notebook within an hour on a T4, evaluations on all 1,319 problems
+    low, high = session_estimate(record, lora, GSM8K_STEPS, GSM8K_TEST_SIZE)["total"]
+    assert 20 < low < high <= 60
+    memory = t4_memory_estimate(record, lora)
+    assert memory["fits"] and memory["peak_reserved"] < 0.8 * memory["cap"]
+    assert t4_memory_estimate(record, full)["fits"]  # full fine-tuning fits too, with less to spare
+    # training: LoRA keeps no gradients or AdamW moments for the 494M frozen weights, 12 bytes each
+    n = record["qwen_step"]["model"]["parameters"]
+    assert t4_memory_estimate(record, full)["training"] - memory["training"] == pytest.approx(
+        12 * n - 16 * with_lora["trainable"])

@@ -17,8 +17,16 @@ import shlex
 import pytest
 
 from benchmarks import gpu_proof
-from grpo_tutorial.chapters.gsm8k import GPU_PEAKS, T4_BANDWIDTH, T4_FP32_FLOPS, published_peaks, t4_step_estimate
+from grpo_tutorial.chapters.gsm8k import (
+    GPU_PEAKS,
+    T4_BANDWIDTH,
+    T4_FP32_FLOPS,
+    lora_trainable_params,
+    published_peaks,
+    t4_step_estimate,
+)
 from grpo_tutorial.data import read_data
+from grpo_tutorial.presets import get_preset
 
 CHEAP_TEST = "tests/test_gpu_path.py::test_a_t4_generates_in_float16_not_emulated_bfloat16"
 
@@ -39,7 +47,16 @@ def dry_run(tmp_path_factory):
 
 def test_the_dry_run_writes_every_field_of_the_committed_record(dry_run):
     committed = read_data("gpu_proof.json")
-    assert shape(dry_run) == shape(committed)
+    wanted = shape(dry_run)
+    if committed["qwen_step"]["modes"]["lora"]["status"] == "not measured":
+        # made before the script measured LoRA (no GPU has been lent since): every other field must match
+        assert "full_preset" not in committed["qwen_step"]
+        del wanted["qwen_step"]["full_preset"], wanted["qwen_step"]["modes"]["lora"]
+        got = shape(committed)
+        del got["qwen_step"]["modes"]["lora"]
+        assert got == wanted
+    else:
+        assert shape(committed) == wanted
     assert dry_run["dry_run"] is True and dry_run["device"]["type"] == "cpu"
     assert dry_run["command"].startswith("python -m benchmarks.gpu_proof --dry-run --out ")
 
@@ -54,7 +71,14 @@ def test_the_dry_run_measures_every_stage_it_can_on_a_cpu(dry_run):
         assert step["stages"]["generation"]["seconds"] > 0 and step["stages"]["backward"]["seconds"] > 0
         assert all(s["peak_allocated"] is None for s in step["stages"].values())  # no CUDA allocator on a CPU
     assert full["checkpoint"]["bytes_on_disk"] > 12 * full["trainable_parameters"]  # float32 weights + Adam's 2 moments
-    assert dry_run["qwen_step"]["modes"]["lora"]["status"] == "not measured"
+    lora = dry_run["qwen_step"]["modes"]["lora"]
+    assert lora["status"] == "measured" and shape(lora) == shape(full)  # the same fields, measured the same way
+    # the adapters only, as many as chapter 9's estimate counts (PEFT's own count, checked against the formula)
+    architecture = dry_run["qwen_step"]["model"]["architecture"]
+    assert lora["trainable_parameters"] == lora_trainable_params(architecture, get_preset(gpu_proof.PRESET).lora_r)
+    # a LoRA checkpoint holds the adapters and their moments, and not the base
+    assert 12 * lora["trainable_parameters"] < lora["checkpoint"]["bytes_on_disk"]
+    assert lora["checkpoint"]["bytes_on_disk"] < 12 * lora["trainable_parameters"] + 4 * full["trainable_parameters"]
     tiny = dry_run["tiny_recipe"]
     assert tiny["recipe"] == "quick" and tiny["grpo_steps"] > 0 and 0 <= tiny["after"] <= 1
 

@@ -126,7 +126,8 @@ def test_bad_gsm8k_files_are_named(tmp_path):
 
 def test_gsm8k_run_two_steps_on_cpu_with_the_gpu_preset(tokenizer, monkeypatch):
     preset = get_preset(GSM8K_PRESET)
-    assert (preset.prompts_per_step, preset.group_size, preset.micro_batch_size, preset.max_new_tokens) == (8, 8, 8, 256)
+    assert (preset.prompts_per_step, preset.group_size, preset.micro_batch_size, preset.max_new_tokens) == (8, 8, 8, 512)
+    assert preset.use_peft and preset.lora_r == 32  # LoRA adapters on every linear layer
     updates = []  # optimizer updates: the preset must give ONE per generation batch
     real_step = torch.optim.AdamW.step
     monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: (updates.append(1), real_step(self, *a, **k))[1])
@@ -173,9 +174,17 @@ def test_gsm8k_run_two_steps_on_cpu_with_the_gpu_preset(tokenizer, monkeypatch):
         assert math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])
         assert 0 < row["accuracy"] < 1  # some right, some wrong: GRPO has a signal
         assert row["frac_zero_std"] < 1
-    moved = [name for name, p in model.named_parameters() if not torch.equal(p.detach(), before[name])]
-    for i in range(2):  # inside the checkpointed layers too
-        assert any(name.startswith(f"model.layers.{i}.") for name in moved), moved
+    # the base is frozen; the adapters moved, inside the checkpointed layers too (non-reentrant
+    # checkpointing gives adapters behind frozen layers their gradients)
+    params = dict(model.named_parameters())
+    base = {name.replace(".base_layer.", "."): p for name, p in params.items() if "lora_" not in name}
+    assert base.keys() == before.keys()  # PEFT wrapped the linear layers in place
+    assert all(torch.equal(base[name].detach(), value) for name, value in before.items())
+    adapters = {name: p for name, p in params.items() if "lora_B" in name}
+    assert adapters and all(p.requires_grad for p in adapters.values())
+    for i in range(2):
+        moved = [name for name, p in adapters.items() if f"layers.{i}." in name and p.detach().abs().sum() > 0]
+        assert len(moved) == 7, (i, moved)  # B starts at zero: q, k, v, o, gate, up and down all trained
 
     # what evaluation really rendered (captured at generate) is checked in tests/test_evaluation.py
     trainer = result["trainer"]
@@ -189,6 +198,13 @@ def test_gsm8k_run_two_steps_on_cpu_with_the_gpu_preset(tokenizer, monkeypatch):
         assert evaluation["correct"] == expected
     assert math.isfinite(result["gain"]) and math.isfinite(result["gain_se"])
     assert trainer.step == 2
+    # both scorers: the lenient one is the evaluation's own judgement, the strict one needs a \boxed{} answer
+    scores = result["scores"]
+    assert scores["n"] == 12
+    assert scores["lenient"]["before"] == result["before"]["accuracy"]
+    assert scores["lenient"]["gain"] == pytest.approx(result["gain"])
+    assert scores["strict"]["before"] == scores["strict"]["after"] == 0.0  # a digit, never boxed
+    assert scores["boxed"] == {"before": 0.0, "after": 0.0}
 
 
 def test_gsm8k_run_rejects_bad_arguments(tokenizer):
@@ -455,9 +471,13 @@ def test_resume_refuses_what_it_cannot_honour(tokenizer, tmp_path):
     # a checkpoint without the stored 'before': the trained model cannot stand in for the untrained one
     gsm8k_run(model, tokenizer, GSM8K_PRESET, train_rows, [], steps=1, output_dir=tmp_path, max_new_tokens=2,
               checkpoint_every=1)
-    with pytest.raises(FileNotFoundError, match="holds a checkpoint but no matching eval_before.json"):
+    # the same model again: PEFT wrapped it in place, so a second run on it is refused, by name
+    with pytest.raises(ValueError, match="already carries LoRA adapters.*Load the model again"):
         gsm8k_run(model, tokenizer, GSM8K_PRESET, train_rows, eval_rows, steps=2, output_dir=tmp_path,
                   resume=True, max_new_tokens=2, checkpoint_every=1)
+    with pytest.raises(FileNotFoundError, match="holds a checkpoint but no matching eval_before.json"):
+        gsm8k_run(tiny_qwen2_answering_digits(tokenizer), tokenizer, GSM8K_PRESET, train_rows, eval_rows, steps=2,
+                  output_dir=tmp_path, resume=True, max_new_tokens=2, checkpoint_every=1)
 
 
 def test_the_gpu_path_shows_a_progress_bar_with_the_reward(tokenizer, monkeypatch, capsys):
@@ -469,7 +489,7 @@ def test_the_gpu_path_shows_a_progress_bar_with_the_reward(tokenizer, monkeypatc
     gsm8k_run(model, tokenizer, GSM8K_PRESET, rows, (), steps=1, max_new_tokens=2)
     assert "reward=" not in capsys.readouterr().err  # on the CPU: no bar
     monkeypatch.setattr(gsm8k, "_on_gpu", lambda m: True)
-    gsm8k_run(model, tokenizer, GSM8K_PRESET, rows, (), steps=2, max_new_tokens=2)
+    gsm8k_run(tiny_qwen2_answering_digits(tokenizer), tokenizer, GSM8K_PRESET, rows, (), steps=2, max_new_tokens=2)
     err = capsys.readouterr().err
     assert "GRPO" in err and "reward=" in err and "2/2" in err
 

@@ -16,7 +16,8 @@ from grpo_tutorial.presets import PRESETS, SMOLLM2_SYSTEM_PROMPT, get_preset
 
 
 def test_every_preset_is_a_valid_config():
-    assert set(PRESETS) == {"tiny-cpu", "smollm2-cpu", "long-addition-cpu", "qwen2.5-0.5b-colab-t4"}
+    assert set(PRESETS) == {"tiny-cpu", "smollm2-cpu", "long-addition-cpu", "qwen2.5-0.5b-colab-t4",
+                            "qwen2.5-0.5b-colab-t4-full"}
     for name, config in PRESETS.items():
         assert isinstance(config, GRPOConfig), name
         # re-running validation on the same values must not raise
@@ -42,12 +43,23 @@ def test_tiny_cpu_is_the_calibrated_recipe():
 
 
 def test_t4_preset_values_are_those_chapter_9_cites():
+    """LoRA by default (chapter 9, section 9.6 gives each value's source), full fine-tuning one switch away."""
     assert _changed(get_preset("qwen2.5-0.5b-colab-t4")) == {
-        "prompts_per_step": 8, "max_new_tokens": 256, "learning_rate": 5e-6, "warmup_steps": 5,
+        "prompts_per_step": 8, "max_new_tokens": 512, "learning_rate": 3e-5, "warmup_steps": 4,
         "micro_batch_size": 8, "reward_weights": [1.0, 0.1],
+        "use_peft": True, "lora_r": 32, "lora_dropout": 0.0,  # verl's 0.5B GRPO-LoRA row (alpha 32: the default), no dropout
         "system_prompt": "Solve the problem step by step, briefly. Put the final number in \\boxed{}.",
-        "log_every": 10, "log_completions": True, "num_completions_to_print": 4, "checkpoint_every": 25,
+        "log_every": 10, "log_completions": True, "num_completions_to_print": 4, "checkpoint_every": 5,
+        "eval_batch_size": 256,
     }
+    lora, full = get_preset("qwen2.5-0.5b-colab-t4"), get_preset("qwen2.5-0.5b-colab-t4-full")
+    assert lora.lora_target_modules == "all-linear" and lora.lora_alpha == 32.0  # every linear layer but the output
+    # the switch: every weight trained, at the full-weight rate (LoRA's is 6x it), the rest the same run
+    assert _changed(full).keys() - _changed(lora).keys() == set()
+    assert {k for k in _changed(lora) if getattr(lora, k) != getattr(full, k)} == {
+        "use_peft", "learning_rate", "checkpoint_every", "eval_batch_size"}
+    assert (full.use_peft, full.learning_rate, full.checkpoint_every, full.eval_batch_size) == (False, 5e-6, 20, 128)
+    assert lora.learning_rate == pytest.approx(6 * full.learning_rate)
 
 
 def _module_level_presets(path: Path) -> list[str]:

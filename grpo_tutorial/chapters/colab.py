@@ -35,6 +35,7 @@ from typing import Any
 
 from .._checks import check_int
 from ..run import find_checkpoint, read_meta
+from ..lora import is_peft_model
 from ..run.checkpoint import RESUME_FREE_FIELDS
 
 __all__ = [
@@ -168,13 +169,23 @@ def temporary_root() -> Path:
     return Path(tempfile.mkdtemp(prefix="grpo-chapter9-"))
 
 
-def estimate_checkpoint_bytes(model: Any) -> int:
+def estimate_checkpoint_bytes(model: Any, config: Any = None) -> int:
     """A checkpoint's size before the first save: every weight, plus AdamW's two moments per trainable weight.
 
-    The scheduler, the RNG states and ``trainer_state.json`` add kilobytes; a
-    reference model (``beta > 0``) would add its weights once more.
+    With a ``config`` that has ``use_peft`` (and a model not wrapped yet), the
+    checkpoint holds only the LoRA adapters it will get (``r * (in + out)`` per
+    targeted layer, :func:`~grpo_tutorial.chapters.low_rank.lora_parameter_count`)
+    and their two moments, in the base's dtype. The scheduler, the RNG states
+    and ``trainer_state.json`` add kilobytes; a reference model (``beta > 0``,
+    full fine-tuning) would add its weights once more.
     """
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if config is not None and getattr(config, "use_peft", False) and not is_peft_model(model):
+        from .low_rank import lora_parameter_count
+
+        size = next(model.parameters()).element_size()
+        return 3 * size * lora_parameter_count(model, config.lora_r, config.lora_target_modules)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters()
+                  if p.requires_grad or not is_peft_model(model))
     moments = sum(2 * p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return weights + moments
 

@@ -26,15 +26,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .recipes import paired_gain
+from .recipes import accuracy_with_se, paired_gain
 from .._checks import check_flag, check_int, check_number
-from ..answers import completion_to_text, last_boxed, last_number
-from ..rewards import correctness_reward
+from ..answers import answers_match, completion_to_text, extract_answer, last_boxed, last_number
+from ..rewards import compute_rewards, correctness_reward
+from ..rollout import generate_rollouts
 from ..tasks import DatasetUnavailableError, gsm8k_rows, load_gsm8k, train_test_split_arithmetic
 from ..run import dataset_fingerprint, disk_errors, find_checkpoint, read_meta
 from ..run.disk import write_durably
@@ -60,8 +62,14 @@ __all__ = [
     "smollm2_cpu_data",
 ]
 
-#: The preset of chapter 9's GPU run.
+#: The preset of chapter 9's GPU run: LoRA adapters on Qwen2.5-0.5B-Instruct.
 GSM8K_PRESET = "qwen2.5-0.5b-colab-t4"
+#: The same run with every weight trained (``use_peft=False``): the switch chapter 9 offers.
+GSM8K_FULL_PRESET = "qwen2.5-0.5b-colab-t4-full"
+#: Problems in GSM8K's test split, all of which chapter 9's GPU run evaluates.
+GSM8K_TEST_SIZE = 1319
+#: The GPU run's steps: what fits, with both evaluations, in an hour on a T4 (:func:`session_estimate`).
+GSM8K_STEPS = 40
 
 
 def smollm2_cpu_data(n_train: int = 2000, n_test: int = 200, seed: int = 0) -> tuple[list[dict], list[dict]]:
@@ -99,6 +107,186 @@ T4_BANDWIDTH = 320e9
 
 
 # ---------------------------------------------------------------------------
+# Scoring an evaluation two ways, and the probe before training
+# ---------------------------------------------------------------------------
+
+
+def strict_correct(completion: Any, answer: Any) -> bool:
+    """Right by the strict scorer: the completion's last ``\\boxed{...}`` holds the reference answer.
+
+    An unboxed answer is wrong here, however right its number: this scorer
+    counts only what the system prompt asks for, so learning the format shows in it.
+    """
+    boxed = last_boxed(completion_to_text(completion))
+    return boxed is not None and answers_match(extract_answer(f"\\boxed{{{boxed}}}"), answer)
+
+
+def lenient_correct(completion: Any, answer: Any) -> bool:
+    """Right by the lenient scorer: the answer ``extract_answer`` finds (the boxed one, else the last
+    number of the text) equals the reference. This is the correctness reward's own judgement."""
+    return answers_match(extract_answer(completion_to_text(completion)), answer)
+
+
+#: The two scorers of chapter 9's evaluations, by name. Every strict hit is a lenient hit.
+SCORERS: dict[str, Callable[[Any, Any], bool]] = {"strict": strict_correct, "lenient": lenient_correct}
+
+
+def score_evaluation(result: dict) -> dict:
+    """An evaluation (``trainer.evaluate``'s dict, or one read back from a run folder) scored both ways.
+
+    Returns ``n``; for each scorer of :data:`SCORERS`, ``{"accuracy", "se",
+    "correct"}`` (one flag per problem, in order, for a paired comparison);
+    ``boxed`` (the share of completions with a ``\\boxed{}`` number) and
+    ``truncated`` (the share cut off by the token budget), each with its
+    standard error as ``boxed_se`` and ``truncated_se``.
+    """
+    records = result.get("records") if isinstance(result, dict) else None
+    if not records:
+        raise ValueError("score_evaluation needs an evaluation with its per-problem 'records' "
+                         "(trainer.evaluate's result, or a stored eval_before.json / eval_after.json)")
+    out: dict[str, Any] = {"n": len(records)}
+    for name, scorer in SCORERS.items():
+        correct = [bool(scorer(r["completion"], r["answer"])) for r in records]
+        accuracy, se = accuracy_with_se(correct)
+        out[name] = {"accuracy": accuracy, "se": se, "correct": correct}
+    for key, flags in (("boxed", [bool(boxed_reward([r["completion"]])[0]) for r in records]),
+                       ("truncated", [bool(r["truncated"]) for r in records])):
+        out[key], out[f"{key}_se"] = accuracy_with_se(flags)
+    return out
+
+
+def compare_scores(before: dict, after: dict) -> dict:
+    """Before against after, on the same problems, for each scorer: accuracies, their SEs, the paired gain and its SE.
+
+    ``before`` and ``after`` are :func:`score_evaluation`'s dicts. Returns
+    ``{scorer: {"before", "before_se", "after", "after_se", "gain", "gain_se"}}``
+    for each of :data:`SCORERS`, plus ``"boxed"`` and ``"truncated"``:
+    ``{"before", "after"}`` shares, and ``n``.
+    """
+    if before["n"] != after["n"]:
+        raise ValueError(f"before and after scored {before['n']} and {after['n']} problems; compare the same problems")
+    out: dict[str, Any] = {"n": before["n"]}
+    for name in SCORERS:
+        gain, gain_se = paired_gain(before[name]["correct"], after[name]["correct"])
+        out[name] = {"before": before[name]["accuracy"], "before_se": before[name]["se"],
+                     "after": after[name]["accuracy"], "after_se": after[name]["se"],
+                     "gain": gain, "gain_se": gain_se}
+    for key in ("boxed", "truncated"):
+        out[key] = {"before": before[key], "after": after[key]}
+    return out
+
+
+def score_lines(comparison: dict) -> list[str]:
+    """:func:`compare_scores`'s result as a small table, one line per scorer and share."""
+    lines = [f"{'':<22}{'before':>14}{'after':>14}{'paired gain':>22}"]
+    for name in SCORERS:
+        c = comparison[name]
+        z = c["gain"] / c["gain_se"] if c["gain_se"] > 0 else math.nan
+        lines.append(f"{name + ' accuracy':<22}{c['before']:>8.3f} ±{c['before_se']:.3f}{c['after']:>8.3f} "
+                     f"±{c['after_se']:.3f}{c['gain']:>+10.3f} ±{c['gain_se']:.3f} ({z:+.1f} SE)")
+    for key, label in (("boxed", "boxed share"), ("truncated", "truncated share")):
+        lines.append(f"{label:<22}{comparison[key]['before']:>14.3f}{comparison[key]['after']:>14.3f}")
+    lines.append(f"(n = {comparison['n']} problems; ± one standard error)")
+    return lines
+
+
+#: The probe's limits: above these shares, the probe says what to change before training.
+PROBE_TRUNCATED_LIMIT = 0.25
+PROBE_ZERO_STD_LIMIT = 0.5
+
+
+def probe_groups(model: Any, tokenizer: Any, config: GRPOConfig, rows: Sequence[dict], *,
+                 reward_fns: Callable | Sequence[Callable] | None = None, seed: int = 0) -> dict:
+    """One training step's sampling, without the update: ``G`` completions for each of ``rows``, scored.
+
+    It samples exactly as a step would (the config's group size, budget,
+    temperature, system prompt), in one ``generate`` call, and rewards each
+    completion with ``reward_fns`` (default: :data:`GSM8K_REWARDS` when the
+    config weighs two rewards, else ``correctness_reward``).
+
+    Returns ``right`` (``[B][G]`` correctness flags), ``rewards`` (``[B][G]``
+    weighted totals), ``zero_std`` (per group: all ``G`` rewards equal, so the
+    group teaches nothing), ``frac_zero_std``, ``all_wrong`` and ``all_right``
+    (the shares of groups with no right and with only right answers),
+    ``frac_truncated``, ``completion_len_mean``, ``completions`` and ``seconds``.
+    """
+    rows = list(rows)
+    if not rows:
+        raise ValueError("probe_groups needs at least one prompt/answer row")
+    fns = _reward_fns(config, reward_fns)
+    G = config.group_size
+    start = time.perf_counter()
+    rollout = generate_rollouts(
+        model, tokenizer, [row["prompt"] for row in rows], group_size=G, max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature, system_prompt=config.system_prompt,
+        use_chat_template=config.use_chat_template, generator_seed=seed)
+    seconds = time.perf_counter() - start
+    answers = [row["answer"] for row in rows for _ in range(G)]
+    total, _ = compute_rewards(fns, config.reward_weights, rollout.prompts, rollout.completions, answers,
+                               completion_ids=rollout.completion_id_lists())
+    right = correctness_reward(rollout.completions, answer=answers)
+    rewards = [[float(total[b * G + g]) for g in range(G)] for b in range(len(rows))]
+    hits = [[bool(right[b * G + g]) for g in range(G)] for b in range(len(rows))]
+    zero_std = [max(group) == min(group) for group in rewards]
+    return {
+        "right": hits,
+        "rewards": rewards,
+        "zero_std": zero_std,
+        "frac_zero_std": sum(zero_std) / len(rows),
+        "all_wrong": sum(not any(h) for h in hits) / len(rows),
+        "all_right": sum(all(h) for h in hits) / len(rows),
+        "frac_truncated": float(rollout.truncated.float().mean()),
+        "completion_len_mean": float(rollout.completion_lengths.float().mean()),
+        "completions": list(rollout.completions),
+        "seconds": seconds,
+    }
+
+
+def probe_advice(probe: dict, config: GRPOConfig) -> tuple[bool, list[str]]:
+    """What :func:`probe_groups` says about the session ahead: ``(fine, sentences)``.
+
+    ``fine`` is False when more than :data:`PROBE_TRUNCATED_LIMIT` of the
+    completions hit the budget (a cut-off answer earns no correctness reward
+    and teaches only "be shorter"), or more than :data:`PROBE_ZERO_STD_LIMIT`
+    of the groups have equal rewards (they teach nothing: the session would
+    spend that share of its samples for no gradient). The sentences say what
+    to change, in the config's own field names.
+    """
+    budget = config.max_new_tokens
+    lines: list[str] = []
+    truncated, zero = probe["frac_truncated"], probe["frac_zero_std"]
+    if truncated > PROBE_TRUNCATED_LIMIT:
+        lines.append(
+            f"{truncated:.0%} of the completions hit max_new_tokens={budget} before they ended: a cut-off "
+            f"answer earns no correctness reward, so that share of the session teaches only brevity. Raise "
+            f"max_new_tokens (to about {2 * budget}: the time estimate grows with it), or ask for shorter "
+            f"answers in the system prompt, and probe again.")
+    if zero > PROBE_ZERO_STD_LIMIT:
+        if probe["all_wrong"] >= probe["all_right"]:
+            lines.append(
+                f"{zero:.0%} of the groups gave all {config.group_size} completions the same reward, mostly all "
+                "wrong: the task is too hard for this model as posed. Give it more room (max_new_tokens), more "
+                "tries per problem (group_size), or easier problems, and probe again.")
+        else:
+            lines.append(
+                f"{zero:.0%} of the groups gave all {config.group_size} completions the same reward, mostly all "
+                "right: the problems are too easy to teach anything. Train on harder ones, and probe again.")
+    if lines:
+        return False, lines
+    return True, [f"{truncated:.0%} of the completions hit the budget of {budget} tokens and {zero:.0%} of the "
+                  f"groups teach nothing (limits: {PROBE_TRUNCATED_LIMIT:.0%} and {PROBE_ZERO_STD_LIMIT:.0%}): "
+                  "the settings give GRPO something to learn from."]
+
+
+def _reward_fns(config: GRPOConfig, reward_fns: Callable | Sequence[Callable] | None) -> list[Callable]:
+    """``reward_fns`` as a list; None: :data:`GSM8K_REWARDS` when the config weighs two rewards, else correctness alone."""
+    if reward_fns is None:
+        two = config.reward_weights is not None and len(config.reward_weights) == len(GSM8K_REWARDS)
+        return list(GSM8K_REWARDS) if two else [correctness_reward]
+    return [reward_fns] if callable(reward_fns) else list(reward_fns)
+
+
+# ---------------------------------------------------------------------------
 # Data
 # ---------------------------------------------------------------------------
 
@@ -127,28 +315,30 @@ def read_gsm8k_jsonl(path: str | os.PathLike) -> list[dict]:
     return gsm8k_rows(records)
 
 
-def gsm8k_data(n_eval: int = 200, *, seed: int = 0, timeout: float = 3.0) -> tuple[list[dict], list[dict], str]:
-    """GSM8K's train split and the first ``n_eval`` test problems, or a stand-in offline.
+def gsm8k_data(n_eval: int | None = None, *, seed: int = 0, timeout: float = 3.0) -> tuple[list[dict], list[dict], str]:
+    """GSM8K's train split and its test problems (all 1,319, or the first ``n_eval``), or a stand-in offline.
 
     Returns ``(train_rows, eval_rows, source)``. ``source`` says which data it is:
     ``"gsm8k"``, or, when :func:`~grpo_tutorial.tasks.load_gsm8k` raises
     :class:`~grpo_tutorial.tasks.DatasetUnavailableError` (offline, the hub
     unreachable, or an HTTP error status, a refused connection or a timeout
     during the download), a sentence naming the fallback (two-digit ``+``, ``-``,
-    ``*`` questions, 5,000 to train on and ``n_eval`` held out, split by
-    ``seed``) and the reason, which is also printed.
+    ``*`` questions, 5,000 to train on and ``n_eval`` held out (None: as
+    many as GSM8K's test set), split by ``seed``) and the reason, which is
+    also printed.
     """
-    check_int(None, "n_eval", n_eval, 1)
+    if n_eval is not None:
+        check_int(None, "n_eval", n_eval, 1)
     try:
         train_rows, eval_rows = load_gsm8k("train", timeout=timeout), load_gsm8k("test", timeout=timeout)
     except DatasetUnavailableError as err:
         train_rows, eval_rows = train_test_split_arithmetic(
-            5000, n_eval, seed, op=["+", "-", "*"], digits=2, style="question"
+            5000, GSM8K_TEST_SIZE if n_eval is None else n_eval, seed, op=["+", "-", "*"], digits=2, style="question"
         )
         source = f"generated two-digit arithmetic (GSM8K unavailable: {err})"
         print(f"gsm8k_data: falling back to {source}", flush=True)
         return train_rows, eval_rows, source
-    return train_rows, eval_rows[:n_eval], "gsm8k"
+    return train_rows, eval_rows[:n_eval] if n_eval is not None else eval_rows, "gsm8k"
 
 
 # ---------------------------------------------------------------------------
@@ -220,6 +410,9 @@ def gsm8k_run(
         (:meth:`GRPOTrainer.evaluate <grpo_tutorial.trainer.GRPOTrainer.evaluate>`'s
         dicts, or None without ``eval_rows``), ``gain`` and ``gain_se`` (paired;
         NaN without ``eval_rows``), ``train_seconds`` (this call's),
+        ``scores`` (:func:`compare_scores` of the two evaluations: the strict
+        and the lenient scorer's accuracies and paired gains, the boxed and
+        truncated shares; None without ``eval_rows``),
         ``resumed_from`` (the step the checkpoint held; 0 for a fresh run),
         ``before_from`` (the file the 'before' evaluation was read from, or None
         when it was computed now), ``after_from`` (likewise for 'after', read
@@ -252,10 +445,7 @@ def gsm8k_run(
     if progress is None:
         progress = _on_gpu(model)
     out = Path(config.output_dir) if config.output_dir is not None else None
-    if reward_fns is None:
-        two = config.reward_weights is not None and len(config.reward_weights) == len(GSM8K_REWARDS)
-        reward_fns = list(GSM8K_REWARDS) if two else correctness_reward
-    trainer = GRPOTrainer(model, tokenizer, reward_fns, config)
+    trainer = GRPOTrainer(model, tokenizer, _reward_fns(config, reward_fns), config)
 
     before, before_from = None, None
     if eval_rows:
@@ -288,7 +478,9 @@ def gsm8k_run(
             after = trainer.evaluate(eval_rows)
             _write_eval(out, "after", after, eval_rows, config)
     gain, gain_se = paired_gain(before["correct"], after["correct"]) if eval_rows else (float("nan"), float("nan"))
+    scores = compare_scores(score_evaluation(before), score_evaluation(after)) if eval_rows else None
     return {
+        "scores": scores,
         "config": config,
         "history": history,
         "before": before,
@@ -309,16 +501,23 @@ def enable_gradient_checkpointing(model: Any) -> None:
     Generation runs in eval mode and keeps its KV cache. ``benchmarks/gpu_proof.py``
     measures the GPU run's step with it.
     """
-    # transformers 5 renamed it (the old name warns); Colab may have either
-    enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
-        model, "gradient_checkpointing_enable", None
-    )
-    if enable is None:
+    # transformers 5 renamed it (the old name warns); Colab may have either. Non-reentrant
+    # checkpointing, asked for by name: transformers 4's default (reentrant) gives no gradient
+    # to LoRA adapters inside a checkpointed layer when the layer's input needs none (the
+    # frozen embeddings), unless someone remembered enable_input_require_grads().
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=NON_REENTRANT)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=NON_REENTRANT)
+    else:
         raise TypeError(
             f"gradient_checkpointing=True needs a transformers model with gradient_checkpointing_enable(); "
             f"got {type(model).__name__} (pass gradient_checkpointing=False)"
         )
-    enable()
+
+
+#: The checkpointing torch recommends, and the one that gives LoRA adapters their gradients behind frozen layers.
+NON_REENTRANT = {"use_reentrant": False}
 
 
 def _on_gpu(model: Any) -> bool:
@@ -406,6 +605,7 @@ def estimate_step_seconds(
     gradient_checkpointing: bool = True,
     reference_model: bool = False,
     share_prompt_cache: bool = True,
+    lora: bool = False,
     weight_bytes: int = 4,
     peak_flops: float = T4_FP32_FLOPS,
     bandwidth: float = T4_BANDWIDTH,
@@ -438,6 +638,9 @@ def estimate_step_seconds(
       pass split into shuffled micro-batches encodes the prompts present in
       each), except the gradient passes under checkpointing, which fall back to
       full rows (the no-grad passes run in eval mode and still share).
+      With ``lora`` the weights are frozen (LoRA adapters train instead): the
+      backward computes the gradients of the activations only, one forward's
+      FLOPs instead of two (the adapters' own small products are left out).
 
     It assumes every unit runs at its peak, and leaves out the per-token overhead
     of a generate loop, the KV-cache reads, attention's own products and the
@@ -467,6 +670,7 @@ def estimate_step_seconds(
         ("gradient_checkpointing", gradient_checkpointing),
         ("reference_model", reference_model),
         ("share_prompt_cache", share_prompt_cache),
+        ("lora", lora),
     ):
         check_flag(None, name, value)
     peak = check_number(None, "peak_flops", peak_flops, lambda v: v > 0, "a positive number")
@@ -500,7 +704,8 @@ def estimate_step_seconds(
     train_head = no_grad_passes * eval_head + num_iterations * grad_head
     train_flops = (
         no_grad_passes * (body * eval_body + head * eval_head)
-        + num_iterations * 3 * (body * grad_body + head * grad_head)  # forward + backward (2x)
+        # forward + backward: 2x the forward (activations and weights), or 1x with frozen weights (LoRA)
+        + num_iterations * (2 if lora else 3) * (body * grad_body + head * grad_head)
         + body * recomputed  # checkpointing: the layers' forward again during the backward
     )
     train_seconds = train_flops / peak
@@ -603,6 +808,108 @@ def t4_step_estimate(record: dict) -> dict:
     }
 
 
+# ---------------------------------------------------------------------------
+# Any configuration's session on a T4, from the same record
+# ---------------------------------------------------------------------------
+
+#: How many times slower than the measuring machine's the T4 session's host does the per-token work no FLOP
+#: or byte count sees (Python's loop around each generated token, kernel launches): an ASSUMPTION, for the
+#: high end of :func:`t4_run_estimate` (the low end takes 1: no slower).
+HOST_SLOWDOWN = 2.0
+
+
+def lora_trainable_params(architecture: dict, rank: int) -> int:
+    """LoRA's trained parameters on every linear layer of a Qwen2-style decoder: ``r * (in + out)`` per layer.
+
+    Seven linear layers per block (``q, k, v, o`` and the MLP's ``gate, up,
+    down``); PEFT's ``"all-linear"`` leaves out the output layer.
+    """
+    check_int(None, "rank", rank, 1)
+    h, inter = architecture["hidden_size"], architecture["intermediate_size"]
+    kv = architecture["num_key_value_heads"] * (h // architecture["num_attention_heads"])
+    per_block = (h + h) + (h + kv) + (h + kv) + (h + h) + 2 * (h + inter) + (inter + h)
+    return rank * per_block * architecture["num_hidden_layers"]
+
+
+def t4_run_estimate(record: dict, config: GRPOConfig, *, prompt_tokens: int | None = None) -> dict:
+    """An ESTIMATE of ``config``'s step and of one evaluation batch on a T4, from the record's measured step.
+
+    The record (``make gpu-proof``) measured one full fine-tuning step at its
+    own shapes on another GPU. Each phase is carried over to ``config``'s
+    shapes (prompts, group size, token budget, micro-batches, LoRA or not) and
+    to a T4 with :func:`estimate_step_seconds` and one more piece each:
+
+    - **generation** is split into the time its roofline explains and the rest:
+      ``overhead_per_token = (measured - its bound there) / tokens``, the
+      per-token work of Python and kernel launches that no FLOP count sees and
+      that does not grow with the rows. A T4's generation of ``C`` tokens is
+      ``C * overhead_per_token + the T4's bound`` at the low end, and
+      ``C * overhead_per_token * HOST_SLOWDOWN + the T4's bound / share`` at the
+      high end, where ``share`` is the share of its bound the measured training
+      reached (arithmetic no more efficient than the measured).
+    - **training** (arithmetic): the T4's bound at the low end (and no less than
+      the measured phase carried to the new shapes on the measuring GPU), the
+      bound over ``share`` at the high end.
+    - the reward, scaled by the tokens generated, and the optimizer step, by
+      the trainable weights and the two GPUs' bandwidths.
+
+    Every completion is taken to run to the budget (the worst case; greedy
+    answers that end sooner finish sooner when a whole batch has ended).
+
+    Returns ``step`` (low, high), ``generation`` and ``training`` (low, high),
+    ``other``, ``eval_batch`` (low, high: one evaluation batch of
+    ``config.eval_batch_size`` problems, greedy), ``overhead_per_token``,
+    ``share`` and ``trainable`` (the trained weights).
+    """
+    full = record["qwen_step"]["modes"]["full"]
+    if full["status"] != "measured":
+        raise ValueError(f"the record's step was not measured ({full['status']}): nothing to scale")
+    arch, shapes = record["qwen_step"]["model"]["architecture"], record["qwen_step"]["shapes"]
+    n_params = record["qwen_step"]["model"]["parameters"]
+    stages = {name: stage["seconds"] for name, stage in full["step"]["stages"].items()}
+    here_flops, here_bw = published_peaks(record["device"]["name"])
+    prompt_tokens = shapes["prompt_tokens"] if prompt_tokens is None else prompt_tokens
+    model = dict(num_params=n_params, vocab_size=arch["vocab_size"], hidden_size=arch["hidden_size"],
+                 tied_embeddings=arch["tie_word_embeddings"], gradient_checkpointing=True)
+    measured_c = round(full["step"]["completion_tokens_mean"])
+    measured = dict(prompts=shapes["prompts"], group_size=shapes["group_size"], prompt_tokens=shapes["prompt_tokens"],
+                    completion_tokens=measured_c)
+    minibatches = config.batch_completions // (config.minibatch_size or config.batch_completions)
+    wanted = dict(prompts=config.prompts_per_step, group_size=config.group_size, prompt_tokens=prompt_tokens,
+                  completion_tokens=config.max_new_tokens, num_iterations=config.num_iterations,
+                  minibatches=minibatches, reference_model=config.beta > 0, lora=config.use_peft)
+    here0 = estimate_step_seconds(**model, **measured, peak_flops=here_flops, bandwidth=here_bw)
+    train0 = stages["scoring_forward"] + stages["backward"]
+    share = here0["train_seconds"] / train0
+    overhead = max(0.0, stages["generation"] - here0["generate_seconds"]) / measured_c
+
+    def generation(prompts: int, group_size: int) -> tuple[float, float]:
+        bound = estimate_step_seconds(**model, prompts=prompts, group_size=group_size, prompt_tokens=prompt_tokens,
+                                      completion_tokens=config.max_new_tokens)["generate_seconds"]
+        tokens = config.max_new_tokens
+        return tokens * overhead + bound, tokens * overhead * HOST_SLOWDOWN + bound / share
+
+    t4_train = estimate_step_seconds(**model, **wanted)["train_seconds"]
+    here_train = estimate_step_seconds(**model, **wanted, peak_flops=here_flops, bandwidth=here_bw)["train_seconds"]
+    training = (max(t4_train, train0 * here_train / here0["train_seconds"]), t4_train / share)
+    trainable = lora_trainable_params(arch, config.lora_r) if config.use_peft else n_params
+    tokens_ratio = (config.batch_completions * config.max_new_tokens) / (
+        shapes["prompts"] * shapes["group_size"] * measured_c)
+    other = (stages["reward"] * tokens_ratio
+             + stages["optimizer_step"] * (trainable / n_params) * here_bw / T4_BANDWIDTH)
+    gen = generation(config.prompts_per_step, config.group_size)
+    return {
+        "generation": gen,
+        "training": training,
+        "other": other,
+        "step": (gen[0] + training[0] + other, gen[1] + training[1] + other),
+        "eval_batch": generation(config.eval_batch_size, 1),
+        "overhead_per_token": overhead,
+        "share": share,
+        "trainable": trainable,
+    }
+
+
 #: Installing the package and downloading Qwen2.5-0.5B-Instruct (about 1 GB) and GSM8K: an assumption, in minutes.
 SETUP_MINUTES = 5.0
 
@@ -611,34 +918,66 @@ def session_estimate(record: dict, config: GRPOConfig, steps: int, n_eval: int,
                      setup_minutes: float = SETUP_MINUTES) -> dict:
     """An ESTIMATE of chapter 9's GPU notebook on a T4, part by part, in minutes: ``(low, high)`` each.
 
-    Training is ``steps`` times :func:`t4_step_estimate`'s ``step_low`` and
-    ``step_scaled``. An evaluation generates greedily for ``n_eval`` problems,
-    ``config.eval_batch_size`` at a time, each batch as long as the record's
-    generation phase (the same budget and at most as many rows; it scales that
-    phase's ``t4_low`` and ``t4_scaled`` by the batches). Setup is an assumed
-    ``setup_minutes`` for both ends. The record's step must have had
-    ``config``'s shapes (prompts, group size, token budget); else ValueError.
+    Training is ``steps`` times :func:`t4_run_estimate`'s ``step``; an
+    evaluation generates greedily for ``n_eval`` problems,
+    ``config.eval_batch_size`` at a time (its ``eval_batch``, once per batch);
+    the probe of section 9.2 is one step's generation. Setup is an assumed
+    ``setup_minutes`` for both ends.
 
-    Returns ``parts`` ({part: (low, high)}: ``setup``, ``evaluation before``,
-    ``training``, ``evaluation after``) and ``total`` (low, high).
+    Returns ``parts`` ({part: (low, high)}: ``setup``, ``probe``, ``evaluation
+    before``, ``training``, ``evaluation after``), ``total`` (low, high) and
+    ``run`` (:func:`t4_run_estimate`'s dict, in seconds).
     """
     check_int(None, "steps", steps, 1)
     check_int(None, "n_eval", n_eval, 1)
-    shapes = record["qwen_step"]["shapes"]
-    measured = (shapes["prompts"], shapes["group_size"], shapes["max_new_tokens"])
-    wanted = (config.prompts_per_step, config.group_size, config.max_new_tokens)
-    if measured != wanted:
-        raise ValueError(f"the record measured prompts, group size and budget {measured}, the config has {wanted}: "
-                         "run make gpu-proof with these settings first")
-    t4 = t4_step_estimate(record)
-    generation = t4["phases"]["generation"]
+    run = t4_run_estimate(record, config)
     batches = -(-n_eval // config.eval_batch_size)
-    evaluation = (batches * generation["t4_low"] / 60, batches * generation["t4_scaled"] / 60)
+    evaluation = (batches * run["eval_batch"][0] / 60, batches * run["eval_batch"][1] / 60)
     parts = {
         "setup": (setup_minutes, setup_minutes),
+        "probe": (run["generation"][0] / 60, run["generation"][1] / 60),
         "evaluation before": evaluation,
-        "training": (steps * t4["step_low"] / 60, steps * t4["step_scaled"] / 60),
+        "training": (steps * run["step"][0] / 60, steps * run["step"][1] / 60),
         "evaluation after": evaluation,
     }
     total = (sum(low for low, _ in parts.values()), sum(high for _, high in parts.values()))
-    return {"parts": parts, "total": total}
+    return {"parts": parts, "total": total, "run": run}
+
+
+def t4_memory_estimate(record: dict, config: GRPOConfig, *, prompt_tokens: int | None = None) -> dict:
+    """An ESTIMATE of ``config``'s peak GPU memory on a T4, carried over from the record's measured step.
+
+    The record measured full fine-tuning: its training peak is the model state
+    (16 bytes a weight: float32 weights, gradients and AdamW's two moments)
+    plus the activations and logits of one micro-batch; its generation peak,
+    the state kept between steps (weights and moments, 12 bytes a weight) plus
+    the KV cache and logits of its rows. Here the state is ``config``'s
+    (with LoRA: 4 bytes a frozen weight, 16 a trained one), and the rest is
+    scaled by the tokens in flight: ``micro_batch_size * (prompt + budget)``
+    in training, ``eval_batch_size * (prompt + budget)`` for an evaluation batch
+    (the larger of that and a step's generation). Reserved memory is the
+    allocated times the record's own reserved-to-allocated ratio.
+
+    Returns ``training`` and ``generation`` (estimated bytes allocated),
+    ``peak_reserved`` (bytes), ``cap`` (the record's T4 cap) and ``fits``.
+    """
+    full = record["qwen_step"]["modes"]["full"]["step"]
+    shapes, n = record["qwen_step"]["shapes"], record["qwen_step"]["model"]["parameters"]
+    arch = record["qwen_step"]["model"]["architecture"]
+    prompt_tokens = shapes["prompt_tokens"] if prompt_tokens is None else prompt_tokens
+    measured_c = round(full["completion_tokens_mean"])
+    measured_tokens = shapes["prompt_tokens"] + measured_c
+    activations0 = full["stages"]["backward"]["peak_allocated"] - 16 * n
+    generation0 = full["stages"]["generation"]["peak_allocated"] - 12 * n
+    trainable = lora_trainable_params(arch, config.lora_r) if config.use_peft else n
+    state = (4 * n + 16 * trainable) if config.use_peft else 16 * n
+    kept = (4 * n + 12 * trainable) if config.use_peft else 12 * n
+    tokens = prompt_tokens + config.max_new_tokens
+    micro = config.micro_batch_size or config.batch_completions
+    training = state + activations0 * (micro * tokens) / (shapes["micro_batch_size"] * measured_tokens)
+    rows = max(config.eval_batch_size, config.batch_completions)
+    generation = kept + generation0 * (rows * tokens) / (shapes["completions"] * measured_tokens)
+    ratio = full["peak_reserved"] / full["peak_allocated"]
+    peak = max(training, generation) * ratio
+    cap = record["memory_cap"]["bytes"]
+    return {"training": training, "generation": generation, "peak_reserved": peak, "cap": cap, "fits": peak <= cap}
