@@ -1,13 +1,13 @@
 """Peak memory of one micro-batch's scoring and backward, before and after the block-wise scorer.
 
-    python -m benchmarks.logprob_memory --publish  # the T4 preset's shapes (needs ~8 GB of RAM)
+    python -m benchmarks.logprob_memory --publish  # the T4 preset's shapes (needs ~16 GB of RAM)
     python -m benchmarks.logprob_memory --quick    # small shapes, seconds
 
 ``--publish`` writes the result into ``grpo_tutorial/data/logprob_memory.json``,
 the record chapter 9 reads.
 
 Chapter 9's GPU run scores a micro-batch of ``micro_batch_size = 8`` completions
-of up to 256 tokens after a GSM8K prompt (about 150 tokens) under
+of up to 512 tokens (the preset's, read from it) after a GSM8K prompt (about 150 tokens) under
 Qwen2.5-0.5B-Instruct, whose vocabulary has 151,936 entries, with gradient
 checkpointing on. The trainer's on-policy step computes the log-probs with
 gradient and, in the same pass, the entropy without. This script does exactly
@@ -15,7 +15,7 @@ that, then ``grpo_loss`` and ``backward``, twice, each in a fresh process:
 
 - ``before``: the scoring code the package had until issue 21 (kept below,
   verbatim, as :func:`score_before`): the logits sliced to the completion
-  positions, ``gather - logsumexp`` over the whole ``[8, 256, V]`` tensor, and
+  positions, ``gather - logsumexp`` over the whole ``[8, 512, V]`` tensor, and
   the entropy's own logsumexp and softmax over the whole tensor;
 - ``after``: the package's :func:`grpo_tutorial.logprobs.completion_logprobs`,
   which scores blocks of at most :data:`~grpo_tutorial.speedups.CHUNK_ELEMENTS`
@@ -57,8 +57,17 @@ QWEN_SHAPES = dict(
     vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_attention_heads=14,
     num_key_value_heads=2, tie_word_embeddings=True,
 )
-#: The T4 preset's micro-batch: 8 completions, a 256-token budget, a ~150-token prompt.
-T4_SHAPES = dict(rows=8, prompt_tokens=150, completion_tokens=256)
+def _t4_shapes() -> dict[str, int]:
+    """The T4 preset's micro-batch (``micro_batch_size`` completions of ``max_new_tokens``) after a ~150-token prompt."""
+    from grpo_tutorial.chapters.gsm8k import GSM8K_PRESET
+    from grpo_tutorial.presets import get_preset
+
+    preset = get_preset(GSM8K_PRESET)
+    return dict(rows=preset.micro_size, prompt_tokens=150, completion_tokens=preset.max_new_tokens)
+
+
+#: The T4 preset's micro-batch: 8 completions, a 512-token budget, a ~150-token prompt (read from the preset).
+T4_SHAPES = _t4_shapes()
 #: Seconds-long shapes for tests: Qwen's vocabulary (so that the scorer works in blocks), a small model.
 QUICK = dict(rows=2, prompt_tokens=16, completion_tokens=128, hidden_size=64, intermediate_size=128,
              num_attention_heads=2, num_key_value_heads=1)

@@ -14,12 +14,14 @@ Chapter  Module                What it holds
 7        ``inspection``        per-token tables and heatmaps of one training step
 0, 8     ``recipes``           the tiny-addition recipe (warm start + GRPO), held-out evaluation
 0, 9     ``costs``             memory of the model state and logits, PPO vs GRPO counts per step
-9        ``gsm8k``             the GPU run (Qwen2.5 on GSM8K) as one function, T4 step estimate, CPU run data
+9        ``gsm8k``             the GPU run (Qwen2.5 on GSM8K) as one function, two scorers, probe, T4 estimates
 9        ``colab``             the run's folder (named by its settings, on Drive in Colab), resume plan, Drive quota
+9        ``run_record``        the run record a learner shares; the shared ones (``data/community/``), validated
 10       ``pitfalls``          the bug gallery: a written-out step with bug switches
 11       ``trl_multiprocess``  TRL's GRPOTrainer in two CPU processes (torchrun)
 12       ``lab``               the variant lab: runs, statistics, pass@k
 13       ``thinking``          long addition guessed or worked out: warm start, variants, statistics
+14       ``low_rank``          LoRA against full fine-tuning: the sweep over ranks and learning rates
 =======  ====================  ==================================================================
 
 This package ``__init__`` imports nothing, so importing one chapter's tools does

@@ -292,9 +292,13 @@ def read_run_record(path: str | os.PathLike) -> dict:
     return validate_run_record(record, where=str(path))
 
 
-def community_records() -> list[tuple[str, dict]]:
-    """The shared records in ``grpo_tutorial/data/community/``: ``(file name, record)``, oldest first, validated."""
-    folder = resources.files("grpo_tutorial.data").joinpath(COMMUNITY_FOLDER)
+def community_records(folder: str | os.PathLike | None = None) -> list[tuple[str, dict]]:
+    """The shared records: ``(file name, record)``, oldest first, each validated.
+
+    ``folder`` None: the package's ``grpo_tutorial/data/community/`` (what
+    chapter 9 prints); else that folder. Files other than ``*.json`` are skipped.
+    """
+    folder = resources.files("grpo_tutorial.data").joinpath(COMMUNITY_FOLDER) if folder is None else Path(folder)
     if not folder.is_dir():
         return []
     found = []
@@ -311,10 +315,10 @@ def community_records() -> list[tuple[str, dict]]:
 def record_lines(record: dict, label: str | None = None) -> list[str]:
     """A record in a few printed lines, labelled with who ran it, on what and when (never as the book's number)."""
     device, settings, evaluation = record["device"], record["settings"], record["evaluation"]
-    who = f"contributed by {record['contributor']}" if record.get("contributor") else "contributed"
+    who = f"by {record['contributor']}, " if record.get("contributor") else ""
     adapters = f"LoRA r={settings.get('lora_r')}" if settings.get("use_peft") else "full fine-tuning"
     lines = [
-        f"{label or record['model']}: {who}, {device['name']}"
+        f"{label or record['model']}: {who}{device['name']}"
         f"{', driver ' + device['driver'] if device.get('driver') else ''}, {record['created'][:10]}, "
         f"package {(record['package_commit'] or record['package_version'])[:10]}",
         f"  {record['steps']} steps, {adapters}, lr {settings.get('learning_rate')}, "

@@ -52,6 +52,12 @@ safetensors``                   chapter 13 trains live (weights, not readable
 ``lora_regret_lower.json``      the same experiment's LoRA grid extended to lower
                                 learning rates, the same seeds (the same command
                                 with ``--lora-lrs``; ``chapters.low_rank.combine_sweeps``)
+``community/``                  chapter 9's run records shared by readers, one
+                                ``run_record.json`` each (written by the notebook on
+                                their GPU; ``chapters.run_record.community_records``
+                                reads them, ``tests/test_run_record.py`` checks
+                                each against the schema): their measurements, not
+                                the book's
 =============================== ==================================================
 """
 
