@@ -403,6 +403,10 @@ ALLOWED = {
     ("__main__.py", "main"): "the command line's top level prints the error as one line and exits 2",
     ("pretrained.py", "_http_status"): "a response without its request (requests builds it lazily): its own url is used",
     ("env.py", "gpu_name"): "nvidia-smi did not answer: the name says so, instead of starting CUDA to ask",
+    ("chapters/run_record.py", "package_commit"): "git absent or failing: the record's commit is None, which the "
+                                                   "schema allows and record_lines shows as the package version",
+    ("chapters/run_record.py", "_device"): "nvidia-smi absent or failing: the record's driver is None, which the "
+                                           "schema allows",
     ("chapters/colab.py", "mount_drive"): "Drive declined, timed out or absent: printed, and the run goes to the "
                                           "runtime's disk, which its plan says is lost with the runtime",
     ("chapters/colab.py", "free_bytes"): "the free space cannot be read: None, and the quota check says so",

@@ -32,6 +32,7 @@ def test_the_trl_extra_only_where_the_chapter_imports_trl(path):
 
 
 def test_chapter_9_installs_without_trl():
+    """Chapter 9 needs SmolLM2's GGUF reader on the CPU and PEFT for the GPU run's LoRA adapters; not TRL."""
     path = next(p for p in NOTEBOOKS if p.name.startswith("09_"))
     install = next(c for c in code_cells(nbformat.read(path, as_version=4)) if "git+" in c)
-    assert "grpo-tutorial[gguf] @ git+" in install
+    assert "grpo-tutorial[gguf,lora] @ git+" in install

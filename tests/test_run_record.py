@@ -111,7 +111,8 @@ def test_records_print_with_who_ran_them_on_what_and_when(record):
     lines = record_lines(record, label="2026-12-01-t4-qwen.json")
     assert lines[0].startswith("2026-12-01-t4-qwen.json: by a reader, Tesla T4, driver 535.104.05, "
                                f"{record['created'][:10]}")
-    assert "LoRA r=32" in lines[1] and "training 1.5 min" in lines[1]
+    assert "LoRA r=32" in lines[1] and "training 90 s, evaluation before 30 s" in lines[1]
+    assert "training 2.5 min" in record_lines({**record, "seconds": {**record["seconds"], "parts": {"training": 150}}})[1]
     assert lines[2].startswith("  strict   0.250 -> 1.000, gain +0.750 ±") and "n = 4" in lines[2]
 
 

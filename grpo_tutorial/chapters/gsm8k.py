@@ -181,9 +181,9 @@ def score_lines(comparison: dict) -> list[str]:
     lines = [f"{'':<22}{'before':>14}{'after':>14}{'paired gain':>22}"]
     for name in SCORERS:
         c = comparison[name]
-        z = c["gain"] / c["gain_se"] if c["gain_se"] > 0 else math.nan
+        z = f" ({c['gain'] / c['gain_se']:+.1f} SE)" if c["gain_se"] > 0 else ""  # no SE when nothing changed
         lines.append(f"{name + ' accuracy':<22}{c['before']:>8.3f} ±{c['before_se']:.3f}{c['after']:>8.3f} "
-                     f"±{c['after_se']:.3f}{c['gain']:>+10.3f} ±{c['gain_se']:.3f} ({z:+.1f} SE)")
+                     f"±{c['after_se']:.3f}{c['gain']:>+10.3f} ±{c['gain_se']:.3f}{z}")
     for key, label in (("boxed", "boxed share"), ("truncated", "truncated share")):
         lines.append(f"{label:<22}{comparison[key]['before']:>14.3f}{comparison[key]['after']:>14.3f}")
     lines.append(f"(n = {comparison['n']} problems; ± one standard error)")

@@ -323,7 +323,7 @@ def record_lines(record: dict, label: str | None = None) -> list[str]:
         f"package {(record['package_commit'] or record['package_version'])[:10]}",
         f"  {record['steps']} steps, {adapters}, lr {settings.get('learning_rate')}, "
         f"{settings.get('max_new_tokens')} new tokens; {record['seconds']['per_step_mean']:.1f} s a step; "
-        + ", ".join(f"{part} {seconds / 60:.1f} min" for part, seconds in record["seconds"]["parts"].items()),
+        + ", ".join(f"{part} {_duration(seconds)}" for part, seconds in record["seconds"]["parts"].items()),
     ]
     for scorer in ("strict", "lenient"):
         s = evaluation[scorer]
@@ -334,3 +334,8 @@ def record_lines(record: dict, label: str | None = None) -> list[str]:
         lines.append(f"  peak GPU memory reserved {peak / 2**30:.2f} GiB")
     return lines
 
+
+
+def _duration(seconds: float) -> str:
+    """``42 s`` under two minutes, ``3.5 min`` above."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
