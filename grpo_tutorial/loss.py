@@ -232,6 +232,7 @@ def grpo_loss(
     ref_logp: torch.Tensor | None = None,
     truncated: torch.Tensor | None = None,
     entropies: torch.Tensor | None = None,
+    sampler_weights: torch.Tensor | None = None,
     options: LossOptions | None = None,
     loss_type: str = "grpo",
     beta: float = 0.0,
@@ -264,6 +265,12 @@ def grpo_loss(
         entropies: ``[N, T]`` per-token entropy of the *current* policy (the
             gradient pass), required by ``top_entropy_quantile < 1`` and
             ``entropy_coef != 0``.
+        sampler_weights: ``[N, T]`` or ``[N, 1]``, or None: the importance
+            weights of a sampler that is not the learner
+            (:func:`~grpo_tutorial.mismatch.sampler_weights`, TRL's
+            ``importance_sampling_ratio``). Each token's policy loss is
+            multiplied by its weight, after the off-policy and entropy masks and
+            before the KL term is added, as TRL multiplies them in.
         options: every setting as one :class:`LossOptions`.
         loss_type, beta, clip_eps, clip_eps_high, kl_kind, max_completion_length,
             importance_sampling_level, use_bias_correction_kl: the
@@ -288,6 +295,7 @@ def grpo_loss(
                  use_bias_correction_kl=use_bias_correction_kl)
     opts = _options(options, named)
     _check_inputs(logp, old_logp, advantages, mask, ref_logp, opts, truncated, entropies)
+    _check_sampler_weights(logp, sampler_weights, opts)
     mask = mask.to(logp.dtype)
     # the loss's own mask: the rollout's mask minus truncated completions (never mutate the rollout's)
     loss_mask = truncation_mask(mask, truncated) if opts.mask_truncated_completions else mask  # [N, T]
@@ -310,6 +318,8 @@ def grpo_loss(
     keep = high_entropy_mask(entropies, loss_mask, opts.top_entropy_quantile) if opts.top_entropy_quantile < 1.0 else None
     if keep is not None:
         per_token = per_token * keep  # [N, T]
+    if sampler_weights is not None:  # the sampler is not the learner: TRL's importance-sampling correction
+        per_token = per_token * sampler_weights.detach().to(per_token.dtype)  # [N, T]
     kl = None if ref_logp is None else _kl_term(logp, ref_logp, mask, ratio, opts)  # [N, T]
     if kl is not None and opts.beta > 0:
         per_token = per_token + opts.beta * kl  # [N, T]
@@ -373,6 +383,19 @@ def _check_inputs(logp, old_logp, advantages, mask, ref_logp, opts: LossOptions,
     _check_option_tensors(logp, opts, truncated, entropies)
     if mask.sum() == 0:
         raise ValueError("mask is all zeros: there are no completion tokens to train on")
+
+
+def _check_sampler_weights(logp: torch.Tensor, weights, opts: LossOptions) -> None:
+    """``sampler_weights``: None, or a float tensor ``[N, T]`` or ``[N, 1]``; not with VESPO."""
+    if weights is None:
+        return
+    require_tensor("sampler_weights", weights, dim=2, floating=True)
+    n, t = logp.shape
+    if tuple(weights.shape) not in ((n, t), (n, 1)):
+        raise ValueError(f"sampler_weights must have shape ({n}, {t}) or ({n}, 1), got {tuple(weights.shape)}")
+    if opts.loss_type == "vespo":
+        raise ValueError("sampler_weights with loss_type='vespo': TRL folds them into VESPO's own weight, "
+                         "which is not implemented here")
 
 
 def update_normalisers(
