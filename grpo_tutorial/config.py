@@ -111,7 +111,10 @@ class GRPOConfig:
             softmax does not apply. Each keeps its own log-probs of what it
             sampled with the rollout, the history gets the ``mismatch/...``
             diagnostics, and the copy is synced after every optimizer update
-            (a resumed run restarts the copy from the policy it loads).
+            (a resumed run restarts the copy from the policy it loads). Stage 4
+            then always scores the rollout with the policy (the on-policy
+            shortcut is off), as TRL does with vLLM: the diagnostics and the
+            correction compare the sampler's log-probs with those.
         sampler_staleness: k, the optimizer updates by which the ``"stale"``
             sampler lags the policy (>= 1; it keeps k snapshots of the
             weights). Only with ``sampler="stale"``.

@@ -199,7 +199,10 @@ def sampler_correction(old_logp: torch.Tensor | None, rollout: Rollout, config: 
     With them, the diagnostics (:func:`mismatch_diagnostics`) against
     ``old_logp``, the trainer's log-probs of the rollout (``[N, T]``), and, with
     ``config.vllm_importance_sampling_correction``, the weights
-    (:func:`sampler_weights`, ``[N, T]`` or ``[N, 1]``) that the loss multiplies in.
+    (:func:`sampler_weights`, ``[N, T]`` or ``[N, 1]``) that the loss multiplies in,
+    and their mean over the real tokens (over the completions in the sequence
+    modes) in the diagnostics as ``mismatch/weight_mean`` (TRL logs
+    ``sampling/importance_sampling_ratio/mean``).
     """
     sampler_logp = rollout.sampler_logprobs
     if sampler_logp is None:
@@ -346,13 +349,22 @@ def build_sampler(given: Any, policy: torch.nn.Module, tokenizer: Any, config: A
     """The step's sampler: ``given`` (a ``sampler=`` function), or ``config.sampler``'s copy of ``policy``.
 
     None for the default ``"policy"`` (the step's own ``generate``). A given
-    sampler and a ``config.sampler`` other than ``"policy"`` are refused together.
+    sampler and a ``config.sampler`` other than ``"policy"`` are refused together,
+    and so is the correction with neither (the policy reports no log-probs of its own).
     """
     if given is not None and config.sampler != "policy":
         raise ValueError(
             f"sampler= was given and GRPOConfig.sampler={config.sampler!r} too; choose the sampler one way "
             "(GRPOConfig.sampler='policy' with sampler=, or no sampler= with a sampler copy)"
         )
-    if given is not None or config.sampler == "policy":
+    if given is not None:
         return given
+    if config.sampler == "policy":
+        if config.vllm_importance_sampling_correction:
+            raise ValueError(
+                "GRPOConfig.vllm_importance_sampling_correction=True needs a sampler that is not the learner: set "
+                "GRPOConfig.sampler ('bfloat16', 'stale' or 'top_p'), or pass sampler= a function whose rollouts "
+                "carry sampler_logprobs"
+            )
+        return None
     return SamplerCopy(policy, tokenizer, config, config.sampler)

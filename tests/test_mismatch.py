@@ -490,10 +490,23 @@ def test_the_sampler_is_chosen_one_way_and_the_correction_needs_sampler_logprobs
     with pytest.raises(ValueError, match=r"sampler= was given and GRPOConfig.sampler='bfloat16' too"):
         GRPOTrainer(model, tokenizer, length_reward, small_config(sampler="bfloat16"), sampler=lambda p, s: None)
     assert build_sampler(None, model, tokenizer, small_config()) is None
-    trainer = GRPOTrainer(model, tokenizer, length_reward, small_config(vllm_importance_sampling_correction=True))
+    correcting = small_config(vllm_importance_sampling_correction=True)
+    with pytest.raises(ValueError, match=r"vllm_importance_sampling_correction=True needs a sampler that is not the "
+                                         r"learner: set GRPOConfig.sampler \('bfloat16', 'stale' or 'top_p'\)"):
+        GRPOTrainer(model, tokenizer, length_reward, correcting)
+    copy = SamplerCopy(model, tokenizer, small_config(sampler="bfloat16"), "bfloat16")
+
+    def without_logprobs(prompts, seed):  # a sampler of one's own that forgets its log-probs
+        rollout = copy(prompts, seed)
+        rollout.sampler_logprobs = None
+        return rollout
+
+    trainer = GRPOTrainer(model, tokenizer, length_reward, correcting, sampler=without_logprobs)
     with pytest.raises(ValueError, match="vllm_importance_sampling_correction=True, but the sampler gave no "
                                          "sampler_logprobs"):
         train(trainer, 1)
+    history = train(GRPOTrainer(model, tokenizer, length_reward, correcting, sampler=copy), 1)  # one that keeps them
+    assert "mismatch/weight_mean" in history[0]
 
 
 def test_a_loaded_checkpoint_restarts_the_copy_from_the_policy(tmp_path):
