@@ -129,8 +129,8 @@ class GRPOConfig:
             switched on by default it would change every golden run. It needs
             a sampler that returns its log-probs (``sampler`` other than
             ``"policy"``, or a ``sampler=`` function that fills
-            ``Rollout.sampler_logprobs``). Not with ``loss_type="vespo"``
-            (TRL folds the weight into VESPO's own; not implemented here).
+            ``Rollout.sampler_logprobs``). With ``loss_type="vespo"`` the weights
+            join VESPO's sequence weight instead of multiplying the loss, as in TRL.
         vllm_importance_sampling_mode: ``"token_truncate"``, ``"token_mask"``,
             ``"sequence_truncate"`` or ``"sequence_mask"`` (TRL's default): a
             ratio per token or one per completion, clipped to or zeroed outside
@@ -417,10 +417,6 @@ class GRPOConfig:
                 raise config_error(o, "vllm_importance_sampling_clip_max", high,
                                    f"a number with vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r}",
                                    ": a truncate mode needs at least one bound (or set the clip_min)")
-            if self.loss_type == "vespo":
-                raise config_error(o, "vllm_importance_sampling_correction", True, "False with loss_type='vespo'",
-                                   ": TRL folds the weight into VESPO's own sequence weight, which is not "
-                                   "implemented here")
 
     def _check_sampling_options(self) -> None:
         o = _OWNER

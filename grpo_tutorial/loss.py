@@ -270,7 +270,8 @@ def grpo_loss(
             (:func:`~grpo_tutorial.mismatch.sampler_weights`, TRL's
             ``importance_sampling_ratio``). Each token's policy loss is
             multiplied by its weight, after the off-policy and entropy masks and
-            before the KL term is added, as TRL multiplies them in.
+            before the KL term is added, as TRL multiplies them in; VESPO folds
+            them into its sequence weight instead (TRL's ``get_gamma_weights``).
         options: every setting as one :class:`LossOptions`.
         loss_type, beta, clip_eps, clip_eps_high, kl_kind, max_completion_length,
             importance_sampling_level, use_bias_correction_kl: the
@@ -295,7 +296,7 @@ def grpo_loss(
                  use_bias_correction_kl=use_bias_correction_kl)
     opts = _options(options, named)
     _check_inputs(logp, old_logp, advantages, mask, ref_logp, opts, truncated, entropies)
-    _check_sampler_weights(logp, sampler_weights, opts)
+    _check_sampler_weights(logp, sampler_weights)
     mask = mask.to(logp.dtype)
     # the loss's own mask: the rollout's mask minus truncated completions (never mutate the rollout's)
     loss_mask = truncation_mask(mask, truncated) if opts.mask_truncated_completions else mask  # [N, T]
@@ -306,7 +307,8 @@ def grpo_loss(
     vespo_weight = None
     if opts.loss_type == "vespo":
         vespo_weight = vespo_weights(
-            log_ratio, loss_mask, adv, opts.vespo_k_pos, opts.vespo_lambda_pos, opts.vespo_k_neg, opts.vespo_lambda_neg
+            log_ratio, loss_mask, adv, opts.vespo_k_pos, opts.vespo_lambda_pos, opts.vespo_k_neg, opts.vespo_lambda_neg,
+            sampler_weights=None if sampler_weights is None else sampler_weights.detach().to(logp.dtype),
         )  # [N, 1], detached
     per_token = per_token_objective(
         opts.loss_type, ratio, adv, logp, clip_eps=opts.clip_eps, clip_eps_high=opts.eps_high, delta=opts.delta,
@@ -318,7 +320,7 @@ def grpo_loss(
     keep = high_entropy_mask(entropies, loss_mask, opts.top_entropy_quantile) if opts.top_entropy_quantile < 1.0 else None
     if keep is not None:
         per_token = per_token * keep  # [N, T]
-    if sampler_weights is not None:  # the sampler is not the learner: TRL's importance-sampling correction
+    if sampler_weights is not None and opts.loss_type != "vespo":  # a sampler that is not the learner (TRL's)
         per_token = per_token * sampler_weights.detach().to(per_token.dtype)  # [N, T]
     kl = None if ref_logp is None else _kl_term(logp, ref_logp, mask, ratio, opts)  # [N, T]
     if kl is not None and opts.beta > 0:
@@ -385,17 +387,14 @@ def _check_inputs(logp, old_logp, advantages, mask, ref_logp, opts: LossOptions,
         raise ValueError("mask is all zeros: there are no completion tokens to train on")
 
 
-def _check_sampler_weights(logp: torch.Tensor, weights, opts: LossOptions) -> None:
-    """``sampler_weights``: None, or a float tensor ``[N, T]`` or ``[N, 1]``; not with VESPO."""
+def _check_sampler_weights(logp: torch.Tensor, weights) -> None:
+    """``sampler_weights``: None, or a float tensor ``[N, T]`` or ``[N, 1]``."""
     if weights is None:
         return
     require_tensor("sampler_weights", weights, dim=2, floating=True)
     n, t = logp.shape
     if tuple(weights.shape) not in ((n, t), (n, 1)):
         raise ValueError(f"sampler_weights must have shape ({n}, {t}) or ({n}, 1), got {tuple(weights.shape)}")
-    if opts.loss_type == "vespo":
-        raise ValueError("sampler_weights with loss_type='vespo': TRL folds them into VESPO's own weight, "
-                         "which is not implemented here")
 
 
 def update_normalisers(

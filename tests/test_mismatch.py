@@ -234,12 +234,31 @@ def test_the_loss_multiplies_each_tokens_policy_loss_by_its_weight(mode):
     assert torch.equal(ones, plain)  # weights of one change nothing, bit for bit
 
 
-def test_the_loss_refuses_weights_of_the_wrong_shape_and_vespo():
+def test_the_loss_refuses_weights_of_the_wrong_shape():
     logp, old, adv, mask = loss_inputs()
     with pytest.raises(ValueError, match=r"sampler_weights must have shape \(8, 6\) or \(8, 1\), got \(8, 2\)"):
         grpo_loss(logp, old, adv, mask, sampler_weights=torch.ones(N, 2, dtype=DTYPE))
-    with pytest.raises(ValueError, match="loss_type='vespo'"):
-        grpo_loss(logp, old, adv, mask, loss_type="vespo", sampler_weights=torch.ones(N, 1, dtype=DTYPE))
+    with pytest.raises(TypeError, match="sampler_weights must be a torch.Tensor"):
+        grpo_loss(logp, old, adv, mask, sampler_weights=[1.0] * N)
+
+
+def test_vespo_folds_the_weights_into_its_sequence_weight():
+    """VESPO's w becomes pi_theta(o) / mu(o): a sequence weight of c multiplies w by c (TRL's get_gamma_weights)."""
+    from grpo_tutorial.objectives import vespo_weights
+
+    logp, old, adv, mask = loss_inputs()
+    log_ratio = ((logp.detach() - old) * mask)  # [N, T]
+    c = torch.linspace(0.5, 2.0, N, dtype=DTYPE)[:, None]  # [N, 1]
+    shifted = log_ratio.clone()
+    shifted[:, 0] += torch.log(c[:, 0])  # the same log w, put into the first token's log-ratio
+    a = adv[:, None]
+    torch.testing.assert_close(vespo_weights(log_ratio, mask, a, sampler_weights=c), vespo_weights(shifted, mask, a),
+                               atol=1e-12, rtol=0)
+    ones = vespo_weights(log_ratio, mask, a, sampler_weights=torch.ones(N, T, dtype=DTYPE))
+    assert torch.equal(ones, vespo_weights(log_ratio, mask, a))
+    plain, _ = grpo_loss(logp, old, adv, mask, loss_type="vespo")
+    folded, _ = grpo_loss(logp, old, adv, mask, loss_type="vespo", sampler_weights=c)
+    assert abs(plain.item() - folded.item()) > 1e-6  # it acts, and not as a factor on the loss
 
 
 # ---------------------------------------------------------------------------
@@ -263,7 +282,7 @@ def test_config_defaults_are_the_books_and_trls_names_and_bounds():
     assert trl_defaults["vllm_importance_sampling_correction"] is True
 
 
-def test_config_refuses_what_trl_refuses_and_what_is_not_implemented():
+def test_config_refuses_what_trl_refuses():
     with pytest.raises(ValueError, match=r"^GRPOConfig.vllm_importance_sampling_clip_min must be less than "
                                          r"vllm_importance_sampling_clip_max = 3.0, got 3.0$"):
         GRPOConfig(vllm_importance_sampling_clip_min=3.0)
@@ -273,9 +292,7 @@ def test_config_refuses_what_trl_refuses_and_what_is_not_implemented():
                    vllm_importance_sampling_clip_max=None)
     GRPOConfig(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_truncate",
                vllm_importance_sampling_clip_min=0.5, vllm_importance_sampling_clip_max=None)  # one bound is enough
-    with pytest.raises(ValueError, match=r"^GRPOConfig.vllm_importance_sampling_correction must be False with "
-                                         r"loss_type='vespo'"):
-        GRPOConfig(vllm_importance_sampling_correction=True, loss_type="vespo")
+    GRPOConfig(vllm_importance_sampling_correction=True, loss_type="vespo")  # TRL folds the weights into VESPO's
 
 
 # ---------------------------------------------------------------------------

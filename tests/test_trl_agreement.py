@@ -350,11 +350,12 @@ def test_kl_penalty_agrees_with_trl_with_and_without_bias_correction(tmp_path, c
     [("grpo", "token", {}), ("dapo", "sequence", {}), ("cispo", "token", {}), ("sapo", "token", {}),
      ("luspo", "sequence", {}), ("bnpo", "token", dict(beta=0.04, use_bias_correction_kl=True)),
      ("dapo", "token", dict(top_entropy_quantile=0.5)),
-     ("grpo", "token", dict(off_policy_mask_threshold=0.05))],
+     ("grpo", "token", dict(off_policy_mask_threshold=0.05)), ("vespo", "token", {})],
 )
 def test_the_samplers_importance_weights_enter_the_loss_as_in_trl(tmp_path, mode, loss_type, level, extra):
     """Issue 35: TRL multiplies ``importance_sampling_ratio`` into the per-token loss after the off-policy and
-    entropy masks and before the KL term (``_compute_loss``); ``grpo_loss(sampler_weights=...)`` does the same."""
+    entropy masks and before the KL term (``_compute_loss``), and VESPO folds it into its sequence weight
+    (``get_gamma_weights``); ``grpo_loss(sampler_weights=...)`` does the same."""
     logp0, old, _, mask, _, _ = _tensors(0)
     sampler_logp = old + 0.3 * torch.randn(N, T, generator=torch.Generator().manual_seed(5), dtype=DTYPE)
     weights = sampler_weights(old, sampler_logp, mask, mode, 0.8, 1.25)  # [N, T] or [N, 1]
