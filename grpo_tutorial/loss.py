@@ -127,7 +127,9 @@ class LossOptions:
             with a negative advantage whose mean log(pi_old / pi_theta) exceeds
             it (DeepSeek-V3.2). With the default sampler, sampler and scorer are one model, so it
             only acts on the later updates of an off-policy step (mu > 1 or
-            several minibatches); on-policy it keeps everything.
+            several minibatches); on-policy it keeps everything. With a sampler
+            that is not the learner (``GRPOConfig.sampler``) the drift is
+            measured from the sampler's own log-probs, as TRL's is with vLLM.
         use_bias_correction_kl: multiply the KL term by the importance ratio
             pi_theta / pi_old, not detached (DeepSeek-V3.2). On-policy the
             penalty's value is unchanged (the ratio is 1), but its gradient per
@@ -233,6 +235,7 @@ def grpo_loss(
     truncated: torch.Tensor | None = None,
     entropies: torch.Tensor | None = None,
     sampler_weights: torch.Tensor | None = None,
+    sampler_logp: torch.Tensor | None = None,
     options: LossOptions | None = None,
     loss_type: str = "grpo",
     beta: float = 0.0,
@@ -272,6 +275,11 @@ def grpo_loss(
             multiplied by its weight, after the off-policy and entropy masks and
             before the KL term is added, as TRL multiplies them in; VESPO folds
             them into its sequence weight instead (TRL's ``get_gamma_weights``).
+        sampler_logp: ``[N, T]`` or None: the sampler's own log-probs of the
+            tokens (``Rollout.sampler_logprobs``; NaN where unknown). When given,
+            ``off_policy_mask_threshold`` measures the drift from the sampler,
+            not from ``old_logp``, as TRL's does with vLLM (a NaN token counts
+            as no drift, as in TRL); nothing else reads it.
         options: every setting as one :class:`LossOptions`.
         loss_type, beta, clip_eps, clip_eps_high, kl_kind, max_completion_length,
             importance_sampling_level, use_bias_correction_kl: the
@@ -297,6 +305,9 @@ def grpo_loss(
     opts = _options(options, named)
     _check_inputs(logp, old_logp, advantages, mask, ref_logp, opts, truncated, entropies)
     _check_sampler_weights(logp, sampler_weights)
+    if sampler_logp is not None:
+        require_tensor("sampler_logp", sampler_logp, dim=2, floating=True)
+        same_shape(logp=logp, sampler_logp=sampler_logp)
     mask = mask.to(logp.dtype)
     # the loss's own mask: the rollout's mask minus truncated completions (never mutate the rollout's)
     loss_mask = truncation_mask(mask, truncated) if opts.mask_truncated_completions else mask  # [N, T]
@@ -316,7 +327,8 @@ def grpo_loss(
         vespo_weight=vespo_weight,
     )  # [N, T]
     if opts.off_policy_mask_threshold is not None:
-        per_token = per_token * off_policy_mask(adv, logp, old_logp, loss_mask, opts.off_policy_mask_threshold)  # [N, T]
+        sampled = old_logp if sampler_logp is None else torch.where(torch.isnan(sampler_logp), logp.detach(), sampler_logp)
+        per_token = per_token * off_policy_mask(adv, logp, sampled, loss_mask, opts.off_policy_mask_threshold)  # [N, T]
     keep = high_entropy_mask(entropies, loss_mask, opts.top_entropy_quantile) if opts.top_entropy_quantile < 1.0 else None
     if keep is not None:
         per_token = per_token * keep  # [N, T]

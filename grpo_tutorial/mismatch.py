@@ -43,8 +43,8 @@ from .logprobs import score_rollout
 from .rollout import Rollout, generate_rollouts
 
 __all__ = [
-    "IS_MODES", "SAMPLERS", "SamplerCopy", "build_sampler", "mismatch_diagnostics", "sampler_correction",
-    "sampler_weights", "top_p_logprobs",
+    "IS_MODES", "SAMPLERS", "SamplerCopy", "build_sampler", "loss_inputs", "mismatch_diagnostics",
+    "sampler_correction", "sampler_weights", "top_p_logprobs",
 ]
 
 #: TRL's ``vllm_importance_sampling_mode`` values: (token or sequence) x (truncate or mask).
@@ -224,6 +224,22 @@ def sampler_correction(old_logp: torch.Tensor | None, rollout: Rollout, config: 
     diagnostics["mismatch/weight_mean"] = float(weights.mean()) if weights.shape[1] == 1 else float(
         weights[mask.bool()].mean())
     return weights, diagnostics
+
+
+def loss_inputs(rollout: Rollout, weights: torch.Tensor | None, rows: torch.Tensor) -> dict:
+    """What a micro-batch of ``rows`` gives ``grpo_loss`` of a sampler that is not the learner (none: ``{}``).
+
+    ``sampler_weights``, the rows of :func:`sampler_correction`'s weights (with
+    the correction), and ``sampler_logp``, the rows of the sampler's own
+    log-probs, from which the off-policy mask measures the drift (as TRL's does
+    with vLLM, with or without the correction).
+    """
+    out = {}
+    if weights is not None:
+        out["sampler_weights"] = weights[rows]  # [m, T] or [m, 1]
+    if rollout.sampler_logprobs is not None:
+        out["sampler_logp"] = rollout.sampler_logprobs[rows.to(rollout.sampler_logprobs.device)]  # [m, T]
+    return out
 
 
 # ---------------------------------------------------------------------------

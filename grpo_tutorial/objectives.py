@@ -330,10 +330,12 @@ def off_policy_mask(
     moved far from the one that sampled it: the mean over its tokens of
     ``log pi_old - log pi_theta`` (a KL estimate) exceeds ``threshold``.
     Pushing down a sample the current policy would no longer produce is mostly
-    noise. In this package the sampler and the scorer are the same model, so
-    on-policy (mu = 1, one update per step) the estimate is exactly 0 and the
-    mask keeps everything; it acts only on the later updates of a step
-    (mu > 1, or several minibatches).
+    noise. In this package the sampler and the scorer are the same model by
+    default, so on-policy (mu = 1, one update per step) the estimate is exactly
+    0 and the mask keeps everything; it acts only on the later updates of a step
+    (mu > 1, or several minibatches). With a sampler that is not the learner,
+    ``grpo_loss`` passes the sampler's own log-probs as ``old_logp`` (as TRL does
+    with vLLM's).
     """
     kl = torch.where(mask.bool(), old_logp.detach() - logp.detach(), torch.zeros_like(logp))  # [N, T]
     seq_kl = kl.sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)  # [N, 1]

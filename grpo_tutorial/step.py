@@ -33,7 +33,7 @@ from .config import GRPOConfig
 from .logprobs import rollout_logprobs, score_rollout
 from .loss import grpo_loss, update_normalisers
 from .metrics import StageClock, check_failure_modes, step_row, timed
-from .mismatch import build_sampler, sampler_correction
+from .mismatch import build_sampler, loss_inputs, sampler_correction
 from .models import disable_dropout, frozen_reference
 from .objectives import EntropyControl
 from .optim import finish_update, make_optimizer, trainable_parameters
@@ -286,7 +286,7 @@ class GRPOStep:
                 loss, stats = grpo_loss(
                     logp, logp.detach() if old_logp is None else old_logp[part], advantages[part], mask[part],
                     options=options, ref_logp=None if ref_logp is None else ref_logp[part], truncated=truncated[part],
-                    entropies=entropies if measure else None, sampler_weights=None if weights is None else weights[part],
+                    entropies=entropies if measure else None, **loss_inputs(rollout, weights, part),  # mismatch.py
                     **normalisers,
                 )
                 out["stats"].append(stats)

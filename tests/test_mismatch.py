@@ -488,18 +488,29 @@ def T_of(corrections) -> int:
     return corrections[0][1].completion_mask.shape[1]
 
 
-def test_without_the_correction_no_weights_reach_the_loss(monkeypatch):
+def test_without_the_correction_no_weights_reach_the_loss_but_the_samplers_logprobs_do(monkeypatch):
+    """The off-policy mask reads the sampler's log-probs whenever the rollout has them (TRL's does with vLLM)."""
     seen = []
     real_loss = step_module.grpo_loss
 
-    def recording(*args, sampler_weights=None, **kwargs):
-        seen.append(sampler_weights)
-        return real_loss(*args, sampler_weights=sampler_weights, **kwargs)
+    def recording(*args, sampler_weights=None, sampler_logp=None, **kwargs):
+        seen.append((sampler_weights, sampler_logp))
+        return real_loss(*args, sampler_weights=sampler_weights, sampler_logp=sampler_logp, **kwargs)
 
     monkeypatch.setattr(step_module, "grpo_loss", recording)
-    train(trainer_for(sampler="bfloat16"), 1)
+    trainer = trainer_for(sampler="bfloat16", off_policy_mask_threshold=0.01)
+    rollouts = []
+    sampler = trainer.grpo_step.sampler
+    trainer.grpo_step.sampler = lambda prompts, seed: rollouts.append(sampler(prompts, seed)) or rollouts[-1]
+    trainer.grpo_step.sampler.sync = sampler.sync
+    train(trainer, 1)
+    assert [w for w, _ in seen] == [None] * 2
+    rows = torch.cat([lp for _, lp in seen])  # the two updates' rows, shuffled
+    assert rows.shape == rollouts[0].sampler_logprobs.shape
+    assert sorted(rows.sum(dim=1).tolist()) == sorted(rollouts[0].sampler_logprobs.sum(dim=1).tolist())
+    seen.clear()
     train(trainer_for(), 1)
-    assert seen == [None] * 4
+    assert seen == [(None, None)] * 2
 
 
 def test_the_sampler_is_chosen_one_way_and_the_correction_needs_sampler_logprobs():

@@ -115,11 +115,12 @@ def _trl_trainer(args: trl.GRPOConfig, accumulation_steps: int = 1) -> trl.GRPOT
 
 
 def trl_loss(trainer, logp, old_logp, advantages, mask, *, entropies=None, ref_logp=None, num_items_in_batch=None,
-             importance_sampling_ratio=None):
+             importance_sampling_ratio=None, sampling_logp=None):
     """TRL's ``_compute_loss`` on these tensors; the model pass returns ``logp`` and ``entropies``.
 
     ``importance_sampling_ratio``: the vLLM correction's weights (the trainer then believes it generates with
-    vLLM, with ``vllm_importance_sampling_correction`` on)."""
+    vLLM, with ``vllm_importance_sampling_correction`` on); ``sampling_logp``: vLLM's own log-probs, which TRL's
+    off-policy mask reads when the batch has them."""
     n, t = logp.shape
     ent = torch.zeros_like(logp) if entropies is None else entropies
     trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logp, ent, None)
@@ -137,6 +138,8 @@ def trl_loss(trainer, logp, old_logp, advantages, mask, *, entropies=None, ref_l
     if importance_sampling_ratio is not None:
         trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
         inputs["importance_sampling_ratio"] = importance_sampling_ratio
+    if sampling_logp is not None:
+        inputs["sampling_per_token_logps"] = sampling_logp
     return trainer._compute_loss(None, inputs)
 
 
@@ -374,6 +377,24 @@ def test_the_samplers_importance_weights_enter_the_loss_as_in_trl(tmp_path, mode
         with_ref="beta" in extra, with_entropy="top_entropy_quantile" in extra, spread=0.5,
     )
     assert (unweighted[3][0] - results[3][0]).abs().max().item() > 1e-4  # the weights matter on these tensors
+
+
+@pytest.mark.parametrize("threshold", [0.1, 0.2])
+def test_the_off_policy_mask_measures_the_drift_from_the_samplers_logprobs_as_in_trl(tmp_path, threshold):
+    """Issue 35: with vLLM's log-probs in the batch, TRL's off-policy mask measures the drift from them (NaN: no
+    drift); ``grpo_loss(sampler_logp=...)`` does the same."""
+    logp0, old, adv, mask, _, _ = _tensors(0, spread=0.05)  # the trainer has hardly moved ...
+    sampler_logp = old + 0.2 + 0.3 * torch.randn(N, T, generator=torch.Generator().manual_seed(7), dtype=DTYPE)
+    sampler_logp[1, 0] = sampler_logp[3, 0] = math.nan  # ... but the sampler is far off; some tokens unknown
+    trainer = _trl_trainer(_trl_args(tmp_path, loss_type="grpo", beta=0.0, off_policy_mask_threshold=threshold))
+    logp_a = logp0.clone().requires_grad_(True)
+    theirs = trl_loss(trainer, logp_a, old, adv, mask, sampling_logp=sampler_logp)
+    logp_b = logp0.clone().requires_grad_(True)
+    ours, _ = grpo_loss(logp_b, old, adv, mask, sampler_logp=sampler_logp,
+                        options=LossOptions(max_completion_length=T, off_policy_mask_threshold=threshold))
+    _assert_agree(theirs, ours, _grad(theirs, logp_a), _grad(ours, logp_b))
+    without, _ = grpo_loss(logp0, old, adv, mask, options=LossOptions(off_policy_mask_threshold=threshold))
+    assert abs(without.item() - ours.item()) > 1e-4  # the sampler's drift dropped a sequence the trainer's did not
 
 
 def test_bias_correction_changes_the_on_policy_gradient_but_not_the_on_policy_loss(tmp_path):
