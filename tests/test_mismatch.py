@@ -558,3 +558,21 @@ def test_dynamic_sampling_keeps_the_sampler_logprobs_of_the_groups_it_keeps():
     assert torch.equal(joined.sampler_logprobs[2:, : b.completion_ids.shape[1]], b.sampler_logprobs[0:2])
     a.sampler_logprobs = None
     assert concat_groups([(a, [1]), (b, [0])], tokenizer.eos_token_id).sampler_logprobs is None
+
+
+def test_a_resumed_bfloat16_run_repeats_the_uninterrupted_one(tmp_path):
+    """The bfloat16 copy is the loaded policy cast, as it was after the last sync: resuming changes no number."""
+    import json
+
+    from grpo_tutorial.metrics import TIMING_KEYS
+
+    def comparable(history):
+        return [json.dumps({k: v for k, v in row.items() if k not in TIMING_KEYS}, sort_keys=True) for row in history]
+
+    whole = train(trainer_for(sampler="bfloat16", output_dir=str(tmp_path / "a"), checkpoint_every=1), 3)
+    train(trainer_for(sampler="bfloat16", output_dir=str(tmp_path / "b"), checkpoint_every=1), 1)
+    resumed = trainer_for(sampler="bfloat16", output_dir=str(tmp_path / "b"), checkpoint_every=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GRPOWarning)
+        again = resumed.train(make_arithmetic_dataset(16, 0, digits=1), 3, resume=True, progress=False)
+    assert comparable(again) == comparable(whole)
