@@ -53,6 +53,7 @@ from typing import Any, Sequence
 from .advantages import BASELINES, MULTI_OBJECTIVE_AGGREGATIONS, SCALES, STDS
 from .config import REPORT_TO, GRPOConfig, field_docs
 from .kl import KL_KINDS
+from .mismatch import IS_MODES, SAMPLERS
 from .objectives import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
 from .presets import PRESETS, get_preset
 
@@ -95,6 +96,8 @@ FIELD_CHOICES: dict[str, Sequence[str]] = {
     "multi_objective_aggregation": MULTI_OBJECTIVE_AGGREGATIONS,
     "std": STDS,
     "report_to": REPORT_TO,
+    "sampler": SAMPLERS,
+    "vllm_importance_sampling_mode": IS_MODES,
 }
 
 #: A LoRA run's warm-started base, in its output directory (written once, before GRPO starts).

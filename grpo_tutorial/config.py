@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from ._checks import check_choice, check_flag, check_int, check_number, config_error, is_number, type_error
 from .advantages import BASELINES, MULTI_OBJECTIVE_AGGREGATIONS, SCALES, STDS
 from .loss import LossOptions
+from .mismatch import IS_MODES, SAMPLERS
 
 __all__ = ["ALL_LINEAR", "GRPOConfig", "REPORT_TO", "field_docs"]
 
@@ -61,11 +62,13 @@ class GRPOConfig:
         prompts_per_step: B, prompts per step; a step samples B*G completions.
         max_new_tokens: completion budget; longer completions are truncated.
         temperature: sampling temperature; log-probs are scored at the same T.
-        top_p: must be 1.0 for training. Nucleus sampling draws from a truncated
-            distribution, but the scorer computes log-probs under the full
-            softmax(logits / T), so the first-pass ratio would not be 1 and the
-            objective would be biased; the trainer refuses it rather than train
-            on a wrong ratio.
+        top_p: must be 1.0 for training, unless ``sampler="top_p"``. Nucleus
+            sampling draws from a truncated distribution, but the scorer
+            computes log-probs under the full softmax(logits / T), so the
+            first-pass ratio would not be 1 and the objective would be biased;
+            the trainer refuses it rather than train on a wrong ratio. With
+            ``sampler="top_p"`` (a sampler that is declared not to be the
+            learner) it is that sampler's nucleus, in (0, 1).
         learning_rate, weight_decay: AdamW settings.
         warmup_steps: linear learning-rate warmup, counted in optimizer updates.
         num_iterations: mu, passes over each generation batch.
@@ -97,6 +100,45 @@ class GRPOConfig:
             otherwise (GPUs are untouched); True = on, or an error; False = off.
             Only sampling and evaluation use it; the log-probs of the loss come
             from the model's own layers.
+        sampler: what writes the completions (:mod:`grpo_tutorial.mismatch`).
+            ``"policy"`` (default): the policy itself, so sampler and learner
+            are one model and the step is exactly on-policy. The others are a
+            sampler that is not the learner, as when a real run generates in
+            another engine: ``"bfloat16"``, a copy of the policy cast to
+            bfloat16; ``"stale"``, a copy ``sampler_staleness`` optimizer
+            updates behind the policy (asynchronous RL); ``"top_p"``, the
+            policy sampling from the nucleus of ``top_p``, which the scorer's
+            softmax does not apply. Each keeps its own log-probs of what it
+            sampled with the rollout, the history gets the ``mismatch/...``
+            diagnostics, and the copy is synced after every optimizer update
+            (a resumed run restarts the copy from the policy it loads). Stage 4
+            then always scores the rollout with the policy (the on-policy
+            shortcut is off), as TRL does with vLLM: the diagnostics and the
+            correction compare the sampler's log-probs with those.
+        sampler_staleness: k, the optimizer updates by which the ``"stale"``
+            sampler lags the policy (>= 1; it keeps k snapshots of the
+            weights). Only with ``sampler="stale"``.
+        vllm_importance_sampling_correction: multiply each token's loss by
+            the importance weight pi_old / mu of the sampler mu, truncated or
+            masked as ``vllm_importance_sampling_mode`` says
+            (:func:`~grpo_tutorial.mismatch.sampler_weights`), as TRL 1.16 does
+            with vLLM. TRL's name; default False, where TRL's is True: here a
+            sampler that is not the learner must be chosen on purpose
+            (``sampler``), and TRL corrects only when generating with vLLM,
+            whose log-probs differ from the scoring pass's at least by rounding;
+            switched on by default it would change every golden run. It needs
+            a sampler that returns its log-probs (``sampler`` other than
+            ``"policy"``, or a ``sampler=`` function that fills
+            ``Rollout.sampler_logprobs``). With ``loss_type="vespo"`` the weights
+            join VESPO's sequence weight instead of multiplying the loss, as in TRL.
+        vllm_importance_sampling_mode: ``"token_truncate"``, ``"token_mask"``,
+            ``"sequence_truncate"`` or ``"sequence_mask"`` (TRL's default): a
+            ratio per token or one per completion, clipped to or zeroed outside
+            ``[clip_min, clip_max]``. TRL's name and default.
+        vllm_importance_sampling_clip_min: C_min, the lower bound (None = none;
+            TRL's name and default). Must be below C_max.
+        vllm_importance_sampling_clip_max: C_max, the upper bound (None = none;
+            TRL's name and default, 3.0). A truncate mode needs at least one bound.
         use_adaptive_entropy: Skywork-OR1's adaptive entropy control (TRL's
             name and rule). After each optimizer update the mean entropy of that
             update's tokens is compared with ``entropy_target``: at or below it,
@@ -234,6 +276,12 @@ class GRPOConfig:
     disable_dropout: bool = True
     share_prompt_cache: bool = True
     onednn_generation: bool | None = None
+    sampler: str = "policy"
+    sampler_staleness: int = 1
+    vllm_importance_sampling_correction: bool = False
+    vllm_importance_sampling_mode: str = "sequence_mask"
+    vllm_importance_sampling_clip_min: float | None = None
+    vllm_importance_sampling_clip_max: float | None = 3.0
     loss_type: str = _LOSS.loss_type
     importance_sampling_level: str = _LOSS.importance_sampling_level
     delta: float | None = _LOSS.delta
@@ -287,14 +335,7 @@ class GRPOConfig:
         for name in ("warmup_steps", "checkpoint_every", "seed"):
             check_int(o, name, getattr(self, name), 0)
         check_number(o, "temperature", self.temperature, lambda v: v > 0, "a number > 0")
-        if is_number(self.top_p) and 0 < self.top_p < 1:
-            raise config_error(
-                o, "top_p", self.top_p, "1.0 for training",
-                ": nucleus sampling draws from a truncated distribution but log-probs are scored under the "
-                "full softmax(logits / T), so the ratio would be wrong from the first pass. Lower the "
-                "temperature instead to sample more conservatively",
-            )
-        check_number(o, "top_p", self.top_p, lambda v: v == 1, "1.0 for training")
+        self._check_sampler()
         check_number(o, "learning_rate", self.learning_rate, lambda v: v > 0,
                      "a positive number (e.g. 1e-4 for the tiny model)")
         check_number(o, "weight_decay", self.weight_decay, lambda v: v >= 0, "a number >= 0")
@@ -343,6 +384,39 @@ class GRPOConfig:
             self.output_dir = os.fspath(self.output_dir)
         self._check_report_to()
         self._check_lora()
+
+    def _check_sampler(self) -> None:
+        """``top_p``, the sampler and TRL's importance-sampling correction (:mod:`grpo_tutorial.mismatch`)."""
+        o = _OWNER
+        check_choice(o, "sampler", self.sampler, SAMPLERS)
+        if self.sampler == "top_p":
+            check_number(o, "top_p", self.top_p, lambda v: 0 < v < 1, "a number in (0, 1) with sampler='top_p'")
+        elif is_number(self.top_p) and 0 < self.top_p < 1:
+            raise config_error(
+                o, "top_p", self.top_p, "1.0 for training",
+                ": nucleus sampling draws from a truncated distribution but log-probs are scored under the "
+                "full softmax(logits / T), so the ratio would be wrong from the first pass. Lower the "
+                "temperature instead to sample more conservatively (or declare the sampler with "
+                "sampler='top_p', whose own log-probs the correction can use)",
+            )
+        else:
+            check_number(o, "top_p", self.top_p, lambda v: v == 1, "1.0 for training")
+        check_int(o, "sampler_staleness", self.sampler_staleness, 1)
+        check_flag(o, "vllm_importance_sampling_correction", self.vllm_importance_sampling_correction)
+        check_choice(o, "vllm_importance_sampling_mode", self.vllm_importance_sampling_mode, IS_MODES)
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        check_number(o, "vllm_importance_sampling_clip_min", low, lambda v: v >= 0, "None or a number >= 0",
+                     optional=True)
+        check_number(o, "vllm_importance_sampling_clip_max", high, lambda v: v > 0, "None or a number > 0",
+                     optional=True)
+        if low is not None and high is not None and low >= high:
+            raise config_error(o, "vllm_importance_sampling_clip_min", low,
+                               f"less than vllm_importance_sampling_clip_max = {high!r}")
+        if self.vllm_importance_sampling_correction:
+            if self.vllm_importance_sampling_mode.endswith("truncate") and low is None and high is None:
+                raise config_error(o, "vllm_importance_sampling_clip_max", high,
+                                   f"a number with vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r}",
+                                   ": a truncate mode needs at least one bound (or set the clip_min)")
 
     def _check_sampling_options(self) -> None:
         o = _OWNER

@@ -127,7 +127,9 @@ class LossOptions:
             with a negative advantage whose mean log(pi_old / pi_theta) exceeds
             it (DeepSeek-V3.2). With the default sampler, sampler and scorer are one model, so it
             only acts on the later updates of an off-policy step (mu > 1 or
-            several minibatches); on-policy it keeps everything.
+            several minibatches); on-policy it keeps everything. With a sampler
+            that is not the learner (``GRPOConfig.sampler``) the drift is
+            measured from the sampler's own log-probs, as TRL's is with vLLM.
         use_bias_correction_kl: multiply the KL term by the importance ratio
             pi_theta / pi_old, not detached (DeepSeek-V3.2). On-policy the
             penalty's value is unchanged (the ratio is 1), but its gradient per
@@ -232,6 +234,8 @@ def grpo_loss(
     ref_logp: torch.Tensor | None = None,
     truncated: torch.Tensor | None = None,
     entropies: torch.Tensor | None = None,
+    sampler_weights: torch.Tensor | None = None,
+    sampler_logp: torch.Tensor | None = None,
     options: LossOptions | None = None,
     loss_type: str = "grpo",
     beta: float = 0.0,
@@ -264,6 +268,18 @@ def grpo_loss(
         entropies: ``[N, T]`` per-token entropy of the *current* policy (the
             gradient pass), required by ``top_entropy_quantile < 1`` and
             ``entropy_coef != 0``.
+        sampler_weights: ``[N, T]`` or ``[N, 1]``, or None: the importance
+            weights of a sampler that is not the learner
+            (:func:`~grpo_tutorial.mismatch.sampler_weights`, TRL's
+            ``importance_sampling_ratio``). Each token's policy loss is
+            multiplied by its weight, after the off-policy and entropy masks and
+            before the KL term is added, as TRL multiplies them in; VESPO folds
+            them into its sequence weight instead (TRL's ``get_gamma_weights``).
+        sampler_logp: ``[N, T]`` or None: the sampler's own log-probs of the
+            tokens (``Rollout.sampler_logprobs``; NaN where unknown). When given,
+            ``off_policy_mask_threshold`` measures the drift from the sampler,
+            not from ``old_logp``, as TRL's does with vLLM (a NaN token counts
+            as no drift, as in TRL); nothing else reads it.
         options: every setting as one :class:`LossOptions`.
         loss_type, beta, clip_eps, clip_eps_high, kl_kind, max_completion_length,
             importance_sampling_level, use_bias_correction_kl: the
@@ -288,6 +304,10 @@ def grpo_loss(
                  use_bias_correction_kl=use_bias_correction_kl)
     opts = _options(options, named)
     _check_inputs(logp, old_logp, advantages, mask, ref_logp, opts, truncated, entropies)
+    _check_sampler_weights(logp, sampler_weights)
+    if sampler_logp is not None:
+        require_tensor("sampler_logp", sampler_logp, dim=2, floating=True)
+        same_shape(logp=logp, sampler_logp=sampler_logp)
     mask = mask.to(logp.dtype)
     # the loss's own mask: the rollout's mask minus truncated completions (never mutate the rollout's)
     loss_mask = truncation_mask(mask, truncated) if opts.mask_truncated_completions else mask  # [N, T]
@@ -298,7 +318,8 @@ def grpo_loss(
     vespo_weight = None
     if opts.loss_type == "vespo":
         vespo_weight = vespo_weights(
-            log_ratio, loss_mask, adv, opts.vespo_k_pos, opts.vespo_lambda_pos, opts.vespo_k_neg, opts.vespo_lambda_neg
+            log_ratio, loss_mask, adv, opts.vespo_k_pos, opts.vespo_lambda_pos, opts.vespo_k_neg, opts.vespo_lambda_neg,
+            sampler_weights=None if sampler_weights is None else sampler_weights.detach().to(logp.dtype),
         )  # [N, 1], detached
     per_token = per_token_objective(
         opts.loss_type, ratio, adv, logp, clip_eps=opts.clip_eps, clip_eps_high=opts.eps_high, delta=opts.delta,
@@ -306,10 +327,13 @@ def grpo_loss(
         vespo_weight=vespo_weight,
     )  # [N, T]
     if opts.off_policy_mask_threshold is not None:
-        per_token = per_token * off_policy_mask(adv, logp, old_logp, loss_mask, opts.off_policy_mask_threshold)  # [N, T]
+        sampled = old_logp if sampler_logp is None else torch.where(torch.isnan(sampler_logp), logp.detach(), sampler_logp)
+        per_token = per_token * off_policy_mask(adv, logp, sampled, loss_mask, opts.off_policy_mask_threshold)  # [N, T]
     keep = high_entropy_mask(entropies, loss_mask, opts.top_entropy_quantile) if opts.top_entropy_quantile < 1.0 else None
     if keep is not None:
         per_token = per_token * keep  # [N, T]
+    if sampler_weights is not None and opts.loss_type != "vespo":  # a sampler that is not the learner (TRL's)
+        per_token = per_token * sampler_weights.detach().to(per_token.dtype)  # [N, T]
     kl = None if ref_logp is None else _kl_term(logp, ref_logp, mask, ratio, opts)  # [N, T]
     if kl is not None and opts.beta > 0:
         per_token = per_token + opts.beta * kl  # [N, T]
@@ -373,6 +397,16 @@ def _check_inputs(logp, old_logp, advantages, mask, ref_logp, opts: LossOptions,
     _check_option_tensors(logp, opts, truncated, entropies)
     if mask.sum() == 0:
         raise ValueError("mask is all zeros: there are no completion tokens to train on")
+
+
+def _check_sampler_weights(logp: torch.Tensor, weights) -> None:
+    """``sampler_weights``: None, or a float tensor ``[N, T]`` or ``[N, 1]``."""
+    if weights is None:
+        return
+    require_tensor("sampler_weights", weights, dim=2, floating=True)
+    n, t = logp.shape
+    if tuple(weights.shape) not in ((n, t), (n, 1)):
+        raise ValueError(f"sampler_weights must have shape ({n}, {t}) or ({n}, 1), got {tuple(weights.shape)}")
 
 
 def update_normalisers(

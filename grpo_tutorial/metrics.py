@@ -168,7 +168,9 @@ def step_row(
     stage (``generate``, ``reward``, ``score``, ``reference``, ``update``,
     ``other``; ``rollout_seconds`` = ``generate_seconds``). The trainer adds
     ``groups_drawn`` (groups sampled this step: ``prompts_per_step``, more with
-    dynamic sampling) and, with an entropy bonus, ``entropy_coef``.
+    dynamic sampling), with an entropy bonus ``entropy_coef`` and, with a
+    sampler that is not the learner, the ``mismatch/...`` diagnostics
+    (:func:`~grpo_tutorial.mismatch.sampler_correction`).
 
     Args: ``rewards`` is ``[N]`` with NaN for completions no reward function
     could score; ``update_stats`` holds one ``grpo_loss`` stats dict per

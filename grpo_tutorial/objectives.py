@@ -193,6 +193,7 @@ def vespo_weights(
     lambda_pos: float = 3.0,
     k_neg: float = 3.0,
     lambda_neg: float = 2.0,
+    sampler_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """VESPO's detached, Gamma-shaped weight of each sequence, ``[N, 1]``.
 
@@ -212,9 +213,18 @@ def vespo_weights(
     becomes 0, as in TRL.
 
     ``log_ratio`` and ``mask`` are ``[N, T]``, ``advantages`` ``[N, 1]``.
+    ``sampler_weights`` (``[N, T]`` or ``[N, 1]``): a sampler's importance
+    weights pi_old / mu (:func:`~grpo_tutorial.mismatch.sampler_weights`), which
+    VESPO folds into w instead of multiplying the loss, as TRL does: the sum of
+    their logs, each clamped to [log 1e-8, 20], joins the sequence's log-ratio
+    before the sum is clamped, so w becomes pi_theta(o) / mu(o).
     """
     clamped = torch.clamp(log_ratio, -_VESPO_TOKEN_CLAMP, _VESPO_TOKEN_CLAMP)  # [N, T]
-    log_w = torch.clamp((clamped * mask).sum(dim=-1, keepdim=True), _VESPO_LOG_W_MIN, _VESPO_TOKEN_CLAMP)  # [N, 1]
+    log_w = (clamped * mask).sum(dim=-1, keepdim=True)  # [N, 1]
+    if sampler_weights is not None:  # a zero weight (masked) becomes 1e-8
+        log_w = log_w + torch.clamp(torch.log(sampler_weights), _VESPO_LOG_W_MIN, _VESPO_TOKEN_CLAMP).sum(
+            dim=-1, keepdim=True)  # [N, 1]
+    log_w = torch.clamp(log_w, _VESPO_LOG_W_MIN, _VESPO_TOKEN_CLAMP)  # [N, 1]
     positive = advantages >= 0  # [N, 1]
     k = torch.where(positive, k_pos, k_neg).to(log_w.dtype)  # [N, 1]
     lam = torch.where(positive, lambda_pos, lambda_neg).to(log_w.dtype).clamp(min=1e-4)  # [N, 1]
@@ -320,10 +330,12 @@ def off_policy_mask(
     moved far from the one that sampled it: the mean over its tokens of
     ``log pi_old - log pi_theta`` (a KL estimate) exceeds ``threshold``.
     Pushing down a sample the current policy would no longer produce is mostly
-    noise. In this package the sampler and the scorer are the same model, so
-    on-policy (mu = 1, one update per step) the estimate is exactly 0 and the
-    mask keeps everything; it acts only on the later updates of a step
-    (mu > 1, or several minibatches).
+    noise. In this package the sampler and the scorer are the same model by
+    default, so on-policy (mu = 1, one update per step) the estimate is exactly
+    0 and the mask keeps everything; it acts only on the later updates of a step
+    (mu > 1, or several minibatches). With a sampler that is not the learner,
+    ``grpo_loss`` passes the sampler's own log-probs as ``old_logp`` (as TRL does
+    with vLLM's).
     """
     kl = torch.where(mask.bool(), old_logp.detach() - logp.detach(), torch.zeros_like(logp))  # [N, T]
     seq_kl = kl.sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)  # [N, 1]

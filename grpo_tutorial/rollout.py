@@ -51,6 +51,11 @@ class Rollout:
         prompt_index: [N] long, which of the B prompts each row belongs to.
         prompts: N prompts as given (before any chat template), one per row.
         group_size: G.
+        sampler_logprobs: [N, Tc] float, or None: the sampler's own log-probs of
+            the tokens it sampled, when the sampler is not the policy being
+            trained (a sampler copy of :mod:`grpo_tutorial.mismatch`; 0 on
+            padding, NaN where the sampler could not give one). None (the
+            default sampler): the policy sampled, and stage 4 scores it.
     """
 
     prompt_ids: torch.Tensor
@@ -62,6 +67,7 @@ class Rollout:
     prompt_index: torch.Tensor
     prompts: list[Any]
     group_size: int
+    sampler_logprobs: torch.Tensor | None = None
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -498,6 +504,8 @@ def concat_groups(parts: Sequence[tuple[Rollout, Sequence[int]]], pad_id: int) -
         prompt_index=torch.arange(n_groups, device=rows[0][0].prompt_ids.device).repeat_interleave(G),  # [N]
         prompts=[r.prompts[j] for r, i in rows for j in i.tolist()],
         group_size=G,
+        sampler_logprobs=None if any(r.sampler_logprobs is None for r, _ in rows) else cat(
+            lambda r: pad(r.sampler_logprobs, tc, 0.0, False)),  # [N, Tc]
     )
 
 

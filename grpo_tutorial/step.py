@@ -16,8 +16,8 @@ checkpoints, history file and progress bar are
 pieces plug in without growing the step: :class:`Policies` supplies the policy
 and its reference (:class:`~grpo_tutorial.lora.AdapterPolicies`: the policy
 with its LoRA adapters switched off, no copy), and ``sampler``, ``(prompts, seed) -> Rollout``,
-writes the completions (default: the policy itself, :meth:`GRPOStep.generate`;
-a sampler copy of the policy plugs in here).
+writes the completions (default: the policy itself, :meth:`GRPOStep.generate`; a sampler
+that is not the learner, ``config.sampler``, is :mod:`grpo_tutorial.mismatch`'s).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from .config import GRPOConfig
 from .logprobs import rollout_logprobs, score_rollout
 from .loss import grpo_loss, update_normalisers
 from .metrics import StageClock, check_failure_modes, step_row, timed
+from .mismatch import build_sampler, loss_inputs, sampler_correction
 from .models import disable_dropout, frozen_reference
 from .objectives import EntropyControl
 from .optim import finish_update, make_optimizer, trainable_parameters
@@ -94,10 +95,8 @@ class GRPOStep:
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be None or a function, got {type(fn).__name__}")
         if ref_model is not None and ref_model is model:
-            raise ValueError(
-                "ref_model is the policy itself; the reference must be a separate, frozen copy "
-                "(pass ref_model=None to let the trainer make one, or copy.deepcopy(model))"
-            )
+            raise ValueError("ref_model is the policy itself; the reference must be a separate, frozen copy "
+                             "(pass ref_model=None to let the trainer make one, or copy.deepcopy(model))")
         self.tokenizer, self.config, self.accuracy_fn = tokenizer, config, accuracy_fn
         if config.disable_dropout:
             disable_dropout(model)
@@ -107,7 +106,7 @@ class GRPOStep:
             ref = frozen_reference(model, ref_model, without_dropout=config.disable_dropout) if config.beta > 0 else None
             policies = Policies(model, ref)
         self.policies = policies
-        self.sampler = sampler  # None: the policy itself (generate)
+        self.sampler = build_sampler(sampler, policies.policy, tokenizer, config)  # None: the policy (generate)
         self.entropy_control = EntropyControl.from_config(config)  # the entropy bonus's coefficient (adaptive: it moves)
         self.params = trainable_parameters(model)
         self.optimizer, self.scheduler = make_optimizer(self.params, config)
@@ -131,15 +130,17 @@ class GRPOStep:
         # 3. advantages: each reward against its group (by default a z-score), [N]
         advantages = self.advantages(sample).to(rollout.completion_ids.device)
         # 4. score: the sampling policy's log-probs (unless the step is exactly on-policy) ...
-        on_policy = self.reuse_on_policy_logprobs and cfg.updates_per_step == 1
+        on_policy = self.reuse_on_policy_logprobs and cfg.updates_per_step == 1 and rollout.sampler_logprobs is None
         old_logp, entropy = (None, None) if on_policy else self.score(self.model, rollout, entropy=True)
+        # ... beside a sampler copy's own: the importance weights (with the correction) and the mismatch's size
+        weights, sample["mismatch"] = sampler_correction(old_logp, rollout, cfg)  # [N, T] or [N, 1], or None
         clock.lap("score")
         # ... and the reference's, only with a KL penalty, [N, Tc]
         with self.policies.reference() as reference:
             ref_logp = None if reference is None else self.score(reference, rollout, entropy=False)
         clock.lap("reference")
         # 5. update: mu passes over shuffled minibatches, one optimizer update each
-        update = self.update(rollout, old_logp, ref_logp, advantages, state)
+        update = self.update(rollout, old_logp, ref_logp, advantages, state, weights)
         # the history's entropy: stage 4's pass, or on-policy the update's own pass (filled in accumulate)
         entropy = update["entropy"] if entropy is None else entropy  # [N, Tc]
         state.step += 1  # completed steps: the step that ran was number state.step
@@ -163,9 +164,8 @@ class GRPOStep:
             extra = more_rows()
             check_rows(extra, "more_rows()")
             rounds.append(self.sample_round(extra, state, len(rounds), clock))
-        chosen = rounds[0] if len(rounds) == 1 else keep_signal_groups(
-            rounds, cfg.group_size, cfg.prompts_per_step, self.pad_id()
-        )
+        chosen = rounds[0] if len(rounds) == 1 else keep_signal_groups(rounds, cfg.group_size, cfg.prompts_per_step,
+                                                                       self.pad_id())
         return {**chosen, "groups_drawn": sum(len(r["zero_std"]) for r in rounds)}
 
     def sample_round(self, batch, state, round_: int, clock: StageClock) -> dict:
@@ -208,29 +208,26 @@ class GRPOStep:
         if cfg.multi_objective_aggregation == "normalize_then_sum":
             per_function = torch.stack(list(sample["per_fn"].values()), dim=1)  # [N, K]
             return normalize_then_sum(per_function, cfg.group_size, cfg.reward_weights, std=cfg.std)  # [N]
-        return group_advantages(
-            sample["rewards"], cfg.group_size, scale=cfg.scale_rewards, std=cfg.std, nan="skip",
-            baseline=cfg.advantage_baseline,
-        )  # [N]
+        return group_advantages(sample["rewards"], cfg.group_size, scale=cfg.scale_rewards, std=cfg.std, nan="skip",
+                                baseline=cfg.advantage_baseline)  # [N]
 
     # ------------------------------------------------------------------ 4. score
     def score(self, model: torch.nn.Module, rollout: Rollout, *, entropy: bool) -> Any:
         """Stage 4: log-probs (and entropy) of all N completions, eval mode, no gradient."""
         cfg = self.config
-        return score_rollout(
-            model, rollout, temperature=cfg.temperature, chunk=cfg.micro_size, return_entropy=entropy,
-            share_prompts=cfg.share_prompt_cache,
-        )
+        return score_rollout(model, rollout, temperature=cfg.temperature, chunk=cfg.micro_size, return_entropy=entropy,
+                             share_prompts=cfg.share_prompt_cache)
 
     # ------------------------------------------------------------------ 5. update
-    def update(self, rollout: Rollout, old_logp, ref_logp, advantages: torch.Tensor, state: Any) -> dict:
+    def update(self, rollout: Rollout, old_logp, ref_logp, advantages: torch.Tensor, state: Any, weights=None) -> dict:
         """Stage 5: mu passes of optimizer updates over shuffled minibatches.
 
         Each update's gradient is accumulated over micro-batches of
         ``micro_batch_size`` completions, with the loss type's normaliser for the
         whole update (see :mod:`grpo_tutorial.objectives`). With ``old_logp`` None
         (an on-policy step: one update) the old log-probs are the gradient pass's
-        own, detached, and the entropy comes from the same pass.
+        own, detached, and the entropy comes from the same pass. ``weights``: a sampler copy's
+        importance weights (:mod:`~grpo_tutorial.mismatch`); a sampler's ``sync()`` runs after every update.
         """
         cfg, mask = self.config, rollout.completion_mask
         out: dict[str, Any] = {"stats": [], "losses": [], "grad_norms": [], "entropy": None}
@@ -246,9 +243,11 @@ class GRPOStep:
             for rows in updates:  # [M] the completions of one optimizer update
                 out["lr"] = float(self.optimizer.param_groups[0]["lr"])
                 self.optimizer.zero_grad(set_to_none=True)
-                loss = self.accumulate(rollout, rows, old_logp, ref_logp, advantages, out)
+                loss = self.accumulate(rollout, rows, old_logp, ref_logp, advantages, out, weights)
                 with timed(out["seconds"], "optimizer_seconds"):  # a non-finite loss or norm: no update
                     norm, skipped = finish_update(self.params, self.optimizer, self.scheduler, cfg.max_grad_norm, loss)
+                if hasattr(self.sampler, "sync"):  # a sampler copy follows the policy (mismatch.SamplerCopy)
+                    self.sampler.sync()
                 out["losses"].append(loss)
                 out["grad_norms"].append(norm)
                 if skipped is not None:  # history['skipped_updates'] counts it; the warning comes once per run
@@ -258,7 +257,7 @@ class GRPOStep:
             self.model.train(was_training)
         return out
 
-    def accumulate(self, rollout, rows, old_logp, ref_logp, advantages, out) -> float:
+    def accumulate(self, rollout, rows, old_logp, ref_logp, advantages, out, weights=None) -> float:
         """Backward over the micro-batches of one update; return the update's loss.
 
         Stops at the first non-finite micro-batch loss (the caller then skips
@@ -287,7 +286,8 @@ class GRPOStep:
                 loss, stats = grpo_loss(
                     logp, logp.detach() if old_logp is None else old_logp[part], advantages[part], mask[part],
                     options=options, ref_logp=None if ref_logp is None else ref_logp[part], truncated=truncated[part],
-                    entropies=entropies if measure else None, **normalisers,
+                    entropies=entropies if measure else None, **loss_inputs(rollout, weights, part),  # mismatch.py
+                    **normalisers,
                 )
                 out["stats"].append(stats)
                 value = float(loss.detach())
@@ -311,10 +311,9 @@ class GRPOStep:
             skipped_updates=state.skipped_updates, seconds={**clock.done(), **update["seconds"]},
         )
         row["groups_drawn"] = sample["groups_drawn"]
+        row.update(sample["mismatch"])  # a sampler that is not the learner: how far apart they are (mismatch.py)
         if cfg.use_adaptive_entropy or cfg.entropy_coef != 0.0:
             row["entropy_coef"] = self.entropy_control.coef  # after the step's last update, as TRL logs it
-        check_failure_modes(
-            row, history, group_size=cfg.group_size, learning_rate=cfg.learning_rate,
-            max_new_tokens=cfg.max_new_tokens, warn=state.warn,
-        )
+        check_failure_modes(row, history, group_size=cfg.group_size, learning_rate=cfg.learning_rate,
+                            max_new_tokens=cfg.max_new_tokens, warn=state.warn)
         return row

@@ -201,6 +201,8 @@ class GRPOTrainer:
         if meta is None:
             return False
         self.state = RunState.from_meta(meta)
+        if hasattr(self.grpo_step.sampler, "reset"):  # a sampler copy restarts from the loaded policy (mismatch.py)
+            self.grpo_step.sampler.reset()
         self.grpo_step.entropy_control = EntropyControl.from_config(self.config, meta.get("entropy_control"))
         self.history = history_until(root, meta)
         return True

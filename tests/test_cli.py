@@ -513,12 +513,16 @@ QUICK = ["--digits", "1", "--n-train", "50", "--n-eval", "4", "--prompts-per-ste
     ["--loss-type", "luspo", "--importance-sampling-level", "sequence"],
     ["--loss-type", "vespo", "--vespo-k-pos", "1.5", "--use-bias-correction-kl", "--beta", "0.04"],
     ["--advantage-baseline", "rloo", "--dynamic-sampling", "--max-sampling-rounds", "2", "--entropy-coef", "0.01"],
+    ["--sampler", "stale", "--sampler-staleness", "2", "--vllm-importance-sampling-correction",
+     "--vllm-importance-sampling-mode", "token_truncate", "--vllm-importance-sampling-clip-min", "0.5"],  # issue 35
 ])
 def test_a_variant_trains_from_the_command_line(run_dir, capsys, flags):
     out = run_dir
     assert main(["train", "--out", str(out), "--steps", "2", "--log-every", "1", *QUICK, *flags]) == 0
     rows = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
+    if "--sampler" in flags:  # a sampler that is not the learner: the history says how far apart they are
+        assert all(math.isfinite(r["mismatch/kl"]) and math.isfinite(r["mismatch/weight_mean"]) for r in rows)
     config = json.loads((out / "run.json").read_text())["config"]
     for i, name in enumerate(flags):
         field = name[2:].replace("-", "_")

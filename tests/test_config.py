@@ -168,7 +168,15 @@ def test_top_p_below_one_is_refused_with_the_reason():
         GRPOConfig(top_p=0.9)
     text = str(caught.value)
     assert text.startswith("GRPOConfig.top_p must be 1.0 for training, got 0.9: nucleus sampling")
-    assert text.endswith("Lower the temperature instead to sample more conservatively")
+    assert text.endswith("Lower the temperature instead to sample more conservatively (or declare the sampler "
+                         "with sampler='top_p', whose own log-probs the correction can use)")
+    # the guard is lifted for the declared top-p sampler only, which needs top_p < 1
+    assert GRPOConfig(top_p=0.9, sampler="top_p").top_p == 0.9
+    for sampler in ("bfloat16", "stale"):
+        with pytest.raises(ValueError, match=r"^GRPOConfig.top_p must be 1.0 for training, got 0.9"):
+            GRPOConfig(top_p=0.9, sampler=sampler)
+    with pytest.raises(ValueError, match=r"^GRPOConfig.top_p must be a number in \(0, 1\) with sampler='top_p', got 1.0$"):
+        GRPOConfig(sampler="top_p")
 
 
 def test_a_batch_baseline_needs_a_batch_or_no_scale():

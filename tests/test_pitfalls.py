@@ -285,7 +285,8 @@ def test_gallery_step_rejects_bad_arguments(warm, kwargs, match):
 REFUSED_VALUES = {
     "minibatch_size": 4, "micro_batch_size": 4, "top_entropy_quantile": 0.5, "entropy_coef": 0.1,
     "use_adaptive_entropy": True, "dynamic_sampling": True, "multi_objective_aggregation": "normalize_then_sum",
-    "ref_sync_every": 2, "log_completions": True, "use_peft": True,
+    "ref_sync_every": 2, "log_completions": True, "use_peft": True, "sampler": "bfloat16",
+    "vllm_importance_sampling_correction": True,
 }
 
 

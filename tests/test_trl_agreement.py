@@ -1,4 +1,4 @@
-"""Our loss options against TRL 1.16's own loss code, on the same tensors (issues 11, 16 and 24).
+"""Our loss options against TRL 1.16's own loss code, on the same tensors (issues 11, 16, 24 and 35).
 
 TRL computes the loss in ``GRPOTrainer._compute_loss``. We run that very method:
 a ``trl.GRPOTrainer`` made with ``__new__`` (no model, no dataset) gets the
@@ -19,6 +19,11 @@ Deliberate differences are pinned here and explained in the docstrings:
 * Where a reward function gives a whole group one value, our advantages are exactly
   0; TRL's can carry float noise divided by 1e-4 (the tests use rewards that are
   exact in binary, so that the two agree to 1e-6).
+
+A sampler's importance weights (issue 35, ``grpo_loss(sampler_weights=...)``) enter TRL's
+``_compute_loss`` as ``inputs["importance_sampling_ratio"]`` when the trainer generates with vLLM
+with ``vllm_importance_sampling_correction``; how TRL computes them (inline in
+``_generate_and_score_completions``) is checked against its source in ``tests/test_mismatch.py``.
 
 The GDPO advantages (``multi_objective_aggregation``) live in TRL's
 ``_generate_and_score_completions``, not in ``_compute_loss``; the GDPO tests run
@@ -46,6 +51,7 @@ from hypothesis import strategies as st
 
 from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
 from grpo_tutorial.loss import LossOptions, grpo_loss
+from grpo_tutorial.mismatch import IS_MODES, sampler_weights
 from grpo_tutorial.rewards import partial_credit_reward
 
 TOL = 1e-6
@@ -108,8 +114,13 @@ def _trl_trainer(args: trl.GRPOConfig, accumulation_steps: int = 1) -> trl.GRPOT
     return trainer
 
 
-def trl_loss(trainer, logp, old_logp, advantages, mask, *, entropies=None, ref_logp=None, num_items_in_batch=None):
-    """TRL's ``_compute_loss`` on these tensors; the model pass returns ``logp`` and ``entropies``."""
+def trl_loss(trainer, logp, old_logp, advantages, mask, *, entropies=None, ref_logp=None, num_items_in_batch=None,
+             importance_sampling_ratio=None, sampling_logp=None):
+    """TRL's ``_compute_loss`` on these tensors; the model pass returns ``logp`` and ``entropies``.
+
+    ``importance_sampling_ratio``: the vLLM correction's weights (the trainer then believes it generates with
+    vLLM, with ``vllm_importance_sampling_correction`` on); ``sampling_logp``: vLLM's own log-probs, which TRL's
+    off-policy mask reads when the batch has them."""
     n, t = logp.shape
     ent = torch.zeros_like(logp) if entropies is None else entropies
     trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logp, ent, None)
@@ -124,6 +135,11 @@ def trl_loss(trainer, logp, old_logp, advantages, mask, *, entropies=None, ref_l
     }
     if ref_logp is not None:
         inputs["ref_per_token_logps"] = ref_logp
+    if importance_sampling_ratio is not None:
+        trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
+        inputs["importance_sampling_ratio"] = importance_sampling_ratio
+    if sampling_logp is not None:
+        inputs["sampling_per_token_logps"] = sampling_logp
     return trainer._compute_loss(None, inputs)
 
 
@@ -148,7 +164,7 @@ def _grad(loss, *leaves):
 
 
 def _compare(tmp_path, trl_kwargs: dict, ours_kwargs: dict, *, seed=0, spread=0.4, shift=0.0, with_entropy=False,
-             with_ref=False, truncated=None):
+             with_ref=False, truncated=None, sampler_weights=None):
     """Loss and gradients of TRL and ours on the same tensors; returns both for further checks."""
     logp0, old, adv, mask, ent0, ref = _tensors(seed, spread, shift)
     trainer = _trl_trainer(_trl_args(tmp_path, **trl_kwargs))
@@ -156,13 +172,14 @@ def _compare(tmp_path, trl_kwargs: dict, ours_kwargs: dict, *, seed=0, spread=0.
 
     logp_a = logp0.clone().requires_grad_(True)
     ent_a = ent0.clone().requires_grad_(True)
-    theirs = trl_loss(trainer, logp_a, old, adv, trl_mask, entropies=ent_a, ref_logp=ref if with_ref else None)
+    theirs = trl_loss(trainer, logp_a, old, adv, trl_mask, entropies=ent_a, ref_logp=ref if with_ref else None,
+                      importance_sampling_ratio=sampler_weights)
 
     logp_b = logp0.clone().requires_grad_(True)
     ent_b = ent0.clone().requires_grad_(True)
     ours, _ = grpo_loss(
         logp_b, old, adv, mask, ref_logp=ref if with_ref else None,
-        entropies=ent_b if with_entropy else None, truncated=truncated,
+        entropies=ent_b if with_entropy else None, truncated=truncated, sampler_weights=sampler_weights,
         options=LossOptions(max_completion_length=T, **ours_kwargs),
     )
     g_theirs = _grad(theirs, logp_a, ent_a)
@@ -328,6 +345,56 @@ def test_kl_penalty_agrees_with_trl_with_and_without_bias_correction(tmp_path, c
         with_ref=True, spread=0.5,
     )
     assert (other[3][0] - g_ours[0]).abs().max().item() > 1e-4  # the setting matters on these tensors
+
+
+@pytest.mark.parametrize("mode", IS_MODES)
+@pytest.mark.parametrize(
+    "loss_type, level, extra",
+    [("grpo", "token", {}), ("dapo", "sequence", {}), ("cispo", "token", {}), ("sapo", "token", {}),
+     ("luspo", "sequence", {}), ("bnpo", "token", dict(beta=0.04, use_bias_correction_kl=True)),
+     ("dapo", "token", dict(top_entropy_quantile=0.5)),
+     ("grpo", "token", dict(off_policy_mask_threshold=0.05)), ("vespo", "token", {})],
+)
+def test_the_samplers_importance_weights_enter_the_loss_as_in_trl(tmp_path, mode, loss_type, level, extra):
+    """Issue 35: TRL multiplies ``importance_sampling_ratio`` into the per-token loss after the off-policy and
+    entropy masks and before the KL term (``_compute_loss``), and VESPO folds it into its sequence weight
+    (``get_gamma_weights``); ``grpo_loss(sampler_weights=...)`` does the same."""
+    logp0, old, _, mask, _, _ = _tensors(0)
+    sampler_logp = old + 0.3 * torch.randn(N, T, generator=torch.Generator().manual_seed(5), dtype=DTYPE)
+    weights = sampler_weights(old, sampler_logp, mask, mode, 0.8, 1.25)  # [N, T] or [N, 1]
+    assert not torch.all(weights == 1.0)
+    trl_extra = {"epsilon_high": 1.2} if loss_type == "cispo" else {}
+    ours_extra = {"clip_eps_high": 0.2} if loss_type == "cispo" else {}
+    results = _compare(
+        tmp_path, dict(loss_type=loss_type, importance_sampling_level=level, **{"beta": 0.0, **extra, **trl_extra}),
+        dict(loss_type=loss_type, importance_sampling_level=level, **{**extra, **ours_extra}),
+        with_ref="beta" in extra, with_entropy="top_entropy_quantile" in extra, spread=0.5, sampler_weights=weights,
+    )
+    _assert_agree(*results)
+    unweighted = _compare(
+        tmp_path, dict(loss_type=loss_type, importance_sampling_level=level, **{"beta": 0.0, **extra, **trl_extra}),
+        dict(loss_type=loss_type, importance_sampling_level=level, **{**extra, **ours_extra}),
+        with_ref="beta" in extra, with_entropy="top_entropy_quantile" in extra, spread=0.5,
+    )
+    assert (unweighted[3][0] - results[3][0]).abs().max().item() > 1e-4  # the weights matter on these tensors
+
+
+@pytest.mark.parametrize("threshold", [0.1, 0.2])
+def test_the_off_policy_mask_measures_the_drift_from_the_samplers_logprobs_as_in_trl(tmp_path, threshold):
+    """Issue 35: with vLLM's log-probs in the batch, TRL's off-policy mask measures the drift from them (NaN: no
+    drift); ``grpo_loss(sampler_logp=...)`` does the same."""
+    logp0, old, adv, mask, _, _ = _tensors(0, spread=0.05)  # the trainer has hardly moved ...
+    sampler_logp = old + 0.2 + 0.3 * torch.randn(N, T, generator=torch.Generator().manual_seed(7), dtype=DTYPE)
+    sampler_logp[1, 0] = sampler_logp[3, 0] = math.nan  # ... but the sampler is far off; some tokens unknown
+    trainer = _trl_trainer(_trl_args(tmp_path, loss_type="grpo", beta=0.0, off_policy_mask_threshold=threshold))
+    logp_a = logp0.clone().requires_grad_(True)
+    theirs = trl_loss(trainer, logp_a, old, adv, mask, sampling_logp=sampler_logp)
+    logp_b = logp0.clone().requires_grad_(True)
+    ours, _ = grpo_loss(logp_b, old, adv, mask, sampler_logp=sampler_logp,
+                        options=LossOptions(max_completion_length=T, off_policy_mask_threshold=threshold))
+    _assert_agree(theirs, ours, _grad(theirs, logp_a), _grad(ours, logp_b))
+    without, _ = grpo_loss(logp0, old, adv, mask, options=LossOptions(off_policy_mask_threshold=threshold))
+    assert abs(without.item() - ours.item()) > 1e-4  # the sampler's drift dropped a sequence the trainer's did not
 
 
 def test_bias_correction_changes_the_on_policy_gradient_but_not_the_on_policy_loss(tmp_path):

@@ -104,6 +104,12 @@ CONFIG_CASES = [
     (dict(scale_rewards="std"), "one of ['group', 'batch', 'none']"),
     (dict(scale_rewards=True), "one of ['group', 'batch', 'none']"),
     (dict(scale_rewards=None), "one of ['group', 'batch', 'none']"),
+    (dict(sampler="vllm"), "one of ['policy', 'bfloat16', 'stale', 'top_p']"),
+    (dict(sampler_staleness=0), "an int >= 1"),
+    (dict(vllm_importance_sampling_mode="token"),
+     "one of ['token_truncate', 'token_mask', 'sequence_truncate', 'sequence_mask']"),
+    (dict(vllm_importance_sampling_clip_min=-0.5), "None or a number >= 0"),
+    (dict(vllm_importance_sampling_clip_max=0.0), "None or a number > 0"),
 ]
 
 
@@ -128,6 +134,9 @@ CONFIG_TYPE_CASES = [
     (dict(log_completions=1), "True or False", "int"),
     (dict(use_chat_template=1), "None (auto), True or False", "int"),
     (dict(system_prompt=3), "None or a str", "int"),
+    (dict(sampler_staleness=2.0), "an int >= 1", "float"),
+    (dict(vllm_importance_sampling_correction=1), "True or False", "int"),
+    (dict(vllm_importance_sampling_clip_max="3"), "None or a number > 0", "str"),
 ]
 
 

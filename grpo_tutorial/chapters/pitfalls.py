@@ -32,7 +32,8 @@ the trainer that the page does not follow fails a test.
 The page makes one update per pass over the whole batch. A setting it does not
 implement is refused with an error that names the field
 (:data:`GALLERY_REFUSES`): minibatches and micro-batches, the entropy options,
-dynamic sampling, GDPO's aggregation, reference syncing and logged completions.
+dynamic sampling, GDPO's aggregation, reference syncing, logged completions,
+LoRA, and a sampler that is not the learner with its correction.
 Every other field of :class:`~grpo_tutorial.config.GRPOConfig` either acts here
 as in the trainer (:data:`GALLERY_IMPLEMENTS`) or only concerns the loop around
 a step (:data:`GALLERY_IGNORES`: logging, checkpoints, evaluation).
@@ -179,6 +180,8 @@ GALLERY_REFUSES: dict[str, str] = {
     "ref_sync_every": "None (the gallery's reference stays the model it was given)",
     "log_completions": "False (the gallery shows no completions while it trains)",
     "use_peft": "False (the gallery trains every weight; LoRA adapters live in GRPOTrainer)",
+    "sampler": "'policy' (the gallery samples with the policy itself; sampler copies live in GRPOTrainer)",
+    "vllm_importance_sampling_correction": "False (the correction needs a sampler copy's log-probs; use GRPOTrainer)",
 }
 #: Fields that change nothing in one step: they drive the loop, the files and the evaluation around it.
 GALLERY_IGNORES = frozenset({
@@ -186,6 +189,9 @@ GALLERY_IGNORES = frozenset({
     "eval_batch_size",
     "max_sampling_rounds", "entropy_target", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
     "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",  # only with use_peft, which the gallery refuses
+    # only with a sampler copy or the correction, which the gallery refuses
+    "sampler_staleness", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min",
+    "vllm_importance_sampling_clip_max",
 })
 #: Fields the gallery step uses as the trainer does (tests/test_pitfalls.py checks each against the trainer).
 GALLERY_IMPLEMENTS = frozenset(
