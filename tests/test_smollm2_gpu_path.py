@@ -92,7 +92,7 @@ def test_the_default_preset_trains_lora_adapters_on_smollm2(runs):
     assert any(row["frac_zero_std"] < 1 for row in resumed["history"])
     # the checkpoint holds the adapters and their moments: megabytes, as estimated before the first save
     measured = checkpoint_bytes(runs["folder"])
-    assert runs["estimate"] <= measured < 1.05 * runs["estimate"] + 1e6
+    assert runs["estimate"] <= measured < 1.01 * runs["estimate"] + 1e6  # what chapter 9 asserts on the GPU
     n_params = sum(p.numel() for p in trainer.model.parameters())
     assert measured < 4 * n_params  # less than the float32 base alone (full fine-tuning: 3x that)
 
