@@ -190,7 +190,8 @@ def measure_mismatch(trainer: GRPOTrainer, rows: Sequence[dict], *, batches: int
     standard deviation, mean absolute value and quantiles; the sequence
     log-ratio by completion length (count, mean, sd); the diagnostics of
     :func:`~grpo_tutorial.mismatch.mismatch_diagnostics` over all batches; with
-    ``keep_tokens``, the per-token log-ratios themselves (for a histogram).
+    ``keep_tokens``, the per-token log-ratios themselves (for a histogram) and
+    each completion's ``[length, sequence log-ratio]``.
     """
     step = trainer.grpo_step
     sampler, cfg = step.sampler, trainer.config
@@ -239,6 +240,7 @@ def measure_mismatch(trainer: GRPOTrainer, rows: Sequence[dict], *, batches: int
         out["ratio_minus_mass_max"] = float((tokens.exp() - mass).abs().max())
     if keep_tokens:
         out["token_log_ratios"] = [float(f"{v:.6g}") for v in tokens.tolist()]
+        out["sequences"] = [[int(n), float(f"{v:.6g}")] for n, v in zip(lens.tolist(), seqs.tolist())]
     return out
 
 
