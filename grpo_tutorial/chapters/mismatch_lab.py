@@ -249,6 +249,11 @@ def measure_mismatch(trainer: GRPOTrainer, rows: Sequence[dict], *, batches: int
 # ---------------------------------------------------------------------------
 
 
+def _round(value: float | None) -> float | None:
+    """Six significant digits (the record stores a value per step of every run)."""
+    return None if value is None else float(f"{value:.6g}")
+
+
 def run_setting(start_model, tokenizer, data: dict, recipe: TinyAdditionRecipe, overrides: dict[str, Any],
                 seed: int, *, measure_batches: int = 0, keep_tokens: bool = False) -> dict:
     """Train a copy of ``start_model`` with the recipe's GRPO settings and ``overrides``; evaluate as it goes.
@@ -277,7 +282,7 @@ def run_setting(start_model, tokenizer, data: dict, recipe: TinyAdditionRecipe, 
         "overrides": overrides,
         "heldout_curve": curve,
         "reward_curve": [row["reward_mean"] for row in history],
-        "mismatch_curves": {k: [row.get(k) for row in history] for k in MISMATCH_KEYS if k in history[0]},
+        "mismatch_curves": {k: [_round(row.get(k)) for row in history] for k in MISMATCH_KEYS if k in history[0]},
         "skipped_updates": history[-1]["skipped_updates"],
         "start_correct": [int(bool(c)) for c in first["correct"]],
         "final_correct": [int(bool(c)) for c in point["correct"]],
