@@ -140,6 +140,7 @@ def test_the_benchmarks_quick_run_writes_a_record_with_its_provenance(tmp_path):
         assert [p[0] for p in run["heldout_curve"]] == [0, 2, 4]
     top_p = settings["top_p=0.8 | none"]["measurement"]
     assert top_p["ratio_minus_mass_max"] < 1e-5 and "token_log_ratios" in top_p
+    assert len(top_p["sequences"]) == top_p["completions"]  # seed 0 keeps (length, sequence log-ratio) pairs
     assert set(record["summary"]["samplers"]) == {"bfloat16", "stale k=1", "top_p=0.8"}
     assert bench.DEFAULT_OUT == ROOT / "grpo_tutorial" / "data" / "sampler_mismatch.json"
     assert "Expected wall time" in bench.build_parser().format_help()
