@@ -16,6 +16,9 @@ with the record:
 - ``thinking_results.json`` (chapter 13): the shipped warm start is the record's
   seed 0 (its sha256), the command's warm start gives it again bit for bit, and
   from it the 'grpo' setting's held-out statistics at step 0 and its first steps.
+- ``sampler_mismatch.json`` (chapter 15, once committed): seed 0's warm start, then the
+  first step of the on-policy baseline and of the bfloat16 sampler without and with a
+  correction: held-out accuracy before GRPO, step 1's reward and mismatch diagnostics.
 
 Where the comparison is exact depends on the kernels, not on the code. A record
 made since kernel fingerprints exist stores one
