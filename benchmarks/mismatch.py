@@ -14,9 +14,11 @@ the command, the package commit, the wall time and the machine's load.
 
 Expected wall time of the full run (6 seeds x 16 settings, ``--jobs 2``) on the
 book's 2-core CPU with nothing else running: about 30 minutes (:data:`EXPECTED`:
-one GRPO step took 0.38-0.50 s and a 300-problem evaluation under 1 s on one
-core, so a seed is about 16 x 30 s of runs plus a warm start of about 70 s,
-and the seeds run two at a time, in three rounds). ``--jobs N`` (default 2) runs seeds in
+on one core, with the 1-minute load at 1-2, one GRPO step took 0.34-0.50 s
+depending on the sampler, seed 0's warm start 34 s (up to about 75 s for
+other seeds and loads), so a seed is about 16 x 30 s of runs, evaluations and
+measurements included, plus its warm start, and the seeds run two at a time,
+in three rounds). ``--jobs N`` (default 2) runs seeds in
 parallel processes (the numbers do not change, only the wall time). ``--quick``
 is a seconds-long smoke run of the test recipe that proves nothing.
 """
