@@ -54,7 +54,8 @@ test-records: $(STAMP)
 KERNEL_TESTS ?= tests/test_records.py tests/test_golden.py tests/test_inspection.py tests/test_kernels.py \
   tests/test_determinism.py
 KERNEL_NOTEBOOKS ?= notebooks/07_one_training_step.ipynb notebooks/08_tiny_transformer.ipynb \
-  notebooks/12_grpo_lab.ipynb notebooks/13_thinking_longer.ipynb notebooks/14_lora.ipynb
+  notebooks/12_grpo_lab.ipynb notebooks/13_thinking_longer.ipynb notebooks/14_lora.ipynb \
+  notebooks/15_sampler_mismatch.ipynb
 test-kernels: $(STAMP)
 	variables="$$($(BIN)/python .ci/kernel_variant.py)" && echo "test-kernels: $$variables" && \
 	env $$variables $(BIN)/python -m pytest --nbmake --nbmake-kernel=python3 -m "not rerun" \

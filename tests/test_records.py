@@ -16,6 +16,9 @@ with the record:
 - ``thinking_results.json`` (chapter 13): the shipped warm start is the record's
   seed 0 (its sha256), the command's warm start gives it again bit for bit, and
   from it the 'grpo' setting's held-out statistics at step 0 and its first steps.
+- ``sampler_mismatch.json`` (chapter 15, once committed): seed 0's warm start, then the
+  first step of the on-policy baseline and of the bfloat16 sampler without and with a
+  correction: held-out accuracy before GRPO, step 1's reward and mismatch diagnostics.
 
 Where the comparison is exact depends on the kernels, not on the code. A record
 made since kernel fingerprints exist stores one
@@ -67,6 +70,11 @@ PROVENANCE = {
     "lora_regret.json": ("lora_regret.json", None),
     "lora_regret_lower.json": ("lora_regret_lower.json", None),  # made on a lent GPU; tests/test_gpu_proof.py checks it
 }
+#: Chapter 15's record (issue 35), once it is committed and listed in grpo_tutorial.data.DATA_FILES; when it is,
+#: move it into the table above and delete these lines.
+MISMATCH_RECORD = "sampler_mismatch.json"
+if MISMATCH_RECORD in DATA_FILES:
+    PROVENANCE[MISMATCH_RECORD] = (MISMATCH_RECORD, None)
 
 
 def same_kernels(record: dict) -> bool:
@@ -602,6 +610,64 @@ def test_lora_record_reproduces_its_first_steps(name):
             assert sft["steps"] == stored["warm_start"]["steps"]
             assert run["heldout_curve"][0] == pytest.approx(want["heldout_curve"][0])  # before GRPO
             assert run["reward_curve"][0] == pytest.approx(want["reward_curve"][0], rel=1e-9)
+        else:  # other kernels: draws like the record's seeds
+            seeds = record["seeds"]
+            assert_like_the_seeds("warm-start steps", sft["steps"], [s["warm_start"]["steps"] for s in seeds])
+            assert_like_the_seeds(f"{name}: accuracy before GRPO", run["heldout_curve"][0][1],
+                                  [s["settings"][name]["heldout_curve"][0][1] for s in seeds])
+            assert_like_the_seeds(f"{name}: step 1's reward", run["reward_curve"][0],
+                                  [s["settings"][name]["reward_curve"][0] for s in seeds])
+
+
+# ---------------------------------------------------------------------------
+# Chapter 15: when the sampler is not the learner
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sampler_mismatch_record_reproduces_its_first_steps():
+    """Seed 0's warm start, then one GRPO step of the baseline, of the first sampler (bfloat16) uncorrected and of
+    the same sampler with the last correction mode, against the record's seed 0 (or its seeds' spread elsewhere)."""
+    if MISMATCH_RECORD not in DATA_FILES:
+        pytest.skip(f"{MISMATCH_RECORD} is not committed yet: write it with python -m benchmarks.mismatch and "
+                    "list it in grpo_tutorial.data.DATA_FILES")
+    from benchmarks import mismatch as bench
+    from grpo_tutorial.chapters.mismatch_lab import BASELINE, run_setting
+    from grpo_tutorial.chapters.recipes import build_recipe_model, make_recipe_data, warm_start
+
+    record = read_data(MISMATCH_RECORD)
+    args = bench.build_parser().parse_args(script_args(record["command"], "benchmarks.mismatch"))
+    sweep = bench.sweep_for(args)
+    assert sweep.to_dict() == record["sweep"]
+    stored_fields_match(sweep.recipe.to_dict(), record["sweep"]["recipe"], f"{MISMATCH_RECORD} recipe")
+    seed, stored = sweep.seeds[0], record["seeds"][0]
+    assert stored["seed"] == seed
+    recipe = sweep.recipe
+    settings = sweep.settings()
+    assert list(settings) == list(stored["settings"])
+    first = sweep.samplers[0]  # a stale copy equals the policy at step 1; bfloat16 differs from the start
+    names = [BASELINE, f"{first} | none", f"{first} | {sweep.modes[-1]}"]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(recipe.num_threads)
+    try:
+        data = make_recipe_data(recipe)
+        model, tokenizer = build_recipe_model(recipe, seed)
+        sft = warm_start(model, tokenizer, data, recipe, seed, progress=False)
+        one_step = recipe.with_settings(grpo_steps=1, eval_every=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runs = {name: run_setting(model, tokenizer, data, one_step, settings[name], seed) for name in names}
+    finally:
+        torch.set_num_threads(previous)
+    for name, run in runs.items():
+        want = stored["settings"][name]
+        assert run["overrides"] == want["overrides"]
+        if same_kernels(record):
+            assert sft["steps"] == stored["warm_start"]["steps"]
+            assert run["heldout_curve"][0] == pytest.approx(want["heldout_curve"][0])  # before GRPO
+            assert run["reward_curve"][0] == pytest.approx(want["reward_curve"][0], rel=1e-9)
+            for key, values in run["mismatch_curves"].items():  # step 1's diagnostics
+                assert values[0] == pytest.approx(want["mismatch_curves"][key][0], rel=1e-6, abs=1e-9), (name, key)
         else:  # other kernels: draws like the record's seeds
             seeds = record["seeds"]
             assert_like_the_seeds("warm-start steps", sft["steps"], [s["warm_start"]["steps"] for s in seeds])

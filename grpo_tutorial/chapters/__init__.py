@@ -22,6 +22,7 @@ Chapter  Module                What it holds
 12       ``lab``               the variant lab: runs, statistics, pass@k
 13       ``thinking``          long addition guessed or worked out: warm start, variants, statistics
 14       ``low_rank``          LoRA against full fine-tuning: the sweep over ranks and learning rates
+15       ``mismatch_lab``      a sampler that is not the learner: the sweep over samplers and corrections
 =======  ====================  ==================================================================
 
 This package ``__init__`` imports nothing, so importing one chapter's tools does
