@@ -16,7 +16,7 @@ with the record:
 - ``thinking_results.json`` (chapter 13): the shipped warm start is the record's
   seed 0 (its sha256), the command's warm start gives it again bit for bit, and
   from it the 'grpo' setting's held-out statistics at step 0 and its first steps.
-- ``sampler_mismatch.json`` (chapter 15, once committed): seed 0's warm start, then the
+- ``sampler_mismatch.json`` (chapter 15): seed 0's warm start, then the
   first step of the on-policy baseline and of the bfloat16 sampler without and with a
   correction: held-out accuracy before GRPO, step 1's reward and mismatch diagnostics.
 
@@ -69,12 +69,10 @@ PROVENANCE = {
     "gpu_proof.json": ("gpu_proof.json", None),
     "lora_regret.json": ("lora_regret.json", None),
     "lora_regret_lower.json": ("lora_regret_lower.json", None),  # made on a lent GPU; tests/test_gpu_proof.py checks it
+    "sampler_mismatch.json": ("sampler_mismatch.json", None),
 }
-#: Chapter 15's record (issue 35), once it is committed and listed in grpo_tutorial.data.DATA_FILES; when it is,
-#: move it into the table above and delete these lines.
+#: Chapter 15's record (issue 35).
 MISMATCH_RECORD = "sampler_mismatch.json"
-if MISMATCH_RECORD in DATA_FILES:
-    PROVENANCE[MISMATCH_RECORD] = (MISMATCH_RECORD, None)
 
 
 def same_kernels(record: dict) -> bool:
@@ -628,9 +626,6 @@ def test_lora_record_reproduces_its_first_steps(name):
 def test_sampler_mismatch_record_reproduces_its_first_steps():
     """Seed 0's warm start, then one GRPO step of the baseline, of the first sampler (bfloat16) uncorrected and of
     the same sampler with the last correction mode, against the record's seed 0 (or its seeds' spread elsewhere)."""
-    if MISMATCH_RECORD not in DATA_FILES:
-        pytest.skip(f"{MISMATCH_RECORD} is not committed yet: write it with python -m benchmarks.mismatch and "
-                    "list it in grpo_tutorial.data.DATA_FILES")
     from benchmarks import mismatch as bench
     from grpo_tutorial.chapters.mismatch_lab import BASELINE, run_setting
     from grpo_tutorial.chapters.recipes import build_recipe_model, make_recipe_data, warm_start

@@ -52,6 +52,12 @@ safetensors``                   chapter 13 trains live (weights, not readable
 ``lora_regret_lower.json``      the same experiment's LoRA grid extended to lower
                                 learning rates, the same seeds (the same command
                                 with ``--lora-lrs``; ``chapters.low_rank.combine_sweeps``)
+``sampler_mismatch.json``       chapter 15's experiment: the on-policy baseline and
+                                bfloat16, stale (1, 4, 16 updates) and top-p 0.8
+                                samplers, uncorrected and with TRL's token_truncate
+                                and sequence_mask, 6 seeds, held-out curves and each
+                                sampler's measured mismatch
+                                (``python -m benchmarks.mismatch``)
 ``community/``                  chapter 9's run records shared by readers, one
                                 ``run_record.json`` each (written by the notebook on
                                 their GPU; ``chapters.run_record.community_records``
@@ -85,6 +91,7 @@ DATA_FILES = (
     "gpu_proof.json",
     "lora_regret.json",
     "lora_regret_lower.json",
+    "sampler_mismatch.json",
 )
 
 
