@@ -10,11 +10,10 @@ The statistics are small pure functions with exact tests:
 * :func:`pass_at_k`: the unbiased pass@k estimator of Chen et al. (2021),
   ``1 - C(n - c, k) / C(n, k)``, computed as a product so it never forms a
   huge binomial coefficient;
-* :func:`t_quantile`: Student's t quantile (for confidence intervals with 3-10
-  seeds, where the normal 1.96 would be far too narrow);
-* :func:`mean_ci`: mean, standard error and confidence interval across seeds;
-* :func:`paired_comparison`: per-seed differences against a baseline method
-  (same seed = same warm start, so the warm start's luck cancels).
+* :func:`t_quantile`, :func:`mean_ci` and :func:`paired_comparison` (per-seed
+  differences against a baseline method: same seed = same warm start, so the warm
+  start's luck cancels) live in the core's :mod:`grpo_tutorial.stats` and are
+  re-exported here, where chapters 12-15 first met them.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from ..evaluation import evaluate_policy
 from ..rewards import answers_match, correctness_reward, extract_answer
 from ..rollout import generate_rollouts
 from ..sft import encode_sft_batch
+from ..stats import mean_ci, paired_comparison, standard_error, t_quantile
 from ..trainer import GRPOConfig, GRPOTrainer
 
 __all__ = [
@@ -132,94 +132,6 @@ def pass_at_k_curve(counts: Sequence[int], n: int, ks: Sequence[int]) -> list[fl
     if len(counts) == 0:
         raise ValueError("counts is empty; expected one correct-count per problem")
     return [sum(pass_at_k(n, int(c), k) for c in counts) / len(counts) for k in ks]
-
-
-def _t_cdf(t: float, df: int) -> float:
-    """P(T <= t) for Student's t with ``df`` degrees of freedom (Simpson's rule on the density)."""
-    if t == 0:
-        return 0.5
-    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def density(x: float) -> float:
-        return math.exp(log_norm - (df + 1) / 2 * math.log1p(x * x / df))
-
-    # substitute x = tan(u): the integral over [0, |t|] becomes one over [0, atan|t|],
-    # whose integrand stays smooth and bounded even for the heavy tails of df = 1
-    upper = math.atan(abs(t))
-    steps = 2000
-    h = upper / steps
-    total = 0.0
-    for i in range(steps + 1):
-        u = i * h
-        weight = 1 if i in (0, steps) else (4 if i % 2 else 2)
-        total += weight * density(math.tan(u)) / math.cos(u) ** 2
-    half = total * h / 3
-    return 0.5 + half if t > 0 else 0.5 - half
-
-
-def t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on the CDF).
-
-    A 95% interval from 3 seeds uses ``t_quantile(0.975, 2)`` = 4.303, not 1.96.
-    """
-    check_int(None, "df", df, 1)
-    if not isinstance(p, (int, float)) or not 0 < p < 1:
-        raise ValueError(f"p must be a probability in (0, 1), got {p!r}")
-    if p == 0.5:
-        return 0.0
-    if p < 0.5:
-        return -t_quantile(1 - p, df)
-    lo, hi = 0.0, 1.0
-    while _t_cdf(hi, df) < p:
-        hi *= 2
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if _t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-def mean_ci(values: Sequence[float], confidence: float = 0.95) -> dict[str, Any]:
-    """Mean, standard error (sample std / sqrt(n)) and a t confidence interval.
-
-    With one value the standard error and the interval are NaN (nothing measures
-    the spread). Returns ``mean``, ``se``, ``lo``, ``hi``, ``n`` and ``values``.
-    """
-    x = [float(v) for v in values]
-    if not x:
-        raise ValueError("values is empty; expected one number per seed")
-    if not all(math.isfinite(v) for v in x):
-        raise ValueError(f"values must be finite numbers, got {x}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    n = len(x)
-    mean = sum(x) / n
-    if n < 2:
-        return {"mean": mean, "se": math.nan, "lo": math.nan, "hi": math.nan, "n": n, "values": x}
-    se = math.sqrt(sum((v - mean) ** 2 for v in x) / (n - 1) / n)
-    half = t_quantile(0.5 + confidence / 2, n - 1) * se
-    return {"mean": mean, "se": se, "lo": mean - half, "hi": mean + half, "n": n, "values": x}
-
-
-def paired_comparison(
-    method: dict[int, float], baseline: dict[int, float], confidence: float = 0.95
-) -> dict[str, Any]:
-    """Per-seed differences ``method[s] - baseline[s]`` over the seeds both have, with :func:`mean_ci`.
-
-    Pairing by seed removes what the two runs share (the warm start and the data
-    split), so the interval is usually much narrower than comparing two separate
-    intervals. Returns :func:`mean_ci`'s keys plus ``seeds`` and ``differences``.
-    """
-    seeds = sorted(set(method) & set(baseline))
-    if not seeds:
-        raise ValueError(f"no seed in common: method has {sorted(method)}, baseline has {sorted(baseline)}")
-    diffs = [method[s] - baseline[s] for s in seeds]
-    out = mean_ci(diffs, confidence)
-    out["seeds"] = seeds
-    out["differences"] = diffs
-    return out
 
 
 # ---------------------------------------------------------------------------
@@ -566,7 +478,7 @@ def _band(rows: list[list[float]]) -> dict[str, list[float]]:
             continue
         m = sum(x) / len(x)
         mean.append(m)
-        se.append(math.sqrt(sum((v - m) ** 2 for v in x) / (len(x) - 1) / len(x)) if len(x) > 1 else math.nan)
+        se.append(standard_error(x))
     return {"mean": mean, "se": se}
 
 

@@ -1,0 +1,85 @@
+"""The core statistics (grpo_tutorial.stats): exact small examples and what each interval promises."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from grpo_tutorial.stats import (
+    family_level,
+    mean_ci,
+    paired_comparison,
+    paired_gain,
+    prediction_half_width,
+    standard_error,
+    t_quantile,
+)
+
+
+def test_standard_error_by_hand():
+    assert standard_error([1.0, 2.0, 3.0]) == pytest.approx(1 / math.sqrt(3), rel=1e-15)
+    assert math.isnan(standard_error([4.0]))
+    with pytest.raises(ValueError, match="finite"):
+        standard_error([1.0, math.nan])
+
+
+def test_t_quantile_closed_forms():
+    assert t_quantile(0.975, 1) == pytest.approx(math.tan(math.pi * 0.475), rel=1e-7)  # Cauchy
+    for p in (0.9, 0.975, 0.995, 0.9999):
+        assert t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-7)
+    assert t_quantile(0.025, 2) == pytest.approx(-t_quantile(0.975, 2))
+    assert t_quantile(0.975, 2000) == pytest.approx(1.959964, abs=2e-3)
+    with pytest.raises(ValueError, match="probability"):
+        t_quantile(1.0, 3)
+
+
+def test_the_issue_s_prediction_widths_at_99_percent():
+    """A new draw lies within t(n-1) sd sqrt(1 + 1/n) of n seeds' mean: 11.5, 6.5, 5.0, 4.4 sd for n = 3..6."""
+    for n, width in ((3, 11.5), (4, 6.5), (5, 5.0), (6, 4.4)):
+        values = [float(i) for i in range(n)]  # any values: the width is in units of their sd
+        sd = math.sqrt(sum((v - sum(values) / n) ** 2 for v in values) / (n - 1))
+        assert prediction_half_width(values, 0.99) / sd == pytest.approx(width, abs=0.05), n
+
+
+def test_prediction_interval_covers_a_new_draw_at_its_level():
+    """Monte Carlo: 20,000 sets of 4 normal seeds and one more draw; 90% of new draws fall inside."""
+    rng = random.Random(0)
+    seeds = [rng.gauss(0, 1) for _ in range(4)]
+    sd = math.sqrt(sum((v - sum(seeds) / 4) ** 2 for v in seeds) / 3)
+    factor = prediction_half_width(seeds, 0.9) / sd  # t(3) sqrt(1 + 1/4), the same for every set of 4
+    assert factor == pytest.approx(t_quantile(0.95, 3) * math.sqrt(1.25), rel=1e-12)
+    trials, inside = 20_000, 0
+    for _ in range(trials):
+        seeds = [rng.gauss(0, 1) for _ in range(4)]
+        mean = sum(seeds) / 4
+        sd = math.sqrt(sum((v - mean) ** 2 for v in seeds) / 3)
+        inside += abs(rng.gauss(0, 1) - mean) <= factor * sd
+    assert inside / trials == pytest.approx(0.9, abs=4 * math.sqrt(0.09 / trials))  # 4 standard errors
+
+
+def test_family_level_is_bonferroni():
+    assert family_level(0.99, 1) == pytest.approx(0.99)
+    assert family_level(0.99, 40) == pytest.approx(1 - 0.01 / 40)
+    with pytest.raises(ValueError):
+        family_level(0.99, 0)
+
+
+def test_mean_ci_and_paired_comparison():
+    ci = mean_ci([0.52, 0.58, 0.55])
+    assert ci["mean"] == pytest.approx(0.55)
+    assert ci["se"] == pytest.approx(0.03 / math.sqrt(3))
+    assert ci["hi"] - ci["mean"] == pytest.approx(t_quantile(0.975, 2) * ci["se"])
+    d = paired_comparison({0: 0.6, 1: 0.5, 2: 0.7}, {0: 0.5, 1: 0.5, 2: 0.5, 3: 0.9})
+    assert d["seeds"] == [0, 1, 2] and d["differences"] == pytest.approx([0.1, 0.0, 0.2])
+    with pytest.raises(ValueError, match="no seed in common"):
+        paired_comparison({0: 1.0}, {1: 1.0})
+
+
+def test_paired_gain_by_hand():
+    gain, se = paired_gain([0, 0, 1, 1], [1, 1, 1, 0])  # differences +1, +1, 0, -1
+    assert gain == 0.25
+    assert se == pytest.approx(math.sqrt(((0.75**2) * 2 + 0.25**2 + 1.25**2) / 3 / 4), rel=1e-15)
+    with pytest.raises(ValueError, match="same problems"):
+        paired_gain([0, 1], [1])
