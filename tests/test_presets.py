@@ -7,10 +7,17 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 
 import grpo_tutorial
 from grpo_tutorial import GRPOConfig
-from grpo_tutorial.chapters.costs import logits_memory_bytes, rl_step_cost, training_memory_bytes
+from grpo_tutorial.chapters.costs import (
+    bf16_moved,
+    bf16_update_threshold,
+    logits_memory_bytes,
+    rl_step_cost,
+    training_memory_bytes,
+)
 from grpo_tutorial.chapters.gsm8k import smollm2_cpu_data
 from grpo_tutorial.presets import PRESETS, SMOLLM2_SYSTEM_PROMPT, get_preset
 
@@ -178,6 +185,39 @@ def test_logits_memory_bytes():
     with pytest.raises(TypeError, match="rows must be an int >= 1, got True"):  # a bool is no int here
         logits_memory_bytes(True, 1, 1)
 
+
+def _every_finite_bfloat16() -> torch.Tensor:
+    """All 65,536 bfloat16 bit patterns, less the infinities and NaNs."""
+    values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    return values[torch.isfinite(values.float())]
+
+
+@pytest.mark.parametrize("lr", [5e-6, 3e-5, 1e-3, 0.3, 7.0, 3e-39])
+def test_bf16_moved_is_bfloat16_arithmetic_on_every_finite_number(lr):
+    w = _every_finite_bfloat16()
+    measured = (w - lr) != w  # what bfloat16 arithmetic does
+    assert torch.equal(bf16_moved(w, lr), measured)
+    assert torch.equal(bf16_moved(w.float(), lr), measured)  # float32 weights are stored as bfloat16 first
+    t = bf16_update_threshold(lr)
+    assert 256 * lr < t <= 512 * lr
+    # the edges: +T moves (its neighbour below is half as far), -T and the next number up stay
+    edge = torch.tensor([t, -t, t * (1 + 2**-7), -t * (1 - 2**-8)], dtype=torch.bfloat16)
+    assert ((edge - lr) != edge).tolist() == [True, False, False, True] == bf16_moved(edge, lr).tolist()
+
+
+def test_bf16_update_threshold_values_and_the_256_lr_rule_it_replaces():
+    assert bf16_update_threshold(5e-6) == 2**-9  # 2**-18 < 5e-6 < 2**-17
+    assert bf16_update_threshold(3e-5) == 2**-7
+    assert bf16_update_threshold(1.9 * 2**-20) == 2**-11  # just below a power of two: near 512 lr
+    # weights between 256 lr and T move, which |w| < 256 lr leaves out
+    w = torch.tensor([1.5e-3, 1.9e-3, 2.0e-3], dtype=torch.bfloat16)
+    assert ((w - 5e-6) != w).tolist() == [True, True, False] == bf16_moved(w, 5e-6).tolist()
+
+
+@pytest.mark.parametrize("lr", [2**-10, 2**-10 * (1 + 2**-9), 2**-9 * (1 - 2**-10), 0.0, -1e-3, float("inf"), True])
+def test_bf16_update_threshold_refuses_ties_and_bad_rates(lr):
+    with pytest.raises(ValueError, match="lr"):
+        bf16_update_threshold(lr)
 
 
 def test_smollm2_cpu_data_holds_out_200_of_the_300_problems():

@@ -13,7 +13,7 @@ Chapter  Module                What it holds
 6        ``reward_design``     reward-hacking audits, format and monitor rewards
 7        ``inspection``        per-token tables and heatmaps of one training step
 0, 8     ``recipes``           the tiny-addition recipe (warm start + GRPO), held-out evaluation
-0, 9     ``costs``             memory of the model state and logits, PPO vs GRPO counts per step
+0, 9     ``costs``             model state and logits memory, PPO vs GRPO, updates bfloat16 loses
 9        ``gsm8k``             the GPU run (Qwen2.5 on GSM8K) as one function, two scorers, probe, T4 estimates
 9        ``colab``             the run's folder (named by its settings, on Drive in Colab), resume plan, Drive quota
 9        ``run_record``        the run record a learner shares; the shared ones (``data/community/``), validated

@@ -3,7 +3,9 @@
 Chapter 9 sizes the GPU run with :func:`training_memory_bytes` (weights,
 gradients, Adam states) and :func:`logits_memory_bytes` (the largest activation
 of a model with a big vocabulary); chapter 0 compares what one step of PPO and
-of GRPO holds and computes with :func:`rl_step_cost`. The runs themselves are
+of GRPO holds and computes with :func:`rl_step_cost`. Chapter 9's precision
+section counts which weights a small update leaves unchanged in bfloat16 with
+:func:`bf16_update_threshold` and :func:`bf16_moved`. The runs themselves are
 named presets in :mod:`grpo_tutorial.presets`.
 """
 
@@ -12,12 +14,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
+
 from .._checks import check_int
 
 __all__ = [
     "training_memory_bytes",
     "rl_step_cost",
     "logits_memory_bytes",
+    "bf16_update_threshold",
+    "bf16_moved",
 ]
 
 
@@ -154,3 +160,54 @@ def rl_step_cost(
         "forward_equivalents": forward + 2 * backward,
         "state_bytes": len(trained) * per_trained + len(frozen) * per_frozen,
     }
+
+
+def bf16_update_threshold(lr: float) -> float:
+    """The smallest ``|w|`` whose bfloat16 value ``w - lr`` rounds back to ``w``: ``2**(floor(log2 lr) + 9)``.
+
+    bfloat16 keeps 8 significant bits (7 stored), so its numbers in
+    ``[2**e, 2**(e+1))`` are evenly spaced, ``2**(e-7)`` apart: the spacing is
+    constant inside each power-of-two interval, not proportional to ``|w|``.
+    ``w - lr`` is computed exactly (or in float32) and rounded to the nearest
+    bfloat16, so it stays at ``w`` when ``lr`` is less than half the spacing on
+    the side it moves to, ``2**(e-8)``. With ``2**k < lr < 2**(k+1)``
+    (``k = floor(log2 lr)``) every weight of an interval with ``e - 8 <= k`` moves
+    and none of a higher one does: the threshold is ``2**(k+9)``, between
+    ``256 lr`` and ``512 lr`` depending on where ``lr`` lies between two powers
+    of two. One weight at the threshold still moves: ``+2**(k+9)`` itself,
+    whose neighbour below is only half as far (see :func:`bf16_moved`).
+
+    A learning rate within a relative ``2**-8`` of a power of two is refused
+    (``ValueError``): there ``lr`` can equal half a spacing, and the result then
+    depends on round-half-to-even, that is on each weight's last bit, and on
+    whether the kernel rounds ``lr`` to bfloat16 before subtracting.
+
+    >>> bf16_update_threshold(5e-6) == 2**-9  # 2**-18 < 5e-6 < 2**-17
+    True
+    >>> bf16_update_threshold(3e-5) == 2**-7
+    True
+    """
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"lr must be a positive finite number, got {lr!r}")
+    k = math.floor(math.log2(lr))
+    if not 2.0**k * (1 + 2**-8) < lr < 2.0 ** (k + 1) * (1 - 2**-9):
+        raise ValueError(
+            f"lr={lr!r} is within 2**-8 of a power of two: whether w - lr rounds back to w then "
+            "depends on round-half-to-even ties; pick another lr")
+    return 2.0 ** (k + 9)
+
+
+def bf16_moved(weights: torch.Tensor, lr: float) -> torch.Tensor:
+    """Which weights, stored as bfloat16, an update of ``-lr`` changes: ``|w| < T`` or ``w == +T``.
+
+    ``T`` is :func:`bf16_update_threshold`. The weights are rounded to
+    bfloat16 first (as storing them would). The one weight at ``T`` that moves is
+    ``+T``: ``w - lr`` moves it down, into the interval below, whose spacing is
+    half as large, and ``lr`` exceeds half of that. ``-T`` moves away from zero,
+    where the spacing is the full one, and stays. The rule is exact: a test
+    compares it with bfloat16 arithmetic on every finite bfloat16 number.
+    Returns a bool tensor of ``weights``' shape.
+    """
+    threshold = bf16_update_threshold(lr)
+    w = weights.detach().to(torch.bfloat16).float()
+    return (w.abs() < threshold) | (w == threshold)
