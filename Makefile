@@ -39,8 +39,15 @@ $(MATHJAX_DIR)/node_modules/mathjax/es5/tex-chtml.js:
 	mkdir -p $(MATHJAX_DIR)
 	npm install --silent --no-audit --no-fund --prefix $(MATHJAX_DIR) mathjax@3 </dev/null
 
+# Tests and notebooks run in parallel workers (pytest-xdist), one per core by default, each torch
+# process at one thread (OMP_NUM_THREADS=1, which notebook kernels inherit), so two workers never
+# oversubscribe two cores and no number depends on how many workers ran: `make test PYTEST_WORKERS=0`
+# runs the same tests in one process, with the same threads. worksteal hands a waiting worker tests
+# queued for a busy one, so one long notebook does not hold the run's end.
+PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)))' 2>/dev/null || echo 2)
+PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist worksteal)
 test: $(STAMP)
-	$(BIN)/python -m pytest --nbmake --nbmake-kernel=python3 -m "not rerun" tests notebooks $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PARALLEL) --nbmake --nbmake-kernel=python3 -m "not rerun" tests notebooks $(PYTEST_ARGS)
 
 # Re-run every committed record's expensive phase too (chapter 13's warm start: minutes).
 # Run it after regenerating a record; `make test` leaves these out to keep CI short.
@@ -58,7 +65,7 @@ KERNEL_NOTEBOOKS ?= notebooks/07_one_training_step.ipynb notebooks/08_tiny_trans
   notebooks/15_sampler_mismatch.ipynb
 test-kernels: $(STAMP)
 	variables="$$($(BIN)/python .ci/kernel_variant.py)" && echo "test-kernels: $$variables" && \
-	env $$variables $(BIN)/python -m pytest --nbmake --nbmake-kernel=python3 -m "not rerun" \
+	env $$variables OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PARALLEL) --nbmake --nbmake-kernel=python3 -m "not rerun" \
 	  $(KERNEL_TESTS) $(KERNEL_NOTEBOOKS) $(PYTEST_ARGS)
 
 # Chapter 9's GPU path measured on a CUDA GPU (benchmarks/gpu_proof.py, about 5 minutes on an H100):

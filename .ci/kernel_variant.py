@@ -16,12 +16,17 @@ CHOICES = (
     {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
     {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
 )
-CODE = "from grpo_tutorial.env import kernel_fingerprint; print(kernel_fingerprint())"
+CODE = "from grpo_tutorial.env import kernel_fingerprint; print(kernel_fingerprint({}))"
+#: The thread counts records are made at: the default kernels' fingerprint at each goes to the variant pass
+#: as GRPO_MAIN_PASS_KERNELS, so that tests/test_records.py knows which records the first pass compared
+#: bit for bit (it re-runs only those).
+RECORD_THREADS = (1, 2)
 
 
-def fingerprint(variables: dict[str, str]) -> str:
+def fingerprint(variables: dict[str, str], threads: int | None = None) -> str:
     env = {**os.environ, **variables}
-    done = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, check=True)
+    code = CODE.format("" if threads is None else threads)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return done.stdout.strip().splitlines()[-1]
 
 
@@ -31,7 +36,8 @@ def main() -> None:
         other = fingerprint(variables)
         if other != default:
             print(f"kernel variant: fingerprint {other} (default kernels here: {default})", file=sys.stderr)
-            print(" ".join(f"{k}={v}" for k, v in variables.items()))
+            main_pass = ",".join(f"{t}:{fingerprint({}, t)}" for t in RECORD_THREADS)
+            print(" ".join(f"{k}={v}" for k, v in variables.items()) + f" GRPO_MAIN_PASS_KERNELS={main_pass}")
             return
     sys.exit(f"no kernel variables change this machine's kernels (fingerprint {default}): the pass would prove nothing")
 
