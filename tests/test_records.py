@@ -8,7 +8,7 @@ with the record:
 
 - ``smollm2_eval.json`` and the three SmolLM2 histories (chapter 9): the first
   batch of the 'before' evaluation, problem by problem, and step 1 of each seed;
-- ``tiny_learning.json`` and ``tiny_learning_seeds23.json`` (chapter 8): the
+- ``tiny_learning.json`` (chapter 8, seeds 0 to 7): the
   warm start (how many steps, the probe accuracy at every check), the 'before'
   accuracy and the held-out accuracy after the first ``eval_every`` GRPO steps;
 - ``lab_results.json`` (chapter 12): seed 0's warm start, its 'before'
@@ -70,7 +70,6 @@ PROVENANCE = {
     "smollm2_history_seed1.jsonl": ("smollm2_eval.json", 1),
     "smollm2_history_seed2.jsonl": ("smollm2_eval.json", 2),
     "tiny_learning.json": ("tiny_learning.json", None),
-    "tiny_learning_seeds23.json": ("tiny_learning_seeds23.json", None),
     "lab_results.json": ("lab_results.json", None),
     "logprob_memory.json": ("logprob_memory.json", None),
     "thinking_results.json": ("thinking_results.json", None),
@@ -243,6 +242,43 @@ def test_every_shipped_file_names_its_command_and_package_commit():
             done = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", p["package_commit"] + "^{commit}"],
                                   capture_output=True)
             assert done.returncode == 0, f"{name}: package_commit {p['package_commit']} is not a commit here"
+
+
+@pytest.fixture
+def recipe_warm_start(tmp_path_factory):
+    """``(recipe, seed) -> (model, tokenizer, info)``: chapter 8's warm start, made once per test session.
+
+    Chapters 12 and 14's records (three tests) start from the same seed-0 warm start of the
+    same recipe; it is one deterministic computation on this machine's kernels, so the
+    first test that needs it makes it and saves the weights in the session's temporary
+    folder (shared by pytest-xdist's workers, under a file lock), and the others load
+    them: the same bits, a minute less each. The key is the whole recipe but the GRPO
+    phase's length, and the seed.
+    """
+    import hashlib
+    import json
+
+    from filelock import FileLock
+
+    from grpo_tutorial.chapters.recipes import build_recipe_model, make_recipe_data, warm_start
+
+    root = tmp_path_factory.getbasetemp().parent  # the same for every worker of this session
+
+    def make(recipe, seed: int):
+        fields = {k: v for k, v in recipe.to_dict().items() if k not in ("grpo_steps", "eval_every")}
+        key = hashlib.sha256(json.dumps([fields, seed], sort_keys=True, default=str).encode()).hexdigest()[:16]
+        weights, meta = root / f"warm_start_{key}.pt", root / f"warm_start_{key}.json"
+        model, tokenizer = build_recipe_model(recipe, seed)
+        with FileLock(str(root / f"warm_start_{key}.lock")):
+            if meta.exists():
+                model.load_state_dict(torch.load(weights))
+                return model, tokenizer, json.loads(meta.read_text())
+            info = warm_start(model, tokenizer, make_recipe_data(recipe), recipe, seed, progress=False)
+            torch.save(model.state_dict(), weights)
+            meta.write_text(json.dumps({k: v for k, v in info.items() if k != "history"}))
+        return model, tokenizer, info
+
+    return make
 
 
 # ---------------------------------------------------------------------------
@@ -418,10 +454,10 @@ def assert_learns_like_the_tiny_seeds(checks: SeedChecks, result: dict, seeds: l
 
 
 @pytest.mark.slow
-def test_lab_record_reproduces_its_first_step(request):
+def test_lab_record_reproduces_its_first_step(request, recipe_warm_start):
     from benchmarks import lab as lab_benchmark
     from grpo_tutorial.chapters.lab import run_method
-    from grpo_tutorial.chapters.recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, warm_start
+    from grpo_tutorial.chapters.recipes import TinyAdditionRecipe, make_recipe_data
 
     record = read_data("lab_results.json")
     skip_if_the_main_pass_compared(record, "lab_results.json")
@@ -438,8 +474,7 @@ def test_lab_record_reproduces_its_first_step(request):
     torch.set_num_threads(recipe.num_threads)
     try:
         data = make_recipe_data(recipe)
-        model, tokenizer = build_recipe_model(recipe, seed)
-        sft = warm_start(model, tokenizer, data, recipe, seed, progress=False)
+        model, tokenizer, sft = recipe_warm_start(recipe, seed)
         one_step = dataclasses.replace(settings, recipe=recipe.with_settings(grpo_steps=1, eval_every=1))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -660,12 +695,12 @@ def test_step_policy_is_what_its_command_makes():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("record_name", ["lora_regret.json", "lora_regret_lower.json"])
-def test_lora_record_reproduces_its_first_steps(record_name, request):
+def test_lora_record_reproduces_its_first_steps(record_name, request, recipe_warm_start):
     """Seed 0's warm start, then one GRPO step of full fine-tuning and of rank-1 LoRA at their best rates."""
     pytest.importorskip("peft")
     from benchmarks import lora_regret as bench
     from grpo_tutorial.chapters.low_rank import run_setting
-    from grpo_tutorial.chapters.recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, warm_start
+    from grpo_tutorial.chapters.recipes import TinyAdditionRecipe, make_recipe_data
 
     record = read_data(record_name)
     skip_if_the_main_pass_compared(record, record_name)
@@ -685,8 +720,7 @@ def test_lora_record_reproduces_its_first_steps(record_name, request):
     torch.set_num_threads(recipe.num_threads)
     try:
         data = make_recipe_data(recipe)
-        model, tokenizer = build_recipe_model(recipe, seed)
-        sft = warm_start(model, tokenizer, data, recipe, seed, progress=False)
+        model, tokenizer, sft = recipe_warm_start(recipe, seed)
         settings = sweep.settings(model)
         assert list(settings) == list(stored["settings"])
         one_step = recipe.with_settings(grpo_steps=1, eval_every=1)
@@ -721,12 +755,12 @@ def test_lora_record_reproduces_its_first_steps(record_name, request):
 
 
 @pytest.mark.slow
-def test_sampler_mismatch_record_reproduces_its_first_steps(request):
+def test_sampler_mismatch_record_reproduces_its_first_steps(request, recipe_warm_start):
     """Seed 0's warm start, then one GRPO step of the baseline, of the first sampler (bfloat16) uncorrected and of
     the same sampler with the last correction mode, against the record's seed 0 (or its seeds' spread elsewhere)."""
     from benchmarks import mismatch as bench
     from grpo_tutorial.chapters.mismatch_lab import BASELINE, run_setting
-    from grpo_tutorial.chapters.recipes import build_recipe_model, make_recipe_data, warm_start
+    from grpo_tutorial.chapters.recipes import make_recipe_data
 
     record = read_data(MISMATCH_RECORD)
     skip_if_the_main_pass_compared(record, MISMATCH_RECORD)
@@ -745,8 +779,7 @@ def test_sampler_mismatch_record_reproduces_its_first_steps(request):
     torch.set_num_threads(recipe.num_threads)
     try:
         data = make_recipe_data(recipe)
-        model, tokenizer = build_recipe_model(recipe, seed)
-        sft = warm_start(model, tokenizer, data, recipe, seed, progress=False)
+        model, tokenizer, sft = recipe_warm_start(recipe, seed)
         one_step = recipe.with_settings(grpo_steps=1, eval_every=1)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -39,7 +39,7 @@ def test_every_data_file_is_listed_and_readable():
     on_disk = sorted(p.name for p in DATA_DIR.iterdir() if p.suffix in (".json", ".jsonl", ".safetensors"))
     assert on_disk == sorted(DATA_FILES)
     assert read_data("tiny_learning.json")["runs"][0]["seed"] == 0
-    assert [run["seed"] for run in read_data("tiny_learning_seeds23.json")["runs"]] == [2, 3]
+    assert [run["seed"] for run in read_data("tiny_learning.json")["runs"]] == list(range(8))
     history = read_data("smollm2_history.jsonl")
     assert len(history) == read_data("smollm2_eval.json")["steps"]
     assert [row["step"] for row in history] == list(range(1, len(history) + 1))

@@ -18,9 +18,8 @@ file                            what it is (who writes it)
 ``smollm2_eval.json``           that run's before/after evaluation and the list of
                                 every setting tried (``benchmarks/smollm2_run.py``'s
                                 summary, with the list added by hand)
-``tiny_learning.json``          chapter 8's benchmark record, seeds 0 and 1
+``tiny_learning.json``          chapter 8's benchmark record, seeds 0 to 7
                                 (``benchmarks/tiny_learning.py``)
-``tiny_learning_seeds23.json``  the same benchmark for seeds 2 and 3
 ``lab_results.json``            chapter 12's lab: every method and both controls,
                                 3 seeds, pass@k before/after GRPO
                                 (``python -m benchmarks.lab``)
@@ -82,7 +81,6 @@ DATA_FILES = (
     "smollm2_history_seed1.jsonl",
     "smollm2_history_seed2.jsonl",
     "tiny_learning.json",
-    "tiny_learning_seeds23.json",
     "lab_results.json",
     "logprob_memory.json",
     "thinking_results.json",
