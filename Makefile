@@ -42,12 +42,13 @@ $(MATHJAX_DIR)/node_modules/mathjax/es5/tex-chtml.js:
 # Tests and notebooks run in parallel workers (pytest-xdist), one per core by default, each torch
 # process at one thread (OMP_NUM_THREADS=1, which notebook kernels inherit), so two workers never
 # oversubscribe two cores and no number depends on how many workers ran: `make test PYTEST_WORKERS=0`
-# runs the same tests in one process, with the same threads. worksteal hands a waiting worker tests
-# queued for a busy one, so one long notebook does not hold the run's end.
+# runs the same tests in one process, with the same threads. The notebooks, the longest items, are
+# collected first and worksteal hands a waiting worker tests queued for a busy one, so that one long
+# notebook does not hold the run's end.
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)))' 2>/dev/null || echo 2)
 PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist worksteal)
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PARALLEL) --nbmake --nbmake-kernel=python3 -m "not rerun" tests notebooks $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PARALLEL) --nbmake --nbmake-kernel=python3 -m "not rerun" notebooks tests $(PYTEST_ARGS)
 
 # Re-run every committed record's expensive phase too (chapter 13's warm start: minutes).
 # Run it after regenerating a record; `make test` leaves these out to keep CI short.
@@ -167,7 +168,7 @@ $(LATEST_STAMP): requirements.txt pyproject.toml
 
 test-torch-latest: $(LATEST_STAMP)
 	cat $(LATEST_VENV)/versions.txt
-	$(LATEST_BIN)/python -m pytest --nbmake --nbmake-kernel=python3 -m "not rerun" tests notebooks $(PYTEST_ARGS)
+	$(LATEST_BIN)/python -m pytest --nbmake --nbmake-kernel=python3 -m "not rerun" notebooks tests $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
