@@ -42,11 +42,12 @@ $(MATHJAX_DIR)/node_modules/mathjax/es5/tex-chtml.js:
 # Tests and notebooks run in parallel workers (pytest-xdist), one per core by default, each torch
 # process at one thread (OMP_NUM_THREADS=1, which notebook kernels inherit), so two workers never
 # oversubscribe two cores and no number depends on how many workers ran: `make test PYTEST_WORKERS=0`
-# runs the same tests in one process, with the same threads. The notebooks, the longest items, are
-# collected first and worksteal hands a waiting worker tests queued for a busy one, so that one long
-# notebook does not hold the run's end.
+# runs the same tests in one process, with the same threads. --dist loadscope, as tests/conftest.py
+# schedules it, hands each test (or the tests of a file that share a module-scoped fixture) to whichever
+# worker is free, in the order collected: the notebooks, the longest items, first, so that two workers
+# end together.
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)))' 2>/dev/null || echo 2)
-PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist worksteal)
+PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist loadscope)
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PARALLEL) --nbmake --nbmake-kernel=python3 -m "not rerun" notebooks tests $(PYTEST_ARGS)
 

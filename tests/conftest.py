@@ -10,6 +10,38 @@ size calls :func:`grpo_tutorial.build_tiny_policy` with its arguments.
 import pytest
 import torch
 
+
+def shared_fixture_modules(root=None) -> set[str]:
+    """The test files that define a module-, class- or package-scoped fixture (paths as in a node id)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent if root is None else root
+    scoped = re.compile(r"""scope\s*=\s*["'](module|class|package)["']""")
+    return {f"tests/{p.name}" for p in root.glob("test_*.py") if scoped.search(p.read_text(encoding="utf-8"))}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s scheduling (pytest-xdist's ``--dist loadscope``, with one change): every test and
+    every notebook is its own unit, handed to whichever worker is free in the order collected (the
+    notebooks, the longest items, first), except the tests of a file with a module- or class-scoped
+    fixture (a SmolLM2 run, the GPU proof's dry run), which go to one worker together so that the
+    fixture is made once. (xdist's own ``loadgroup`` marks do not reach its scheduler under pytest 9,
+    whose node ids are no longer rewritable; this needs no marks.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    shared = shared_fixture_modules()
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if path in shared else nodeid
+
+    return SharedFixtureScheduling(config, log)
+
+
 #: The 32-wide, two-layer shape most trainer tests use: small enough that a
 #: training step takes milliseconds.
 SMALL_SHAPE = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64}
