@@ -21,6 +21,7 @@ def shared_fixture_modules(root=None) -> set[str]:
     return {f"tests/{p.name}" for p in root.glob("test_*.py") if scoped.search(p.read_text(encoding="utf-8"))}
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown, and unused, without it
 def pytest_xdist_make_scheduler(config, log):
     """`make test`'s scheduling (pytest-xdist's ``--dist loadscope``, with one change): every test and
     every notebook is its own unit, handed to whichever worker is free in the order collected (the
