@@ -104,7 +104,7 @@ CONFIG_CASES = [
     (dict(scale_rewards="std"), "one of ['group', 'batch', 'none']"),
     (dict(scale_rewards=True), "one of ['group', 'batch', 'none']"),
     (dict(scale_rewards=None), "one of ['group', 'batch', 'none']"),
-    (dict(sampler="vllm"), "one of ['policy', 'bfloat16', 'stale', 'top_p']"),
+    (dict(sampler="vllm"), "one of ['policy', 'bfloat16', 'stale', 'top_p', 'float16']"),
     (dict(sampler_staleness=0), "an int >= 1"),
     (dict(vllm_importance_sampling_mode="token"),
      "one of ['token_truncate', 'token_mask', 'sequence_truncate', 'sequence_mask']"),
