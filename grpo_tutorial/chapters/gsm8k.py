@@ -87,6 +87,7 @@ __all__ = [
     "probe_groups",
     "published_peaks",
     "read_gsm8k_jsonl",
+    "sampler_name",
     "score_evaluation",
     "score_lines",
     "session_estimate",
@@ -826,23 +827,37 @@ def step_mode(config: GRPOConfig) -> str:
     return "lora" if config.use_peft else "full"
 
 
-def gpu_sampler(config: GRPOConfig) -> str:
-    """The name (:data:`SAMPLER_LABELS`) of what ``config`` samples with on a CUDA GPU.
+def sampler_name(config: GRPOConfig, on_gpu: bool) -> str:
+    """The name (:data:`SAMPLER_LABELS`) of what ``config`` samples with, on a CUDA GPU or not.
 
-    ``merge_adapters_for_sampling`` and ``static_cache`` of None are on there
-    (:mod:`grpo_tutorial.fast_sampler`), so the LoRA preset's is ``"plain_static"``.
+    ``merge_adapters_for_sampling`` and ``static_cache`` of None are on on a GPU
+    only (:mod:`grpo_tutorial.fast_sampler`). A sampler copy of chapter 15 other
+    than float16 is named by ``GRPOConfig.sampler`` itself.
+
+    >>> sampler_name(GRPOConfig(use_peft=True), on_gpu=True), sampler_name(GRPOConfig(use_peft=True), on_gpu=False)
+    ('plain_static', 'lora')
+    """
+    if config.sampler not in ("policy", "float16"):
+        return config.sampler
+    merge = on_gpu if config.merge_adapters_for_sampling is None else config.merge_adapters_for_sampling
+    static = on_gpu if config.static_cache is None else config.static_cache
+    kind = "float16" if config.sampler == "float16" else "lora" if config.use_peft and not merge else "plain"
+    return kind + ("_static" if static else "")
+
+
+def gpu_sampler(config: GRPOConfig) -> str:
+    """The name (:data:`SAMPLER_LABELS`) of what ``config`` samples with on a CUDA GPU (:func:`sampler_name`).
+
+    The LoRA preset's is ``"plain_static"``: the adapters merged into a copy, the static cache.
 
     >>> gpu_sampler(GRPOConfig(use_peft=True, static_cache=False, merge_adapters_for_sampling=False))
     'lora'
     """
-    if config.sampler not in ("policy", "float16"):
+    name = sampler_name(config, on_gpu=True)
+    if name not in SAMPLER_LABELS:
         raise ValueError(f"GRPOConfig.sampler={config.sampler!r}: the T4 estimates know the policy's own sampling and "
                          "the float16 copy; estimate with sampler='policy'")
-    if config.sampler == "float16":
-        kind = "float16"
-    else:
-        kind = "lora" if config.use_peft and config.merge_adapters_for_sampling is False else "plain"
-    return kind + ("" if config.static_cache is False else "_static")
+    return name
 
 
 def measured_mode(record: dict, config: GRPOConfig) -> dict:
@@ -1216,9 +1231,17 @@ def chapter9_estimate(record: dict, config: GRPOConfig, steps: int, n_eval: int)
 
     Returns ``session`` (:func:`session_estimate`'s dict, or None), ``sampler`` (the
     one it read, or None), ``fast`` (the estimate with ``config``'s own GPU sampler,
-    or None when unmeasured) and ``lines`` (sentences to print).
+    or None when unmeasured), ``lines`` (sentences to print) and ``shown`` (what a
+    run record keeps of it: ``minutes`` (low, high) or None, ``sampler``,
+    ``gpu_record`` (the record's commit), ``steps`` and ``n_eval``).
     """
     wanted, lines = gpu_sampler(config), []
+
+    def out(session: dict | None, sampler: str | None, fast: dict | None) -> dict:
+        shown = {"minutes": None if session is None else [round(m, 1) for m in session["total"]],
+                 "sampler": sampler, "gpu_record": record.get("package_commit"), "steps": steps, "n_eval": n_eval}
+        return {"session": session, "sampler": sampler, "fast": fast, "lines": lines, "shown": shown}
+
     try:
         fast = session_estimate(record, config, steps, n_eval)
     except MissingMeasurement as error:
@@ -1226,12 +1249,13 @@ def chapter9_estimate(record: dict, config: GRPOConfig, steps: int, n_eval: int)
         lines.append(f"UNMEASURED: the sampler this run uses on a GPU, {wanted!r} ({SAMPLER_LABELS[wanted]}): "
                      f"{error}")
     if fast is not None:
-        return {"session": fast, "sampler": wanted, "fast": fast, "lines": lines}
+        return out(fast, wanted, fast)
     try:
         sampler = measured_sampler(record, config)
         session = session_estimate(record, config, steps, n_eval, sampler=sampler)
     except MissingMeasurement as error:
-        return {"session": None, "sampler": None, "fast": None, "lines": [*lines, f"NO ESTIMATE: {error}"]}
+        lines.append(f"NO ESTIMATE: {error}")
+        return out(None, None, None)
     lines.append(f"The estimate below reads the sampler the record measured for this mode instead, {sampler!r} "
                  f"({SAMPLER_LABELS[sampler]}).")
-    return {"session": session, "sampler": sampler, "fast": None, "lines": lines}
+    return out(session, sampler, None)
