@@ -80,13 +80,8 @@ PRESET = "qwen2.5-0.5b-colab-t4"  # LoRA adapters, the chapter's default
 FULL_PRESET = "qwen2.5-0.5b-colab-t4-full"  # every weight trained
 PROMPT_TOKENS = 150  # chapter 9's assumption for a GSM8K prompt with its system prompt and template
 GiB = 2**30
-#: What PyTorch reports as a Colab T4's total memory (``torch.cuda.get_device_properties``;
-#: "GPU 0 has a total capacity of 14.56 GiB" in its out-of-memory messages) ...
-T4_TOTAL_BYTES = int(14.56 * GiB)
-#: ... less about half a GiB that the CUDA context takes there outside PyTorch's allocator.
-T4_CONTEXT_BYTES = GiB // 2
-#: The cap on this process's allocator: what a T4 leaves PyTorch.
-T4_CAP_BYTES = T4_TOTAL_BYTES - T4_CONTEXT_BYTES
+#: The cap on this process's allocator: what a T4 leaves PyTorch (defined with chapter 9's other T4 figures).
+from grpo_tutorial.chapters.gsm8k import T4_CAP_BYTES, T4_CONTEXT_BYTES, T4_TOTAL_BYTES  # noqa: E402,F401
 #: Qwen2.5-0.5B-Instruct's architecture (its config.json on the Hugging Face hub).
 QWEN_ARCHITECTURE = dict(
     vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,

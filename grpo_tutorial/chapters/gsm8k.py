@@ -68,7 +68,10 @@ __all__ = [
     "SCORERS",
     "SETUP_MINUTES",
     "T4_BANDWIDTH",
+    "T4_CAP_BYTES",
+    "T4_CONTEXT_BYTES",
     "T4_FP32_FLOPS",
+    "T4_TOTAL_BYTES",
     "boxed_reward",
     "chapter9_estimate",
     "compare_scores",
@@ -145,6 +148,13 @@ GSM8K_REWARDS = (correctness_reward, boxed_reward)
 T4_FP32_FLOPS = 8.1e12
 #: NVIDIA T4, published memory bandwidth: 320 GB/s (GDDR6).
 T4_BANDWIDTH = 320e9
+#: What PyTorch reports as a Colab T4's total memory (``torch.cuda.get_device_properties``;
+#: "GPU 0 has a total capacity of 14.56 GiB" in its out-of-memory messages) ...
+T4_TOTAL_BYTES = int(14.56 * 2**30)
+#: ... less about half a GiB that the CUDA context takes there outside PyTorch's allocator.
+T4_CONTEXT_BYTES = 2**30 // 2
+#: What a T4 leaves PyTorch: the cap ``make gpu-proof`` puts on its allocator, and chapter 9's.
+T4_CAP_BYTES = T4_TOTAL_BYTES - T4_CONTEXT_BYTES
 
 
 # ---------------------------------------------------------------------------
