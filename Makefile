@@ -72,9 +72,11 @@ test-kernels: $(STAMP)
 	env $$variables OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PARALLEL) --nbmake --nbmake-kernel=python3 -m "not rerun" \
 	  $(KERNEL_TESTS) $$notebooks $(PYTEST_ARGS)
 
-# Chapter 9's GPU path measured on a CUDA GPU (benchmarks/gpu_proof.py, about 5 minutes on an H100):
-# the CUDA tests, one step of the T4 preset at Qwen2.5-0.5B's size under a T4's memory cap, and the
-# tiny recipe learning; it writes grpo_tutorial/data/gpu_proof.json, which chapter 9 prints. It uses
+# Chapter 9's GPU path measured on a CUDA GPU (benchmarks/gpu_proof.py, about 6 minutes on an H100:
+# GPU_PROOF_ARGS="--budget N" gives its sampler table more or less): the CUDA tests, one step of each
+# mode of the T4 preset at Qwen2.5-0.5B's size under a T4's memory cap, every sampler (issue 43), and the
+# tiny recipe learning; it writes grpo_tutorial/data/gpu_proof.json, which chapter 9 prints. A copy of the
+# tree without git history names its commit: GPU_PROOF_COMMIT=<sha> make gpu-proof. It uses
 # the machine's own torch (a GPU machine may have no network for .venv); without CUDA it is a dry run
 # on the CPU with a tiny stand-in, written to runs/gpu_proof_dry_run.json.
 GPU_PROOF_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))

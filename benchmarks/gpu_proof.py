@@ -2,8 +2,9 @@
 
 Chapter 9's Colab run cannot be executed by the book's build (no GPU), so its
 settings rest on estimates. This script measures them wherever a CUDA GPU is
-lent, in one call of about five minutes on an H100, and writes one JSON record
-that chapter 9 prints (``grpo_tutorial/data/gpu_proof.json``):
+lent, in one call of about six minutes on an H100 (``--budget``: the sampler table
+stops there), and writes one JSON record that chapter 9 prints
+(``grpo_tutorial/data/gpu_proof.json``):
 
 1. ``tests``: the CUDA unit tests (``tests/test_cuda.py``, skipped without a GPU, and
    ``tests/test_gpu_path.py``), in a pytest subprocess.
@@ -15,14 +16,33 @@ that chapter 9 prints (``grpo_tutorial/data/gpu_proof.json``):
    measured step and a checkpoint save; for each stage (generation with its KV
    cache, the scoring forward pass, backward, optimizer step, checkpoint save) the
    seconds and the peak allocated and reserved memory. Twice: full fine-tuning
-   (``qwen2.5-0.5b-colab-t4-full``, mode ``full``) and LoRA adapters (the default
-   preset, mode ``lora``), each on a fresh model with the same weights.
+   (``qwen2.5-0.5b-colab-t4-full``, mode ``full``, sampled by the plain model with
+   the dynamic cache: ``sampler`` ``"plain"``) and LoRA adapters (the default
+   preset, mode ``lora``, sampled as it samples on a GPU by default: from the
+   merged copy with the static cache, ``"plain_static"``; the warm-up step pays the
+   compile), each on a fresh model with the same weights.
 3. ``tiny_recipe``: chapter 8's tiny recipe (warm start, GRPO, held-out accuracy
    before and after) for one seed, on the GPU.
+4. ``qwen_step.samplers`` (issue 43): every sampler on the LoRA run's policy, at the
+   preset's rows (8 prompts x 8) and prompt length, ``--sampler-tokens`` new tokens
+   each (128: the shared rollout measurements of 2026-11-28 used the same), every
+   completion to the budget: one first call (a static cache's compile), then
+   ``--sampler-calls`` measured calls (median and range of the milliseconds per
+   decoding step), the peak memory, and for the float16 copy its mismatch with
+   the float32 policy (chapter 15's diagnostics) and its non-finite fallbacks. The
+   samplers (``chapters.gsm8k.SAMPLER_LABELS``): ``plain_static`` (the GPU
+   default), ``float16_static``, ``eval_plain_static`` (an evaluation batch:
+   ``eval_batch_size`` rows, greedy), ``lora`` (unmerged, dynamic: every sampler
+   before issue 43), ``plain``, ``eval_lora``, and TRL's ``generate`` settings where
+   transformers has them: ``trl_static_no_compile`` (a static cache with
+   ``disable_compile=True``, as TRL 1.16 builds its ``GenerationConfig``) and
+   ``trl_continuous_batching`` (``generate_batch``). In that order, each started
+   only while the proof is within ``--budget`` seconds; the rest say "skipped".
 
 Without CUDA (or with ``--dry-run``) it runs the same code on the CPU with a tiny
-stand-in model, the quick recipe and fewer tokens, and writes a record of the same
-shape (``tests/test_gpu_proof.py`` runs it in ``make test``)::
+stand-in model, the quick recipe and fewer tokens (and the LoRA mode's merged static
+sampler switched on, which is off on a CPU by default), and writes a record of the
+same shape (``tests/test_gpu_proof.py`` runs it in ``make test``)::
 
     make gpu-proof                                  # on a CUDA machine
     python -m benchmarks.gpu_proof --dry-run --out /tmp/gpu_proof.json
@@ -60,13 +80,8 @@ PRESET = "qwen2.5-0.5b-colab-t4"  # LoRA adapters, the chapter's default
 FULL_PRESET = "qwen2.5-0.5b-colab-t4-full"  # every weight trained
 PROMPT_TOKENS = 150  # chapter 9's assumption for a GSM8K prompt with its system prompt and template
 GiB = 2**30
-#: What PyTorch reports as a Colab T4's total memory (``torch.cuda.get_device_properties``;
-#: "GPU 0 has a total capacity of 14.56 GiB" in its out-of-memory messages) ...
-T4_TOTAL_BYTES = int(14.56 * GiB)
-#: ... less about half a GiB that the CUDA context takes there outside PyTorch's allocator.
-T4_CONTEXT_BYTES = GiB // 2
-#: The cap on this process's allocator: what a T4 leaves PyTorch.
-T4_CAP_BYTES = T4_TOTAL_BYTES - T4_CONTEXT_BYTES
+#: The cap on this process's allocator: what a T4 leaves PyTorch (defined with chapter 9's other T4 figures).
+from grpo_tutorial.chapters.gsm8k import T4_CAP_BYTES, T4_CONTEXT_BYTES, T4_TOTAL_BYTES  # noqa: E402,F401
 #: Qwen2.5-0.5B-Instruct's architecture (its config.json on the Hugging Face hub).
 QWEN_ARCHITECTURE = dict(
     vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
@@ -85,6 +100,8 @@ STAGES = {
     "backward_seconds": "backward", "optimizer_seconds": "optimizer_step",
 }
 CUDA_TESTS = ("tests/test_cuda.py", "tests/test_gpu_path.py")
+#: What the tiny recipe took on an H100 (90 s in the record of 2026-11-28), kept free of the sampler table's budget.
+TINY_RECIPE_SECONDS = 100.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="the tiny recipe's seed (default: 0)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="the step's completion budget (default: the preset's; the dry run's: 16)")
+    parser.add_argument("--sampler-tokens", type=int, default=None,
+                        help="new tokens of each sampler call (default: 128; the dry run's: 4)")
+    parser.add_argument("--sampler-calls", type=int, default=3,
+                        help="measured calls of each sampler, after its first (default: %(default)s)")
+    parser.add_argument("--budget", type=float, default=360.0,
+                        help="seconds: a sampler starts only while the proof has run less (default: %(default)s)")
     return parser
 
 
@@ -245,6 +268,7 @@ def _synchronize(cuda: bool) -> None:
 
 def measure_step(trainer, batch: list[dict], cuda: bool) -> dict[str, Any]:
     """One training step: each stage's seconds (the history row's) and peak memory."""
+    from grpo_tutorial.fast_sampler import COMPILE_SECONDS, DECODE_MS
     from grpo_tutorial.metrics import watch_stages
 
     from grpo_tutorial.warn import GRPOWarning
@@ -271,6 +295,8 @@ def measure_step(trainer, batch: list[dict], cuda: bool) -> dict[str, Any]:
         "truncated": row["frac_truncated"],
         "reward_mean": row["reward_mean"],
         "loss": row["loss"],
+        "decode_ms": row.get(DECODE_MS),  # a fast sampler's (grpo_tutorial.fast_sampler); None for the plain generate
+        "compile_seconds": row.get(COMPILE_SECONDS),
     }
 
 
@@ -291,13 +317,18 @@ def measure_checkpoint(trainer, cuda: bool) -> dict[str, Any]:
     return {"seconds": seconds, **peaks.peaks["checkpoint_save"], "bytes_on_disk": size}
 
 
-def qwen_step(device: torch.device, *, dry_run: bool, max_new_tokens: int | None) -> dict[str, Any]:
+def qwen_step(device: torch.device, *, dry_run: bool, max_new_tokens: int | None, samplers: dict) -> dict[str, Any]:
     """The T4 preset's step at Qwen2.5-0.5B's size (a tiny stand-in in a dry run): full fine-tuning, then LoRA.
 
-    ``full`` is the full-weight preset (:data:`FULL_PRESET`), ``lora`` the default
-    one (:data:`PRESET`, LoRA adapters); both at the same shapes, each on a fresh
-    model with the same random weights.
+    ``full`` is the full-weight preset (:data:`FULL_PRESET`), sampled by the plain
+    model with the dynamic cache; ``lora`` the default one (:data:`PRESET`, LoRA
+    adapters), sampled as on a GPU by default (merged copy, static cache; switched
+    on in a dry run); both at the same shapes, each on a fresh model with the same
+    random weights. After LoRA's steps its policy measures the sampler table
+    (:func:`measure_samplers`, with ``samplers``: ``tokens``, ``calls``,
+    ``started`` and ``budget``).
     """
+    from grpo_tutorial.chapters.gsm8k import gpu_sampler
     from grpo_tutorial.presets import get_preset
 
     cuda = device.type == "cuda"
@@ -306,19 +337,29 @@ def qwen_step(device: torch.device, *, dry_run: bool, max_new_tokens: int | None
     overrides = dict(use_chat_template=False, system_prompt=None, log_completions=False, seed=0)
     if budget is not None:
         overrides["max_new_tokens"] = budget
-    configs = {"full": get_preset(FULL_PRESET, **overrides), "lora": get_preset(PRESET, **overrides)}
+    configs = {"full": get_preset(FULL_PRESET, static_cache=False, **overrides),
+               "lora": get_preset(PRESET, **overrides, **(dict(static_cache=True, merge_adapters_for_sampling=True)
+                                                            if dry_run else {}))}
     config = configs["lora"]
     shapes = {"prompts": config.prompts_per_step, "group_size": config.group_size,
               "completions": config.prompts_per_step * config.group_size, "prompt_tokens": PROMPT_TOKENS,
               "max_new_tokens": config.max_new_tokens, "micro_batch_size": config.micro_batch_size}
     out: dict[str, Any] = {"preset": PRESET, "full_preset": FULL_PRESET, "shapes": shapes, "modes": {}}
     for mode, mode_config in configs.items():
-        out["modes"][mode], out["model"] = _measure_mode(device, architecture, mode_config, cuda, mode)
+        then = (lambda trainer, prompts: measure_samplers(trainer, prompts, cuda=cuda, **samplers)) if mode == "lora" \
+            else None
+        out["modes"][mode], out["model"], table = _measure_mode(device, architecture, mode_config, cuda, mode, then)
+        out["modes"][mode]["sampler"] = gpu_sampler(mode_config)
+        if table is not None:
+            out["samplers"] = table
+    out.setdefault("samplers", {})
     return out
 
 
-def _measure_mode(device: torch.device, architecture: dict, config, cuda: bool, mode: str) -> tuple[dict, dict]:
-    """Two steps (a warm-up and the measured one) and a checkpoint save of ``config`` on a fresh random model."""
+def _measure_mode(device: torch.device, architecture: dict, config, cuda: bool, mode: str,
+                  then: Callable | None = None) -> tuple[dict, dict, Any]:
+    """Two steps (a warm-up and the measured one) and a checkpoint save of ``config`` on a fresh random model;
+    then ``then(trainer, prompts)``'s result (None without it)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from grpo_tutorial.chapters.gsm8k import enable_gradient_checkpointing
@@ -339,7 +380,7 @@ def _measure_mode(device: torch.device, architecture: dict, config, cuda: bool, 
     prompts = synthetic_prompts(config.prompts_per_step, PROMPT_TOKENS, vocab, {eos_id, pad_id})
     batch = [{"prompt": p, "answer": "0"} for p in prompts]
     result: dict[str, Any] = {"status": "measured", "error": None}
-    trainer = None
+    trainer, table = None, None
     try:
         trainer = GRPOTrainer(model, tokenizer, [odd_length_reward, sevens_reward], config)
         result["trainable_parameters"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
@@ -353,12 +394,147 @@ def _measure_mode(device: torch.device, architecture: dict, config, cuda: bool, 
         result["checkpoint"] = measure_checkpoint(trainer, cuda)
     except torch.OutOfMemoryError as error:  # a finding, not a crash: the record says where
         result.update(status="out of memory", error=str(error)[:2000])
-    finally:
-        del trainer, model
+    if then is not None:
+        table = then(trainer, prompts) if trainer is not None and result["status"] == "measured" else {}
+    del trainer, model
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return result, about, table
+
+
+# ---------------------------------------------------------------------------
+# 2b. every sampler, on the LoRA run's policy (issue 43)
+# ---------------------------------------------------------------------------
+
+#: The sampler table's rows, in the order they are measured (and skipped once the budget is spent).
+SAMPLERS = ("plain_static", "float16_static", "eval_plain_static", "lora", "plain", "eval_lora",
+            "trl_static_no_compile", "trl_continuous_batching")
+
+
+def measure_samplers(trainer, prompts: list[str], *, cuda: bool, tokens: int, calls: int, started: float,
+                     budget: float) -> dict[str, Any]:
+    """Each sampler of :data:`SAMPLERS` on ``trainer``'s LoRA policy: ms per decoding step, compile, memory.
+
+    The policy is the PEFT model; the merged float32 copy is the trainer's own fast
+    sampler's model when it has one; the float16 copy is made here. Every completion
+    runs to ``tokens`` (the stop tokens suppressed). Each sampler's first call pays
+    its compile and warm-up; ``calls`` more are measured. A sampler starts only while
+    ``time.perf_counter() - started < budget``.
+    """
+    from grpo_tutorial.fast_sampler import has_adapters, merged_copy
+
+    policy, tokenizer, config = trainer.model, trainer.tokenizer, trainer.config
+    merged = getattr(trainer.grpo_step.sampler, "evaluation_model", None)
+    merged = merged if merged is not None and not has_adapters(merged) else merged_copy(policy)
+    table: dict[str, Any] = {}
+    for name in SAMPLERS:
+        if time.perf_counter() - started > budget:
+            table[name] = {"status": "skipped", "error": f"the proof's time budget of {budget:.0f} s was spent"}
+            continue
+        print(f"samplers: {name}", flush=True)
+        try:
+            table[name] = _measure_one(name, policy, merged, tokenizer, config, prompts, cuda=cuda, tokens=tokens,
+                                       calls=calls)
+        except torch.OutOfMemoryError as error:
+            table[name] = {"status": "out of memory", "error": str(error)[:1000]}
+        except Exception as error:  # noqa: BLE001: a sampler transformers cannot run here is a finding, not a crash
+            table[name] = {"status": "error", "error": f"{type(error).__name__}: {str(error)[:1000]}"}
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
-    return result, about
+    return table
+
+
+def _measure_one(name: str, policy, merged, tokenizer, config, prompts: list[str], *, cuda: bool, tokens: int,
+                 calls: int) -> dict[str, Any]:
+    """One row of the sampler table (see :func:`measure_samplers`)."""
+    import statistics
+
+    from benchmarks.rollout import NoStopTokens
+    from grpo_tutorial.fast_sampler import NonFiniteGuard, merged_copy
+    from grpo_tutorial.logprobs import score_rollout
+    from grpo_tutorial.mismatch import mismatch_diagnostics
+    from grpo_tutorial.rollout import generate_rollouts, stop_token_ids
+
+    evaluation = name.startswith("eval_")
+    kind = name.removeprefix("eval_")
+    rows = config.eval_batch_size if evaluation else len(prompts) * config.group_size
+    group = 1 if evaluation else config.group_size
+    batch = (prompts * -(-rows // len(prompts)))[:rows] if evaluation else prompts
+    model = {"lora": policy, "float16_static": None}.get(kind, merged)
+    if kind == "float16_static":
+        model = merged_copy(policy, torch.float16)
+    static = kind.endswith("_static") or kind == "trl_static_no_compile"
+    no_stop = NoStopTokens(stop_token_ids(model, tokenizer))
+    guard = NonFiniteGuard() if kind.startswith("float16") else None
+    if kind == "trl_continuous_batching":
+        return _continuous_batching(merged, tokenizer, batch, group, tokens, calls, cuda)
+    before = model.generation_config.disable_compile
+    model.generation_config.disable_compile = kind == "trl_static_no_compile" or None
+    seconds, rollout = [], None
+    peaks = StagePeaks(cuda)
+    try:
+        for seed in range(calls + 1):
+            _synchronize(cuda)
+            start = time.perf_counter()
+            rollout = generate_rollouts(model, tokenizer, batch, group_size=group, max_new_tokens=tokens,
+                                        do_sample=not evaluation, generator_seed=seed, static_cache=static,
+                                        logits_processor=(no_stop,) + ((guard,) if guard else ()))
+            _synchronize(cuda)
+            seconds.append(time.perf_counter() - start)
+            if rollout.completion_ids.shape[1] != tokens:
+                raise RuntimeError(f"{name}: {rollout.completion_ids.shape[1]} tokens generated, not {tokens}")
+        peaks.read("sampler")
+    finally:
+        model.generation_config.disable_compile = before
+    first, measured = seconds[0], seconds[1:]
+    ms = [1000 * s / tokens for s in measured]
+    row: dict[str, Any] = {
+        "status": "measured", "error": None, "label": kind, "prompts": len(batch), "group_size": group,
+        "rows": len(batch) * group, "prompt_tokens": PROMPT_TOKENS, "new_tokens": tokens, "greedy": evaluation,
+        "static_cache": static, "dtype": str(model.dtype).replace("torch.", ""), "calls_seconds": seconds,
+        "ms_per_step": {"median": statistics.median(ms), "min": min(ms), "max": max(ms), "n": len(ms)},
+        "first_call_seconds": first,
+        "compile_seconds": max(0.0, first - statistics.median(measured)) if static else None,
+        **peaks.peaks["sampler"],
+    }
+    if guard is not None:  # the float16 copy: its mismatch with the float32 policy on its own last sample
+        sampler_logp = score_rollout(model, rollout, temperature=config.temperature, chunk=config.micro_size)
+        learner_logp = score_rollout(policy, rollout, temperature=config.temperature, chunk=config.micro_size)
+        row["fallbacks"] = int(guard.tripped() or not bool(torch.isfinite(sampler_logp).all()))
+        row["mismatch"] = mismatch_diagnostics(learner_logp.float(), sampler_logp.float(), rollout.completion_mask)
+    return row
+
+
+def _continuous_batching(model, tokenizer, prompts: list[str], group: int, tokens: int, calls: int,
+                         cuda: bool) -> dict[str, Any]:
+    """transformers' continuous batching (``generate_batch``, TRL's ``use_transformers_continuous_batching``)."""
+    import statistics
+
+    from transformers import GenerationConfig
+
+    if not hasattr(model, "generate_batch"):
+        return {"status": "not available", "error": "this transformers has no generate_batch"}
+    if not cuda:  # its paged cache on a CPU took about 19 s for 4 tokens of the dry run's 64 rows
+        return {"status": "not available", "error": "continuous batching is measured on CUDA only"}
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts for _ in range(group)]
+    settings = GenerationConfig(max_new_tokens=tokens, min_new_tokens=tokens, do_sample=True, temperature=1.0,
+                                top_k=0, top_p=1.0, eos_token_id=model.generation_config.eos_token_id,
+                                pad_token_id=model.generation_config.pad_token_id)
+    seconds, generated = [], 0
+    for _ in range(calls + 1):
+        _synchronize(cuda)
+        start = time.perf_counter()
+        outputs = model.generate_batch(inputs=ids, generation_config=settings)
+        _synchronize(cuda)
+        seconds.append(time.perf_counter() - start)
+        generated = max(len(getattr(o, "generated_tokens", []) or []) for o in outputs.values())
+    ms = [1000 * s / max(1, generated) for s in seconds[1:]]
+    return {"status": "measured", "error": None, "label": "trl_continuous_batching", "rows": len(ids),
+            "prompt_tokens": PROMPT_TOKENS, "new_tokens": generated, "greedy": False, "calls_seconds": seconds,
+            "ms_per_step": {"median": statistics.median(ms), "min": min(ms), "max": max(ms), "n": len(ms)},
+            "first_call_seconds": seconds[0], "compile_seconds": None}
 
 
 # ---------------------------------------------------------------------------
@@ -429,7 +605,9 @@ def run(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, Any]:
     }
     parts: dict[str, Callable[[], dict[str, Any]]] = {
         "tests": lambda: run_tests(args.tests),
-        "qwen_step": lambda: qwen_step(device, dry_run=dry_run, max_new_tokens=args.max_new_tokens),
+        "qwen_step": lambda: qwen_step(device, dry_run=dry_run, max_new_tokens=args.max_new_tokens, samplers=dict(
+            tokens=args.sampler_tokens or (4 if dry_run else 128), calls=args.sampler_calls, started=started,
+            budget=args.budget - (0 if dry_run else TINY_RECIPE_SECONDS))),
         "tiny_recipe": lambda: tiny_recipe(device, args.seed, dry_run=dry_run),
     }
     for name, part in parts.items():
@@ -460,6 +638,20 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
             lines.append(f"  {stage:<16} {s['seconds']:7.2f} s  peak allocated {gib(s['peak_allocated'])} GiB, "
                          f"reserved {gib(s['peak_reserved'])} GiB")
         lines.append(f"  step {full['step']['step_seconds']:.2f} s, cap {gib(record['memory_cap']['bytes'])} GiB")
+    lora = record["qwen_step"]["modes"].get("lora", {})
+    if lora.get("status") == "measured":
+        step = lora["step"]
+        lines.append(f"qwen step, LoRA ({lora.get('sampler', 'lora')}): {step['step_seconds']:.2f} s, generation "
+                     f"{step['stages']['generation']['seconds']:.2f} s, peak reserved "
+                     f"{(step['peak_reserved'] or 0) / GiB:.2f} GiB")
+    for name, row in record["qwen_step"].get("samplers", {}).items():
+        if row.get("status") == "measured":
+            ms = row["ms_per_step"]
+            first = f", compile {row['compile_seconds']:.1f} s" if row.get("compile_seconds") is not None else ""
+            lines.append(f"  sampler {name:<24} {ms['median']:7.2f} ms/step [{ms['min']:.2f}, {ms['max']:.2f}], "
+                         f"{row['rows']} rows{first}")
+        else:
+            lines.append(f"  sampler {name:<24} {row.get('status')}: {str(row.get('error'))[:100]}")
     tiny = record["tiny_recipe"]
     lines.append(f"tiny recipe seed {tiny['seed']}: {tiny['before']:.3f} -> {tiny['after']:.3f} "
                  f"({tiny['gain']:+.3f} ± {tiny['gain_se']:.3f}), GRPO {tiny['seconds']['grpo']:.0f} s")

@@ -100,6 +100,31 @@ class GRPOConfig:
             otherwise (GPUs are untouched); True = on, or an error; False = off.
             Only sampling and evaluation use it; the log-probs of the loss come
             from the model's own layers.
+        merge_adapters_for_sampling: with ``use_peft``, sample (stage 1) and
+            evaluate from a plain copy of the policy whose weights are the
+            adapters merged into the base, ``W + (lora_alpha / lora_r) B A``,
+            re-merged after every optimizer update
+            (:mod:`grpo_tutorial.fast_sampler`): one matrix product per layer
+            instead of three, the same distribution up to float rounding, the
+            step still on-policy. The trained model is never merged in place
+            (an unmerge would move its frozen base by rounding). Costs one more
+            copy of the weights. None (default): on where the policy is on a CUDA
+            GPU, off on the CPU (no CPU number moves); True: also on the CPU
+            (needs ``use_peft``), where it made LoRA's sampling 1.3 to 1.6 times
+            faster on the book's machine (``python -m benchmarks.sampler_cpu``),
+            with other samples by float rounding; False: never.
+        static_cache: generate with a static KV cache, so that every decoding
+            step has the same shapes and transformers compiles it on a CUDA GPU
+            (``torch.compile`` with CUDA graphs: one graph replayed instead of
+            hundreds of kernel launches); prompts are left-padded to a width that
+            is a multiple of 64 and never shrinks, so the compiled step is reused
+            from step to step. The first call at a new shape pays the compile
+            (the history's ``sampler/compile_seconds``). Used by the policy's
+            sampler, the ``"float16"`` copy and the evaluations. None (default):
+            on where the policy is on a CUDA GPU, off on the CPU (no CPU number
+            moves); True: also on the CPU, where nothing is compiled and a
+            decoding step was slower on the book's machine; False: never (TRL's
+            ``generate`` path compiles nothing either).
         sampler: what writes the completions (:mod:`grpo_tutorial.mismatch`).
             ``"policy"`` (default): the policy itself, so sampler and learner
             are one model and the step is exactly on-policy. The others are a
@@ -108,7 +133,13 @@ class GRPOConfig:
             bfloat16; ``"stale"``, a copy ``sampler_staleness`` optimizer
             updates behind the policy (asynchronous RL); ``"top_p"``, the
             policy sampling from the nucleus of ``top_p``, which the scorer's
-            softmax does not apply. Each keeps its own log-probs of what it
+            softmax does not apply; ``"float16"``, a copy of the policy (its
+            adapters merged) in float16, sampled with the static cache where
+            ``static_cache`` says: the fast sampler of a GPU without bfloat16
+            (a T4), the learner kept in float32. Its every rollout is checked
+            for non-finite logits and log-probs (Qwen2 can overflow float16)
+            and made again by the float32 policy when they are not (the
+            history's ``sampler/fallbacks``). Each keeps its own log-probs of what it
             sampled with the rollout, the history gets the ``mismatch/...``
             diagnostics, and the copy is synced after every optimizer update
             (a resumed run restarts the copy from the policy it loads). Stage 4
@@ -276,6 +307,8 @@ class GRPOConfig:
     disable_dropout: bool = True
     share_prompt_cache: bool = True
     onednn_generation: bool | None = None
+    merge_adapters_for_sampling: bool | None = None
+    static_cache: bool | None = None
     sampler: str = "policy"
     sampler_staleness: int = 1
     vllm_importance_sampling_correction: bool = False
@@ -356,6 +389,7 @@ class GRPOConfig:
         for flag in ("disable_dropout", "share_prompt_cache"):
             check_flag(o, flag, getattr(self, flag))
         check_flag(o, "onednn_generation", self.onednn_generation, optional=True)
+        check_flag(o, "static_cache", self.static_cache, optional=True)
         n = self.batch_completions
         check_int(o, "minibatch_size", self.minibatch_size, 1, optional=True)
         if self.minibatch_size is not None and n % self.minibatch_size != 0:
@@ -449,6 +483,10 @@ class GRPOConfig:
         """The LoRA fields; a list of target modules is stored as a list, ``["all-linear"]`` as that name."""
         o = _OWNER
         check_flag(o, "use_peft", self.use_peft)
+        check_flag(o, "merge_adapters_for_sampling", self.merge_adapters_for_sampling, optional=True)
+        if self.merge_adapters_for_sampling and not self.use_peft:
+            raise config_error(o, "merge_adapters_for_sampling", True, "None or False with use_peft=False",
+                               ": there are no adapters to merge (set use_peft=True to train LoRA adapters)")
         check_int(o, "lora_r", self.lora_r, 1)
         check_number(o, "lora_alpha", self.lora_alpha, lambda v: v > 0, "a number > 0 (TRL's default: 32)")
         check_number(o, "lora_dropout", self.lora_dropout, lambda v: 0 <= v < 1, "a number in [0, 1)")

@@ -4,7 +4,9 @@
 every setting that decides what the model sees and may write (the system prompt,
 the chat template, the token budget, the evaluation batch size and the oneDNN
 setting) from the :class:`~grpo_tutorial.config.GRPOConfig` the run trains with,
-so an evaluation cannot score a prompt the model was never trained on.
+so an evaluation cannot score a prompt the model was never trained on. It
+generates as the run samples, fast where the run is (:mod:`grpo_tutorial.fast_sampler`:
+``merge_adapters_for_sampling`` and ``static_cache``, on by default on a CUDA GPU).
 :meth:`GRPOTrainer.evaluate <grpo_tutorial.trainer.GRPOTrainer.evaluate>`, the
 chapter recipes, chapter 9's GPU run, the command line, the lab and the
 benchmarks all call it.
@@ -25,9 +27,10 @@ import torch
 
 from ._checks import check_int
 from .config import GRPOConfig
+from .fast_sampler import sampling_model, use_static_cache
 from .metrics import nanmean
 from .rewards import compute_rewards, correctness_reward, extra_columns, judge_correct
-from .rollout import generate_rollouts
+from .rollout import encode_prompts, generate_rollouts
 from .tasks import as_rows, validate_for_model
 
 __all__ = ["evaluate_policy"]
@@ -63,7 +66,10 @@ def evaluate_policy(
             ``GRPOConfig()``). Its ``system_prompt``, ``use_chat_template``,
             ``max_new_tokens``, ``eval_batch_size``, ``onednn_generation`` and
             ``reward_weights`` decide the evaluation, exactly as its sampling and
-            rewards decide training.
+            rewards decide training; ``merge_adapters_for_sampling`` and
+            ``static_cache`` how fast it generates (a PEFT model's adapters are
+            then merged into a copy made for the evaluation; the trainer passes
+            its sampler's copy instead).
         reward_fns: the reward (default: ``correctness_reward``).
         accuracy_fn: what counts as correct (see
             :func:`grpo_tutorial.rewards.judge_correct`; default: the number
@@ -93,11 +99,18 @@ def evaluate_policy(
     validate_for_model(rows, model, tokenizer, config.max_new_tokens)
     fns = [correctness_reward] if reward_fns is None else ([reward_fns] if callable(reward_fns) else list(reward_fns))
     start_time = time.perf_counter()
+    static = use_static_cache(config, model)
+    width = 0  # with a static cache: every batch padded to the longest prompt, so one compiled step serves all
+    if static:
+        width = max(len(ids) for ids in encode_prompts(tokenizer, [row["prompt"] for row in rows],
+                                                          system_prompt=config.system_prompt,
+                                                          use_chat_template=config.use_chat_template))
+    model = sampling_model(model, config)  # merged adapters: a copy, made once for the whole evaluation
     records: list[dict] = []
     judged_all = True
     for start in range(0, len(rows), batch_size):
         chunk = list(rows[start : start + batch_size])
-        chunk_records, judged = _evaluate_chunk(model, tokenizer, chunk, config, fns, accuracy_fn)
+        chunk_records, judged = _evaluate_chunk(model, tokenizer, chunk, config, fns, accuracy_fn, (static, width))
         records.extend(chunk_records)
         judged_all = judged_all and judged
     return _summary(records, judged_all, start_time, num_samples)
@@ -123,8 +136,11 @@ def _evaluate_chunk(
     config: GRPOConfig,
     fns: list[Callable],
     accuracy_fn: Callable | None,
+    static: tuple[bool, int] = (False, 0),
 ) -> tuple[list[dict], bool]:
-    """One greedy completion per row of ``chunk``, scored: its records, and whether every row could be judged."""
+    """One greedy completion per row of ``chunk``, scored: its records, and whether every row could be judged.
+
+    ``static``: (use a static KV cache, the prompt width to pad to)."""
     rollout = generate_rollouts(
         model,
         tokenizer,
@@ -135,6 +151,8 @@ def _evaluate_chunk(
         system_prompt=config.system_prompt,
         use_chat_template=config.use_chat_template,
         onednn=config.onednn_generation,
+        static_cache=static[0],
+        prompt_width=static[1],
     )
     answers = [row.get("answer") for row in chunk]
     columns = extra_columns(chunk, 1)

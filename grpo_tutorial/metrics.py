@@ -31,8 +31,11 @@ __all__ = [
 #: asynchronously, each stage waits for its kernels before its clock stops.
 STAGE_SECONDS = ("generate_seconds", "reward_seconds", "score_seconds", "reference_seconds", "update_seconds")
 UPDATE_SECONDS = ("forward_seconds", "backward_seconds", "optimizer_seconds")
+#: A fast sampler's timings (:mod:`grpo_tutorial.fast_sampler`): ms per decoding step, the seconds of compiling calls.
+SAMPLER_SECONDS = ("sampler/decode_ms", "sampler/compile_seconds")
 TIMING_KEYS = frozenset(
-    {"step_seconds", "rollout_seconds", "tokens_per_s", "other_seconds", *STAGE_SECONDS, *UPDATE_SECONDS}
+    {"step_seconds", "rollout_seconds", "tokens_per_s", "other_seconds", *STAGE_SECONDS, *UPDATE_SECONDS,
+     *SAMPLER_SECONDS}
 )
 
 

@@ -11,7 +11,10 @@ corrects for it. This module holds both halves of that story:
 - the sampler copies (:class:`SamplerCopy`, chosen by ``GRPOConfig.sampler``):
   ``"bfloat16"``, the policy cast to bfloat16; ``"stale"``, the policy as it was
   ``sampler_staleness`` optimizer updates ago; ``"top_p"``, the policy itself
-  sampling from the nucleus of ``top_p``. Each is the step's ``sampler`` and
+  sampling from the nucleus of ``top_p``; ``"float16"``, the fast sampler of a
+  GPU without bfloat16 (a T4): the policy, its adapters merged, cast to float16,
+  sampled with :mod:`grpo_tutorial.fast_sampler`'s static cache and guarded
+  against non-finite logits. Each is the step's ``sampler`` and
   keeps, with the rollout, its own per-token log-probs of what it sampled
   (``Rollout.sampler_logprobs``); the step calls :meth:`SamplerCopy.sync` after
   every optimizer update;
@@ -39,6 +42,7 @@ from typing import Any
 import torch
 
 from ._checks import check_choice, check_number, config_error, require_tensor, same_shape
+from .fast_sampler import FALLBACKS, FastSampler, NonFiniteGuard, build_fast_sampler, use_static_cache
 from .logprobs import score_rollout
 from .rollout import Rollout, generate_rollouts
 
@@ -50,7 +54,7 @@ __all__ = [
 #: TRL's ``vllm_importance_sampling_mode`` values: (token or sequence) x (truncate or mask).
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 #: What ``GRPOConfig.sampler`` takes: the policy itself, or a copy of it that differs from the learner.
-SAMPLERS = ("policy", "bfloat16", "stale", "top_p")
+SAMPLERS = ("policy", "bfloat16", "stale", "top_p", "float16")
 
 
 # ---------------------------------------------------------------------------
@@ -195,7 +199,9 @@ def mismatch_diagnostics(
 def sampler_correction(old_logp: torch.Tensor | None, rollout: Rollout, config: Any) -> tuple[torch.Tensor | None, dict]:
     """The step's use of this module after stage 4: ``(weights, diagnostics)``.
 
-    Without the sampler's log-probs (the default sampler) it is ``(None, {})``.
+    Without the sampler's log-probs (the default sampler) it is ``(None, {})``, or
+    ``(None, stats)`` for a fast sampler's rollout (its ``sampler_stats``, which
+    also join the diagnostics of a sampler copy).
     With them, the diagnostics (:func:`mismatch_diagnostics`) against
     ``old_logp``, the trainer's log-probs of the rollout (``[N, T]``), and, with
     ``config.vllm_importance_sampling_correction``, the weights
@@ -204,20 +210,20 @@ def sampler_correction(old_logp: torch.Tensor | None, rollout: Rollout, config: 
     modes) in the diagnostics as ``mismatch/weight_mean`` (TRL logs
     ``sampling/importance_sampling_ratio/mean``).
     """
-    sampler_logp = rollout.sampler_logprobs
+    sampler_logp, stats = rollout.sampler_logprobs, dict(rollout.sampler_stats or {})  # a fast sampler's timings
     if sampler_logp is None:
         if config.vllm_importance_sampling_correction:
             raise ValueError(
                 "GRPOConfig.vllm_importance_sampling_correction=True, but the sampler gave no sampler_logprobs; "
                 "set GRPOConfig.sampler to a sampler copy, or return Rollout(..., sampler_logprobs=[N, T])"
             )
-        return None, {}
+        return None, stats
     if old_logp is None:
         raise ValueError("sampler_correction needs the trainer's log-probs of the rollout (old_logp), got None")
     cfg, mask = config, rollout.completion_mask
     sampler_logp = sampler_logp.to(old_logp.device, old_logp.dtype)  # [N, T]
     low, high = cfg.vllm_importance_sampling_clip_min, cfg.vllm_importance_sampling_clip_max
-    diagnostics = mismatch_diagnostics(old_logp, sampler_logp, mask, low, high)
+    diagnostics = {**mismatch_diagnostics(old_logp, sampler_logp, mask, low, high), **stats}
     if not cfg.vllm_importance_sampling_correction:
         return None, diagnostics
     weights = sampler_weights(old_logp, sampler_logp, mask, cfg.vllm_importance_sampling_mode, low, high)
@@ -302,7 +308,15 @@ class SamplerCopy:
       weights of k updates earlier). It keeps the last k snapshots of the
       policy's weights, so it holds k copies of them;
     - ``"top_p"``: the policy itself, no copy, generating with ``config.top_p``
-      (nucleus sampling), a distribution the trainer's softmax does not know.
+      (nucleus sampling), a distribution the trainer's softmax does not know;
+    - ``"float16"``: a copy of the policy, its adapters merged
+      (:func:`~grpo_tutorial.fast_sampler.merged_copy`), in float16, generating
+      through a :class:`~grpo_tutorial.fast_sampler.FastSampler` (the static
+      cache where ``config.static_cache`` says). Every call is guarded: when its
+      logits (:class:`~grpo_tutorial.fast_sampler.NonFiniteGuard`) or its own
+      log-probs of the sample are not finite, the rollout is made again by the
+      float32 policy with the same seed, scored by it, counted in the history's
+      ``sampler/fallbacks`` and warned about once.
 
     Each rollout carries the sampler's own per-token log-probs of what it sampled
     (``sampler_logprobs``, ``[N, Tc]``, 0 on padding), scored by the copy after
@@ -316,15 +330,24 @@ class SamplerCopy:
         self.policy, self.tokenizer, self.config, self.kind = policy, tokenizer, config, kind
         self.staleness = config.sampler_staleness if kind == "stale" else 0
         self.snapshots: deque[dict[str, torch.Tensor]] = deque()  # "stale": the policy after each of the last k updates
-        self.model = policy if kind == "top_p" else copy.deepcopy(policy)
-        if kind != "top_p":
+        self.engine: FastSampler | None = None  # "float16": generates from the merged float16 copy
+        if kind == "float16":
+            self.engine = FastSampler(policy, tokenizer, config, merge=True, static=use_static_cache(config, policy),
+                                      dtype=torch.float16)
+            self.model = self.engine.model
+        else:
+            self.model = policy if kind == "top_p" else copy.deepcopy(policy)
+        if kind in ("bfloat16", "stale"):
             self.model.requires_grad_(False)
             if kind == "bfloat16":
                 self.model.to(torch.bfloat16)
         self.updates = 0  # optimizer updates seen since the copy was made (or reset)
+        self.fallbacks = 0  # "float16": rollouts made again in float32
 
     def __call__(self, prompts: list, generator_seed: int) -> Rollout:
         cfg = self.config
+        if self.kind == "float16":
+            return self._guarded(prompts, generator_seed)
         rollout = generate_rollouts(
             self.model, self.tokenizer, prompts, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature, top_p=cfg.top_p if self.kind == "top_p" else 1.0, do_sample=True,
@@ -339,10 +362,35 @@ class SamplerCopy:
         rollout.sampler_logprobs = logp.float() * rollout.completion_mask  # [N, Tc], 0 on padding
         return rollout
 
+    def _guarded(self, prompts: list, generator_seed: int) -> Rollout:
+        """The float16 copy's rollout, or (non-finite logits or log-probs) the float32 policy's, with the same seed."""
+        cfg, guard = self.config, NonFiniteGuard()
+        rollout = self.engine.rollout(self.model, prompts, generator_seed, guard=guard)
+        logp = score_rollout(self.model, rollout, temperature=cfg.temperature, chunk=cfg.micro_size)  # [N, Tc]
+        finite = not guard.tripped() and bool(torch.isfinite(logp[rollout.completion_mask.bool()]).all())
+        stats = {**rollout.sampler_stats, FALLBACKS: 0.0}
+        if not finite:
+            self.fallbacks += 1
+            self.engine.warn("float16", "the float16 sampler copy gave non-finite logits or log-probs (a float16 "
+                             "overflow); that rollout was made again by the float32 policy. The history's "
+                             f"{FALLBACKS!r} counts each; if it is often 1, set GRPOConfig.sampler='policy'")
+            rollout = generate_rollouts(
+                self.policy, self.tokenizer, prompts, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+                temperature=cfg.temperature, do_sample=True, system_prompt=cfg.system_prompt,
+                use_chat_template=cfg.use_chat_template, generator_seed=generator_seed, onednn=cfg.onednn_generation,
+            )
+            logp = score_rollout(self.policy, rollout, temperature=cfg.temperature, chunk=cfg.micro_size)
+            stats[FALLBACKS] = 1.0
+        rollout.sampler_logprobs = logp.float() * rollout.completion_mask  # [N, Tc], 0 on padding
+        rollout.sampler_stats = stats
+        return rollout
+
     def sync(self) -> None:
         """After an optimizer update: the copy follows the policy (bfloat16: at once; stale: k updates later)."""
         self.updates += 1
-        if self.kind == "bfloat16":
+        if self.kind == "float16":
+            self.engine.sync()
+        elif self.kind == "bfloat16":
             self.model.load_state_dict(self.policy.state_dict())
         elif self.kind == "stale":
             self.snapshots.append({k: v.detach().clone() for k, v in self.policy.state_dict().items()})
@@ -357,14 +405,18 @@ class SamplerCopy:
         """
         self.snapshots.clear()
         self.updates = 0
-        if self.kind != "top_p":
+        if self.kind == "float16":
+            self.engine.sync()
+        elif self.kind != "top_p":
             self.model.load_state_dict(self.policy.state_dict())
 
 
 def build_sampler(given: Any, policy: torch.nn.Module, tokenizer: Any, config: Any) -> Any:
     """The step's sampler: ``given`` (a ``sampler=`` function), or ``config.sampler``'s copy of ``policy``.
 
-    None for the default ``"policy"`` (the step's own ``generate``). A given
+    For the default ``"policy"``: a :class:`~grpo_tutorial.fast_sampler.FastSampler`
+    where merging adapters or the static cache is on (on a CUDA GPU, by default),
+    else None (the step's own ``generate``). A given
     sampler and a ``config.sampler`` other than ``"policy"`` are refused together,
     and so is the correction with neither (the policy reports no log-probs of its own).
     """
@@ -379,8 +431,8 @@ def build_sampler(given: Any, policy: torch.nn.Module, tokenizer: Any, config: A
         if config.vllm_importance_sampling_correction:
             raise ValueError(
                 "GRPOConfig.vllm_importance_sampling_correction=True needs a sampler that is not the learner: set "
-                "GRPOConfig.sampler ('bfloat16', 'stale' or 'top_p'), or pass sampler= a function whose rollouts "
-                "carry sampler_logprobs"
+                "GRPOConfig.sampler ('bfloat16', 'stale', 'top_p' or 'float16'), or pass sampler= a function whose "
+                "rollouts carry sampler_logprobs"
             )
-        return None
+        return build_fast_sampler(policy, tokenizer, config)
     return SamplerCopy(policy, tokenizer, config, config.sampler)

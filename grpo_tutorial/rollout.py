@@ -26,11 +26,14 @@ import torch
 
 from ._checks import check_flag, check_int, require_tensor
 from .chat import is_chat_messages
-from .speedups import cache_argument, generation_can_share_prompts, onednn_linears, shared_prompt_cache, use_onednn
+from .speedups import (
+    bucket_width, cache_argument, generation_can_share_prompts, onednn_linears, shared_prompt_cache,
+    static_cache_kwargs, use_onednn,
+)
 
 __all__ = [
     "Rollout", "completion_mask", "concat_groups", "encode_prompts", "generate_rollouts", "keep_signal_groups",
-    "render_prompts",
+    "merge_sampler_stats", "render_prompts",
 ]
 
 
@@ -56,6 +59,10 @@ class Rollout:
             trained (a sampler copy of :mod:`grpo_tutorial.mismatch`; 0 on
             padding, NaN where the sampler could not give one). None (the
             default sampler): the policy sampled, and stage 4 scores it.
+        sampler_stats: what a fast sampler (:mod:`grpo_tutorial.fast_sampler`)
+            measured while it wrote this rollout, for the history row
+            (``sampler/decode_ms``, ``sampler/compile_seconds``,
+            ``sampler/fallbacks``); None for the plain ``generate`` call.
     """
 
     prompt_ids: torch.Tensor
@@ -68,6 +75,7 @@ class Rollout:
     prompts: list[Any]
     group_size: int
     sampler_logprobs: torch.Tensor | None = None
+    sampler_stats: dict[str, float] | None = None
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -160,9 +168,9 @@ def render_prompts(
     return list(prompts)
 
 
-def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token lists to one length. Returns ids [B, Tp] and mask [B, Tp]."""
-    width = max(len(r) for r in rows)
+def _left_pad(rows: list[list[int]], pad_id: int, width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists to one length (the longest, or ``width`` if more). Returns ids [B, Tp] and mask [B, Tp]."""
+    width = max(width, max(len(r) for r in rows))
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, Tp]
     mask = torch.zeros((len(rows), width), dtype=torch.long)  # [B, Tp]
     for i, row in enumerate(rows):
@@ -322,6 +330,9 @@ def generate_rollouts(
     use_chat_template: bool | None = None,
     generator_seed: int | None = None,
     onednn: bool | None = None,
+    static_cache: bool = False,
+    prompt_width: int = 0,
+    logits_processor: Sequence[Any] = (),
 ) -> Rollout:
     """Sample ``group_size`` completions for each prompt in ONE ``generate`` call.
 
@@ -345,6 +356,19 @@ def generate_rollouts(
             model on the CPU when PyTorch has the operators
             (:func:`~grpo_tutorial.speedups.use_onednn`); False = the model's own
             layers.
+        static_cache: generate with a static KV cache
+            (:func:`~grpo_tutorial.speedups.static_cache_kwargs`; transformers
+            compiles the decoding step on a CUDA GPU). The prompts are then
+            left-padded to at least ``prompt_width`` tokens, rounded up to a
+            multiple of :data:`~grpo_tutorial.speedups.PROMPT_BUCKET`, so that
+            calls with similar prompts reuse one compiled step; the extra
+            padding is cut off again, so the rollout is the one the plain call
+            would return (its samples equal up to float rounding). Each prompt is
+            then encoded G times (the shared-prompt cache is a dynamic one).
+        prompt_width: see ``static_cache`` (ignored without it).
+        logits_processor: extra ``transformers`` logits processors for
+            ``generate`` (the float16 sampler's non-finite guard,
+            :class:`~grpo_tutorial.fast_sampler.NonFiniteGuard`).
 
     Returns:
         A :class:`Rollout` with N = B*G rows, ordered group by group.
@@ -353,6 +377,8 @@ def generate_rollouts(
     it was in.
     """
     _check_args(prompts, group_size, max_new_tokens, temperature, top_p, do_sample)
+    check_flag(None, "static_cache", static_cache)
+    check_int(None, "prompt_width", prompt_width, 0)
     if getattr(tokenizer, "eos_token_id", None) is None:
         raise ValueError("tokenizer.eos_token_id is None; generation needs an EOS token to stop at")
     device = _model_device(model)
@@ -364,7 +390,9 @@ def generate_rollouts(
     # 2. left-pad, so every prompt ends where its completion starts
     eos_id = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    ids, mask = _left_pad(token_rows, pad_id)  # [B, Tp], [B, Tp]
+    natural = max(len(r) for r in token_rows)  # the plain call's width
+    width = _static_width(model, natural, prompt_width, max_new_tokens) if static_cache else natural
+    ids, mask = _left_pad(token_rows, pad_id, width)  # [B, Tp], [B, Tp]
 
     # 3. repeat each prompt G times, group by group
     prompt_ids = ids.repeat_interleave(group_size, dim=0).to(device)  # [N, Tp]
@@ -376,6 +404,12 @@ def generate_rollouts(
         model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
         top_p=top_p, do_sample=do_sample,
     )
+    if static_cache:
+        kwargs.update(static_cache_kwargs())
+    if logits_processor:
+        from transformers import LogitsProcessorList
+
+        kwargs["logits_processor"] = LogitsProcessorList(logits_processor)
     seed = generator_seed if do_sample else None  # greedy decoding draws nothing: no RNG to seed
     sequences = _generate(  # [N, Tp+Tc]
         model, prompt_ids, prompt_mask, kwargs, prompts=(ids, mask), group_size=group_size, seed=seed, onednn=onednn,
@@ -383,6 +417,8 @@ def generate_rollouts(
 
     # 5. split off the completion and mask everything after the first EOS
     completion_ids = sequences[:, prompt_ids.shape[1] :]  # [N, Tc]
+    extra = width - natural  # a static cache's bucket padding: all rows' padding, cut off again
+    prompt_ids, prompt_mask = prompt_ids[:, extra:], prompt_mask[:, extra:]  # [N, Tp]
     comp_mask, truncated, completions = _cut_completions(model, tokenizer, completion_ids)
 
     return Rollout(
@@ -421,6 +457,13 @@ def _check_prompt_tokens(
         )
 
 
+def _static_width(model: Any, natural: int, at_least: int, max_new_tokens: int) -> int:
+    """A static cache's prompt width: :func:`~grpo_tutorial.speedups.bucket_width`, within the model's context."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    width = bucket_width(natural, at_least)
+    return max(natural, min(width, limit - max_new_tokens)) if isinstance(limit, int) else width
+
+
 def _generate(
     model: Any,
     prompt_ids: torch.Tensor,
@@ -447,7 +490,8 @@ def _generate(
     model.eval()
     try:
         with torch.no_grad(), fast, _seeded(seed, device):
-            if group_size > 1 and ids.shape[1] > 1 and generation_can_share_prompts(model):
+            static = "cache_implementation" in kwargs  # a static cache: no dynamic shared-prompt cache beside it
+            if group_size > 1 and ids.shape[1] > 1 and not static and generation_can_share_prompts(model):
                 # each prompt is encoded once; its KV cache is copied for the G completions
                 kwargs[cache_argument(model)] = shared_prompt_cache(model, ids.to(device), mask.to(device), group_size)
             output = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
@@ -509,6 +553,16 @@ def concat_groups(parts: Sequence[tuple[Rollout, Sequence[int]]], pad_id: int) -
     )
 
 
+def merge_sampler_stats(stats: Sequence[dict[str, float] | None]) -> dict[str, float] | None:
+    """Several sampling rounds' ``sampler_stats`` as one: ``*_ms`` fields averaged, the others (seconds, counts) summed."""
+    given = [s for s in stats if s]
+    if not given:
+        return None
+    keys = dict.fromkeys(k for s in given for k in s)
+    return {k: (sum(s[k] for s in given if k in s) / sum(k in s for s in given)) if k.endswith("_ms")
+            else sum(s.get(k, 0.0) for s in given) for k in keys}
+
+
 def keep_signal_groups(rounds: Sequence[dict], group_size: int, size: int, pad_id: int) -> dict:
     """DAPO's dynamic sampling: ``size`` groups from several sampling rounds, those with a learning signal first.
 
@@ -524,6 +578,7 @@ def keep_signal_groups(rounds: Sequence[dict], group_size: int, size: int, pad_i
     order += [(k, g) for k, r in enumerate(rounds) for g in range(len(r["zero_std"])) if r["zero_std"][g]]
     picked = [(rounds[k], g) for k, g in order[:size]]  # signal groups first, group by group
     rollout = concat_groups([(r["rollout"], [g]) for r, g in picked], pad_id)
+    rollout.sampler_stats = merge_sampler_stats([r["rollout"].sampler_stats for r in rounds])  # every round's
 
     def rows(values: Sequence[tuple[torch.Tensor, int]]) -> torch.Tensor:
         return torch.cat([v[g * G : (g + 1) * G] for v, g in values])

@@ -53,6 +53,20 @@ bit), and the stages call them with today's defaults:
    can; the trainer scores with ``share_prompts=GRPOConfig.share_prompt_cache``
    (True by default).
 
+4. **A static KV cache for generation** (:func:`static_cache_kwargs`,
+   :func:`bucket_width`). ``generate`` normally grows its KV cache by one
+   position per token, so every decoding step has new shapes. With
+   ``cache_implementation="static"`` the cache is allocated once at its full
+   length (prompt + budget), every step has the same shapes, and transformers
+   compiles the decoding step on a CUDA GPU (``torch.compile``, with CUDA graphs:
+   the step's hundreds of small kernel launches are replayed as one graph). A
+   compiled graph serves only the shapes it was made for, so the prompts are
+   left-padded to a width that is a multiple of :data:`PROMPT_BUCKET`: the graph
+   is reused from step to step. On the CPU transformers does not compile, and
+   the static cache is only another way to store the same numbers.
+   :func:`~grpo_tutorial.rollout.generate_rollouts` takes it as ``static_cache``;
+   :mod:`grpo_tutorial.fast_sampler` decides when to use it.
+
 This module imports no stage: the stages import it.
 """
 
@@ -67,6 +81,8 @@ import torch
 
 __all__ = [
     "CHUNK_ELEMENTS",
+    "PROMPT_BUCKET",
+    "bucket_width",
     "cache_argument",
     "can_share_prompts",
     "generation_can_share_prompts",
@@ -76,6 +92,7 @@ __all__ = [
     "score_tokens",
     "shared_prompt_cache",
     "shared_prompt_logits",
+    "static_cache_kwargs",
     "use_onednn",
     "wrapped_model",
 ]
@@ -454,3 +471,29 @@ def shared_prompt_logits(model, input_ids: torch.Tensor, attention_mask: torch.T
         **{cache_argument(model): cache},
     ).logits  # [N, Tc-1, V]
     return [first, rest]
+
+
+# ---------------------------------------------------------------------------
+# 4. A static KV cache for generation
+# ---------------------------------------------------------------------------
+
+#: The prompts of a static-cache ``generate`` call are left-padded to a multiple of this many tokens, so that
+#: prompts of similar lengths share one compiled decoding step (a GSM8K prompt with Qwen's template: 100-250).
+PROMPT_BUCKET = 64
+
+
+def bucket_width(length: int, at_least: int = 0, bucket: int = PROMPT_BUCKET) -> int:
+    """The padded prompt width for a static cache: ``max(length, at_least)`` rounded up to a multiple of ``bucket``.
+
+    >>> bucket_width(150), bucket_width(64), bucket_width(10, at_least=130)
+    (192, 64, 192)
+    """
+    if length < 1 or at_least < 0 or bucket < 1:
+        raise ValueError(f"bucket_width needs length >= 1, at_least >= 0 and bucket >= 1; got {length}, {at_least}, "
+                         f"{bucket}")
+    return -(-max(length, at_least) // bucket) * bucket
+
+
+def static_cache_kwargs() -> dict[str, Any]:
+    """``generate``'s arguments for a static KV cache (transformers compiles its decoding step on a CUDA GPU)."""
+    return {"cache_implementation": "static"}

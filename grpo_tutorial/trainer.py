@@ -327,8 +327,11 @@ class GRPOTrainer:
         ``completion_len_mean``, ``frac_truncated``, ``n``, ``seconds``,
         ``correct`` and ``completions`` (one per row), ``records`` and
         ``samples`` (the first ``num_samples`` prompt/completion/answer dicts).
+        With merged adapters it generates from the sampler's merged copy
+        (:class:`~grpo_tutorial.fast_sampler.FastSampler`), which is the policy as it is now.
         """
+        model = getattr(self.grpo_step.sampler, "evaluation_model", self.model)  # no second merged copy
         return evaluate_policy(
-            self.model, self.tokenizer, dataset, self.config, reward_fns=self.reward_fns,
+            model, self.tokenizer, dataset, self.config, reward_fns=self.reward_fns,
             accuracy_fn=self.accuracy_fn, batch_size=batch_size, num_samples=num_samples,
         )

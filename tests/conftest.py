@@ -89,3 +89,17 @@ def tiny_batch():
 def run_dir(tmp_path):
     """A fresh output directory for a run, ``tmp_path / "run"`` (not created: the run makes it)."""
     return tmp_path / "run"
+
+
+@pytest.fixture(scope="session")
+def gpu_proof_dry_run(tmp_path_factory):
+    """``make gpu-proof``'s dry run on this CPU (a tiny stand-in; about half a minute), once per test session (per
+    worker): the record, which must have the committed record's shape and which chapter 9 must read."""
+    import json
+
+    from benchmarks import gpu_proof
+
+    out = tmp_path_factory.mktemp("gpu-proof") / "record.json"
+    cheap = "tests/test_gpu_path.py::test_a_t4_generates_in_float16_not_emulated_bfloat16"
+    assert gpu_proof.main(["--dry-run", "--out", str(out), "--tests", cheap]) == 0
+    return json.loads(out.read_text())

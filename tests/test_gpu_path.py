@@ -7,7 +7,9 @@ fake HTTP response.
 
 from __future__ import annotations
 
+import copy
 import importlib
+import math
 import pathlib
 import time
 import warnings
@@ -465,3 +467,73 @@ def test_a_bug_during_the_download_is_not_called_a_hub_failure(fake_hub, monkeyp
     monkeypatch.setattr(pretrained, "_from_pretrained", from_pretrained)
     with pytest.raises(TypeError, match="a bug in the loading code"):
         pretrained.load_policy(HUB_REPO, device="cpu")
+
+
+# ---------------------------------------------------------------------------
+# Issue 43: the fast sampler is the default on a GPU, and only there
+# ---------------------------------------------------------------------------
+
+
+def _length_reward(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def _fast_config(**kwargs):
+    from grpo_tutorial import GRPOConfig
+
+    return GRPOConfig(**{"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 3, **kwargs})
+
+
+_FAST_ROWS = [{"prompt": "12+34=", "answer": "46"}, {"prompt": "7+5=", "answer": "12"}]
+
+
+@pytest.fixture()
+def on_gpu(monkeypatch):
+    """The models count as being on a CUDA GPU (their weights stay on this CPU)."""
+    from grpo_tutorial import fast_sampler
+
+    monkeypatch.setattr(fast_sampler, "on_cuda", lambda model: True)
+
+
+def test_on_a_gpu_the_defaults_sample_from_merged_adapters_with_a_static_cache(on_gpu, small_policy):
+    pytest.importorskip("peft")
+    from grpo_tutorial import GRPOTrainer, fast_sampler
+    from grpo_tutorial.trainer import GRPOWarning
+
+    model, tokenizer = small_policy
+    full = GRPOTrainer(copy.deepcopy(model), tokenizer, _length_reward, _fast_config())
+    assert isinstance(full.grpo_step.sampler, fast_sampler.FastSampler)
+    assert full.grpo_step.sampler.static and full.grpo_step.sampler.model is full.model  # nothing to merge
+    lora = GRPOTrainer(model, tokenizer, _length_reward, _fast_config(use_peft=True, lora_r=4))
+    sampler = lora.grpo_step.sampler
+    assert sampler.static and sampler.model is not lora.model and not fast_sampler.has_adapters(sampler.model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GRPOWarning)
+        first, second = lora.train_step(_FAST_ROWS), lora.train_step(_FAST_ROWS)
+    assert first[fast_sampler.COMPILE_SECONDS] > 0 and second[fast_sampler.COMPILE_SECONDS] == 0.0  # one compile
+    assert first[fast_sampler.DECODE_MS] > 0 and "ratio_mean" in first
+    off = GRPOTrainer(copy.deepcopy(full.model), tokenizer, _length_reward,
+                      _fast_config(static_cache=False))
+    assert off.grpo_step.sampler is None  # switched off: the step's own generate
+
+
+def test_a_static_cache_that_fails_on_a_gpu_is_replaced_by_the_dynamic_one_with_a_warning(on_gpu, small_policy):
+    from grpo_tutorial import GRPOTrainer
+    from grpo_tutorial.trainer import GRPOWarning
+
+    model, tokenizer = small_policy
+    generate = model.generate
+
+    def failing(**kwargs):  # what a compiler that cannot build the step raises
+        if kwargs.get("cache_implementation") == "static":
+            raise RuntimeError("BackendCompilerFailed: no compiler for this GPU")
+        return generate(**kwargs)
+
+    model.generate = failing
+    trainer = GRPOTrainer(model, tokenizer, _length_reward, _fast_config())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = [trainer.train_step(_FAST_ROWS) for _ in range(2)]
+    said = [w for w in caught if issubclass(w.category, GRPOWarning) and "static KV cache failed" in str(w.message)]
+    assert len(said) == 1 and "no compiler for this GPU" in str(said[0].message)
+    assert not trainer.grpo_step.sampler.static and all(math.isfinite(r["loss"]) for r in rows)

@@ -13,22 +13,38 @@ import copy
 import json
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 
 from benchmarks import gpu_proof
 from grpo_tutorial.chapters.gsm8k import (
+    COMPILE_SLOWDOWN,
     GPU_PEAKS,
+    GSM8K_FULL_PRESET,
+    GSM8K_PRESET,
     T4_BANDWIDTH,
     T4_FP32_FLOPS,
+    MissingMeasurement,
+    gpu_sampler,
     lora_trainable_params,
+    measured_sampler,
     published_peaks,
+    session_estimate,
+    t4_memory_estimate,
+    t4_run_estimate,
     t4_step_estimate,
 )
 from grpo_tutorial.data import read_data
 from grpo_tutorial.presets import get_preset
 
-CHEAP_TEST = "tests/test_gpu_path.py::test_a_t4_generates_in_float16_not_emulated_bfloat16"
+#: The record committed before issue 43 (26a4037: full fine-tuning at 256 tokens, LoRA not measured), kept to
+#: show that chapter 9 and its estimates still read an old record: the issue's "committed record".
+OLD_RECORD = Path(__file__).parent / "fixtures" / "gpu_proof_26a4037.json"
+#: Fields the script writes since issue 43 (the sampler table, each mode's sampler and its step's timings).
+SINCE_ISSUE_43 = ("qwen_step.samplers", "qwen_step.modes.*.sampler", "qwen_step.modes.*.warmup_step.decode_ms",
+                  "qwen_step.modes.*.warmup_step.compile_seconds", "qwen_step.modes.*.step.decode_ms",
+                  "qwen_step.modes.*.step.compile_seconds")
 
 
 def shape(value):
@@ -38,27 +54,52 @@ def shape(value):
     return None
 
 
+def without(tree: dict, paths) -> dict:
+    """``tree`` (a :func:`shape`) without the dotted ``paths`` (``*`` matches every key at its level)."""
+    tree = copy.deepcopy(tree)
+
+    def drop(node, parts):
+        if not isinstance(node, dict):
+            return
+        head, rest = parts[0], parts[1:]
+        for key in list(node) if head == "*" else [head]:
+            if not rest:
+                node.pop(key, None)
+            elif key in node:
+                drop(node[key], rest)
+
+    for path in paths:
+        drop(tree, path.split("."))
+    return tree
+
+
 @pytest.fixture(scope="module")
-def dry_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu-proof") / "record.json"
-    assert gpu_proof.main(["--dry-run", "--out", str(out), "--tests", CHEAP_TEST]) == 0
-    return json.loads(out.read_text())
+def dry_run(gpu_proof_dry_run):
+    return gpu_proof_dry_run
 
 
 def test_the_dry_run_writes_every_field_of_the_committed_record(dry_run):
     committed = read_data("gpu_proof.json")
-    wanted = shape(dry_run)
-    if committed["qwen_step"]["modes"]["lora"]["status"] == "not measured":
-        # made before the script measured LoRA (no GPU has been lent since): every other field must match
-        assert "full_preset" not in committed["qwen_step"]
-        del wanted["qwen_step"]["full_preset"], wanted["qwen_step"]["modes"]["lora"]
-        got = shape(committed)
-        del got["qwen_step"]["modes"]["lora"]
-        assert got == wanted
+    wanted, got = shape(dry_run), shape(committed)
+    wanted["qwen_step"]["samplers"] = {name: None for name in wanted["qwen_step"]["samplers"]}  # rows: below
+    if "samplers" not in committed["qwen_step"]:
+        # made before issue 43 (the shared H100 record of 2026-11-28, at 335aac1): every other field must match
+        wanted = without(wanted, SINCE_ISSUE_43)
     else:
-        assert shape(committed) == wanted
+        got["qwen_step"]["samplers"] = {name: None for name in got["qwen_step"]["samplers"]}
+        for name, row in committed["qwen_step"]["samplers"].items():  # a measured row has the dry run's fields
+            if row["status"] == "measured" and dry_run["qwen_step"]["samplers"][name]["status"] == "measured":
+                assert shape(row) == shape(dry_run["qwen_step"]["samplers"][name]), name
+    assert got == wanted
     assert dry_run["dry_run"] is True and dry_run["device"]["type"] == "cpu"
     assert dry_run["command"].startswith("python -m benchmarks.gpu_proof --dry-run --out ")
+
+
+def test_the_record_committed_before_it_differs_only_by_lora_and_issue_43s_fields(dry_run):
+    old = json.loads(OLD_RECORD.read_text())
+    assert old["qwen_step"]["modes"]["lora"]["status"] == "not measured" and "full_preset" not in old["qwen_step"]
+    wanted = without(shape(dry_run), [*SINCE_ISSUE_43, "qwen_step.full_preset", "qwen_step.modes.lora"])
+    assert without(shape(old), ["qwen_step.modes.lora"]) == wanted
 
 
 def test_the_dry_run_measures_every_stage_it_can_on_a_cpu(dry_run):
@@ -83,6 +124,35 @@ def test_the_dry_run_measures_every_stage_it_can_on_a_cpu(dry_run):
     assert tiny["recipe"] == "quick" and tiny["grpo_steps"] > 0 and 0 <= tiny["after"] <= 1
 
 
+def test_the_dry_run_samples_as_a_gpu_would_and_measures_every_sampler(dry_run):
+    """Issue 43: the LoRA mode samples from its merged copy through a static cache (switched on for the dry run),
+    full fine-tuning from the plain model; every sampler of the table is measured (TRL's continuous batching only
+    on CUDA), each with its median and range over the measured calls, and the float16 copy with its mismatch."""
+    modes, samplers = dry_run["qwen_step"]["modes"], dry_run["qwen_step"]["samplers"]
+    assert (modes["lora"]["sampler"], modes["full"]["sampler"]) == ("plain_static", "plain")
+    lora = modes["lora"]
+    assert lora["warmup_step"]["compile_seconds"] > 0 and lora["step"]["compile_seconds"] < 1e-9  # one new shape
+    assert lora["step"]["decode_ms"] > 0 and modes["full"]["step"]["decode_ms"] is None  # the plain generate: none
+    assert list(samplers) == list(gpu_proof.SAMPLERS)
+    assert samplers["trl_continuous_batching"]["status"] == "not available"
+    shapes = dry_run["qwen_step"]["shapes"]
+    for name, row in samplers.items():
+        if name == "trl_continuous_batching":
+            continue
+        assert row["status"] == "measured", (name, row.get("error"))
+        ms = row["ms_per_step"]
+        assert ms["n"] == 3 and 0 < ms["min"] <= ms["median"] <= ms["max"] and row["new_tokens"] == 4
+        assert len(row["calls_seconds"]) == 4 and row["first_call_seconds"] == row["calls_seconds"][0]
+        evaluation = name.startswith("eval_")
+        assert row["greedy"] == evaluation and row["prompt_tokens"] == shapes["prompt_tokens"]
+        assert row["rows"] == (get_preset(gpu_proof.PRESET).eval_batch_size if evaluation else shapes["completions"])
+        assert (row["compile_seconds"] is None) == (not row["static_cache"])
+    assert samplers["float16_static"]["dtype"] == "float16" and samplers["plain_static"]["dtype"] == "float32"
+    float16 = samplers["float16_static"]
+    assert float16["fallbacks"] == 0 and 0 <= float16["mismatch"]["mismatch/kl"] < 1e-3
+    assert 0.99 < float16["mismatch"]["mismatch/ess"] <= 1
+
+
 def test_the_committed_record_was_made_on_a_gpu_and_fits_a_t4(dry_run):
     record = read_data("gpu_proof.json")
     assert record["dry_run"] is False and record["device"]["type"] == "cuda"
@@ -91,12 +161,16 @@ def test_the_committed_record_was_made_on_a_gpu_and_fits_a_t4(dry_run):
     assert record["tests"]["failed"] == 0 and record["tests"]["errors"] == 0 and record["tests"]["passed"] > 0
     cap = record["memory_cap"]["bytes"]
     assert cap == gpu_proof.T4_CAP_BYTES
-    full = record["qwen_step"]["modes"]["full"]
-    assert full["status"] == "measured"
     assert record["qwen_step"]["model"]["architecture"] == gpu_proof.QWEN_ARCHITECTURE
-    assert record["qwen_step"]["shapes"]["max_new_tokens"] == 256 and full["step"]["completion_tokens_mean"] == 256
-    for stage in [*full["step"]["stages"].values(), full["checkpoint"]]:
-        assert stage["peak_allocated"] <= stage["peak_reserved"] <= cap
+    # both modes measured at the preset's own budget: chapter 9's estimates read the mode the preset trains
+    budget = get_preset(gpu_proof.PRESET).max_new_tokens
+    assert record["qwen_step"]["shapes"]["max_new_tokens"] == budget
+    for mode in ("full", "lora"):
+        entry = record["qwen_step"]["modes"][mode]
+        assert entry["status"] == "measured" and entry["step"]["completion_tokens_mean"] == budget, mode
+        for stage in [*entry["step"]["stages"].values(), entry["checkpoint"]]:
+            assert stage["peak_allocated"] <= stage["peak_reserved"] <= cap
+    full = record["qwen_step"]["modes"]["full"]
     assert full["checkpoint"]["bytes_on_disk"] > 12 * full["trainable_parameters"]  # float32 weights + Adam
     assert record["tiny_recipe"]["gain"] > 3 * record["tiny_recipe"]["gain_se"]
     assert set(published_peaks(record["device"]["name"])) <= {p for _, *peaks in GPU_PEAKS for p in peaks}
@@ -118,10 +192,11 @@ def test_published_peaks_pick_the_first_matching_gpu():
         published_peaks("Radeon")
 
 
-def test_t4_step_estimate_scales_each_phase_by_the_ratio_of_the_two_rooflines():
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_t4_step_estimate_scales_each_phase_by_the_ratio_of_the_two_rooflines(mode):
     record = read_data("gpu_proof.json")
-    stages = {k: v["seconds"] for k, v in record["qwen_step"]["modes"]["full"]["step"]["stages"].items()}
-    got = t4_step_estimate(record)
+    stages = {k: v["seconds"] for k, v in record["qwen_step"]["modes"][mode]["step"]["stages"].items()}
+    got = t4_step_estimate(record, mode)
     gen, train = got["phases"]["generation"], got["phases"]["training"]
     assert gen["measured"] == stages["generation"]
     assert train["measured"] == pytest.approx(stages["scoring_forward"] + stages["backward"])
@@ -134,8 +209,70 @@ def test_t4_step_estimate_scales_each_phase_by_the_ratio_of_the_two_rooflines():
     # measured on a T4 itself, nothing is scaled
     as_if_t4 = copy.deepcopy(record)
     as_if_t4["device"]["name"] = "Tesla T4"
-    same = t4_step_estimate(as_if_t4)["phases"]["generation"]
+    same = t4_step_estimate(as_if_t4, mode)["phases"]["generation"]
     assert same["t4_scaled"] == pytest.approx(same["measured"]) and same["t4_bound"] == same["bound_here"]
-    as_if_t4["qwen_step"]["modes"]["full"]["status"] = "out of memory"
-    with pytest.raises(ValueError, match="not measured"):
-        t4_step_estimate(as_if_t4)
+    as_if_t4["qwen_step"]["modes"][mode]["status"] = "out of memory"
+    with pytest.raises(MissingMeasurement, match=f"has no measured {mode!r} step .status 'out of memory'"):
+        t4_step_estimate(as_if_t4, mode)
+
+
+# ---------------------------------------------------------------------------
+# Issue 43: an estimate reads the mode and the sampler the preset runs, or refuses
+# ---------------------------------------------------------------------------
+
+
+def test_an_estimate_refuses_a_record_without_the_presets_mode_and_never_borrows_another(dry_run):
+    old = json.loads(OLD_RECORD.read_text())  # LoRA "not measured"
+    lora, full = get_preset(GSM8K_PRESET), get_preset(GSM8K_FULL_PRESET)
+    for estimate in (lambda r, c: t4_run_estimate(r, c, sampler="lora"), t4_memory_estimate,
+                     lambda r, c: session_estimate(r, c, 20, 500, sampler="lora")):
+        with pytest.raises(MissingMeasurement, match=r"has no measured 'lora' step \(status 'not measured': .*never "
+                                                     r"another's.*make gpu-proof"):
+            estimate(old, lora)
+        with pytest.raises(MissingMeasurement, match="is a dry run on a CPU: it measured no GPU step"):
+            estimate(dry_run, lora)
+    assert t4_run_estimate(old, full, sampler="plain")["sampler"] == "plain"  # its full mode is still read
+    assert measured_sampler(old, full) == "plain" and measured_sampler(read_data("gpu_proof.json"), lora) == "lora"
+
+
+def test_an_estimate_refuses_a_sampler_the_record_did_not_measure_and_names_what_it_has():
+    record, lora = read_data("gpu_proof.json"), get_preset(GSM8K_PRESET)
+    assert gpu_sampler(lora) == "plain_static"  # on a GPU: LoRA merged into a copy, the static cache
+    with pytest.raises(MissingMeasurement, match=r"measured no 'plain_static' sampler .*it has \['plain', 'lora'\]"):
+        t4_run_estimate(record, lora)
+    with pytest.raises(ValueError, match="sampler='fast' is not a sampler name"):
+        t4_run_estimate(record, lora, sampler="fast")
+    eager = t4_run_estimate(record, lora, sampler="lora")
+    assert eager["sampler"] == "lora" and eager["source"] == "the 'lora' step" and eager["compile"] == (0.0, 0.0)
+
+
+def _with_fast_samplers(record: dict, ms: float, compile_seconds: float) -> dict:
+    """``record`` with a sampler table as issue 43's proof writes it: plain_static and its evaluation batch."""
+    record = copy.deepcopy(record)
+    shapes, batch = record["qwen_step"]["shapes"], get_preset(GSM8K_PRESET).eval_batch_size
+    row = dict(status="measured", prompts=shapes["prompts"], group_size=shapes["group_size"], new_tokens=128,
+               ms_per_step={"median": ms, "min": ms, "max": ms, "n": 3}, compile_seconds=compile_seconds)
+    record["qwen_step"]["samplers"] = {"plain_static": row,
+                                       "eval_plain_static": {**row, "prompts": batch, "group_size": 1}}
+    return record
+
+
+def test_a_measured_fast_sampler_is_read_with_its_compile_once_per_shape():
+    record, lora = read_data("gpu_proof.json"), get_preset(GSM8K_PRESET)
+    slow = t4_run_estimate(record, lora, sampler="lora")
+    fast_record = _with_fast_samplers(record, ms=14.6, compile_seconds=31.0)  # the H200's merged + static figures
+    fast = t4_run_estimate(fast_record, lora)
+    assert fast["sampler"] == "plain_static" and fast["source"] == "the record's 'plain_static' sampler"
+    assert fast["compile"] == (31.0, 31.0 * COMPILE_SLOWDOWN)
+    assert fast["generation"][1] < slow["generation"][1] / 2 and fast["training"] == slow["training"]
+    session = session_estimate(fast_record, lora, 20, 500)
+    # compiled shapes: the probe's, the evaluation's (500 = 2 x 250: one shape), the training step's
+    assert session["compiles"] == 3
+    assert session["parts"]["evaluation after"][0] * 60 == pytest.approx(2 * fast["eval_batch"][0])
+    assert session["parts"]["evaluation before"][0] * 60 == pytest.approx(2 * fast["eval_batch"][0] + 31.0)
+    assert session["parts"]["training"][1] * 60 == pytest.approx(20 * fast["step"][1] + 31.0 * COMPILE_SLOWDOWN)
+    assert session_estimate(fast_record, lora, 20, 501)["compiles"] == 4  # a last batch of one: another shape
+    # memory: the merged copy is one more float32 copy of the weights while sampling
+    n = record["qwen_step"]["model"]["parameters"]
+    assert t4_memory_estimate(record, lora)["generation"] - t4_memory_estimate(record, lora, sampler="lora")[
+        "generation"] == pytest.approx(4 * n)

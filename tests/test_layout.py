@@ -108,7 +108,7 @@ RUN_MODULES = sorted((PACKAGE / "run").glob("*.py"))
 NO_RUN_IMPORTS = {
     "tasks", "rollout", "speedups", "rewards", "answers", "advantages", "logprobs", "kl", "objectives", "loss",
     "config", "metrics", "evaluation", "seeding", "models", "presets", "_checks", "env", "chat",
-    "pretrained", "long_addition", "step", "stages", "optim", "warn", "lora", "mismatch", "stats",
+    "pretrained", "long_addition", "step", "stages", "optim", "warn", "lora", "mismatch", "stats", "fast_sampler",
 }
 #: Leaves: top-level modules that import nothing from the package, so that both the stages and run/ may import
 #: them (``chat.is_chat_messages``: run/completions prints prompts that rollout and tasks also check).

@@ -97,7 +97,7 @@ def test_timing_keys_are_the_seconds_and_the_rate():
     assert TIMING_KEYS == {
         "step_seconds", "rollout_seconds", "tokens_per_s", "other_seconds", "generate_seconds", "reward_seconds",
         "score_seconds", "reference_seconds", "update_seconds", "forward_seconds", "backward_seconds",
-        "optimizer_seconds",
+        "optimizer_seconds", "sampler/decode_ms", "sampler/compile_seconds",
     }
 
 

@@ -528,7 +528,8 @@ def test_the_sampler_is_chosen_one_way_and_the_correction_needs_sampler_logprobs
     assert build_sampler(None, model, tokenizer, small_config()) is None
     correcting = small_config(vllm_importance_sampling_correction=True)
     with pytest.raises(ValueError, match=r"vllm_importance_sampling_correction=True needs a sampler that is not the "
-                                         r"learner: set GRPOConfig.sampler \('bfloat16', 'stale' or 'top_p'\)"):
+                                         r"learner: set GRPOConfig.sampler \('bfloat16', 'stale', 'top_p' or "
+                                         r"'float16'\)"):
         GRPOTrainer(model, tokenizer, length_reward, correcting)
     copy = SamplerCopy(model, tokenizer, small_config(sampler="bfloat16"), "bfloat16")
 

@@ -79,6 +79,7 @@ PROVENANCE = {
     "lora_regret.json": ("lora_regret.json", None),
     "lora_regret_lower.json": ("lora_regret_lower.json", None),  # made on a lent GPU; tests/test_gpu_proof.py checks it
     "sampler_mismatch.json": ("sampler_mismatch.json", None),
+    "rollout_speed.json": ("rollout_speed.json", None),  # made on lent GPUs by two scripts that import no package code
 }
 #: Chapter 15's record (issue 35).
 MISMATCH_RECORD = "sampler_mismatch.json"

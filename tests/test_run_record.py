@@ -36,16 +36,22 @@ def _result():
     before = {"records": [{"completion": c, "answer": a, "truncated": False}
                           for c, a in zip(["1", "\\boxed{2}", "5", "4"], answers)]}
     after = {"records": [{"completion": f"\\boxed{{{a}}}", "answer": a, "truncated": False} for a in answers]}
-    return {"config": get_preset(GSM8K_PRESET), "history": [{"step": 1, "step_seconds": 2.0},
-                                                             {"step": 2, "step_seconds": 4.0},
-                                                             {"step": 3, "step_seconds": 3.0}],
+    fast = {"sampler/decode_ms": 20.0, "sampler/compile_seconds": 0.0}  # a fast sampler's fields (issue 43)
+    return {"config": get_preset(GSM8K_PRESET), "history": [
+        {"step": 1, "step_seconds": 2.0, **fast, "sampler/decode_ms": 90.0, "sampler/compile_seconds": 40.0},
+        {"step": 2, "step_seconds": 4.0, **fast, "sampler/decode_ms": 14.0}, {"step": 3, "step_seconds": 3.0, **fast}],
             "scores": compare_scores(score_evaluation(before), score_evaluation(after)), "resumed_from": 2}
+
+
+#: What chapter 9 showed before the run (chapter9_estimate's "shown").
+SHOWN = {"minutes": [27.4, 55.4], "sampler": "lora", "gpu_record": "335aac1c6b4ca59fdde01aee1a74c209315deb95",
+         "steps": 20, "n_eval": 500}
 
 
 @pytest.fixture
 def record():
     return build_run_record(_result(), model="Qwen/Qwen2.5-0.5B-Instruct", data="gsm8k",
-                            parts_seconds={"training": 90.0, "evaluation before": 30.0})
+                            parts_seconds={"training": 90.0, "evaluation before": 30.0}, estimate=SHOWN)
 
 
 def test_a_built_record_holds_every_field_of_the_schema(record):
@@ -82,12 +88,30 @@ def test_a_built_record_holds_every_field_of_the_schema(record):
     (lambda r: r.update(created="yesterday"), "created is 'yesterday', not an ISO date"),
     (lambda r: r["seconds"]["parts"].update(training=-1), "seconds.parts.training is -1"),
     (lambda r: r.update(steps=0), "steps is 0, expected at least 1"),
+    (lambda r: r.pop("sampler"), "sampler is missing"),
+    (lambda r: r.pop("estimate"), "estimate is missing"),
+    (lambda r: r["sampler"].update(decode_ms_median=-1.0), "sampler.decode_ms_median is -1.0, expected a number >= 0"),
+    (lambda r: r["sampler"].update(fallbacks=1.5), "sampler.fallbacks is float, expected int or NoneType"),
+    (lambda r: r["estimate"].update(minutes=[55.4, 27.4]), r"estimate.minutes is \[55.4, 27.4\], expected \[low, high\]"),
+    (lambda r: r["estimate"].update(minutes="27-55"), "estimate.minutes is str, expected list or NoneType"),
+    (lambda r: r["estimate"].update(steps=0), "estimate.steps is 0, expected at least 1"),
 ])
 def test_a_broken_record_is_refused_by_the_path_of_what_is_wrong(record, change, message):
     broken = copy.deepcopy(record)
     change(broken)
     with pytest.raises(ValueError, match="is not a chapter 9 run record: .*" + message.replace("(", r"\(")):
         validate_run_record(broken)
+
+
+def test_the_record_keeps_the_sampler_and_the_estimate_shown_and_an_older_record_still_reads(record):
+    assert record["schema_version"] == 2
+    # on this CPU the LoRA preset samples unmerged with the dynamic cache; its timings are the history's
+    assert record["sampler"] == {"name": "lora", "decode_ms_median": 20.0, "compile_seconds": 40.0, "fallbacks": None}
+    assert record["estimate"] == SHOWN
+    no_estimate = build_run_record(_result(), model="m", data="d", parts_seconds={})
+    assert no_estimate["estimate"] is None  # a run that showed none
+    older = {k: v for k, v in record.items() if k not in ("sampler", "estimate")}
+    assert validate_run_record({**older, "schema_version": 1})  # schema 1: no sampler, no estimate
 
 
 def test_written_and_read_back_from_a_run_folder(record, tmp_path):
@@ -114,6 +138,11 @@ def test_records_print_with_who_ran_them_on_what_and_when(record):
     assert "LoRA r=32" in lines[1] and "training 90 s, evaluation before 30 s" in lines[1]
     assert "training 2.5 min" in record_lines({**record, "seconds": {**record["seconds"], "parts": {"training": 150}}})[1]
     assert lines[2].startswith("  strict   0.250 -> 1.000, gain +0.750 ±") and "n = 4" in lines[2]
+    assert lines[-2] == "  sampler lora: 20.0 ms a decoding step (median), compile 40 s"
+    assert lines[-1] == ("  estimate shown before the run: 27 to 55 min (sampler lora, GPU record 335aac1c6b); the "
+                         "parts measured: 2 min, below it")
+    long = {**record, "seconds": {**record["seconds"], "parts": {"training": 3600.0}}}
+    assert record_lines(long)[-1].endswith("the parts measured: 60 min, ABOVE it")
 
 
 def test_the_shared_records_folder_ships_with_the_package_and_holds_only_valid_records():

@@ -104,7 +104,7 @@ CONFIG_CASES = [
     (dict(scale_rewards="std"), "one of ['group', 'batch', 'none']"),
     (dict(scale_rewards=True), "one of ['group', 'batch', 'none']"),
     (dict(scale_rewards=None), "one of ['group', 'batch', 'none']"),
-    (dict(sampler="vllm"), "one of ['policy', 'bfloat16', 'stale', 'top_p']"),
+    (dict(sampler="vllm"), "one of ['policy', 'bfloat16', 'stale', 'top_p', 'float16']"),
     (dict(sampler_staleness=0), "an int >= 1"),
     (dict(vllm_importance_sampling_mode="token"),
      "one of ['token_truncate', 'token_mask', 'sequence_truncate', 'sequence_mask']"),
@@ -667,6 +667,28 @@ def test_the_troubleshooting_page_quotes_the_current_messages(tiny, monkeypatch)
     monkeypatch.setattr(step_module, "grpo_loss", lambda *a, **k: (lambda out: (out[0] * math.nan, out[1]))(real_loss(*a, **k)))
     quoted += [w for w in _warnings_of(lambda: GRPOTrainer(model, tok, length_reward, small_config()).train_step(rows)) if "nan" in w]
 
+    # issue 43: a float16 sampler copy that overflows (planted), a static cache that cannot be compiled (a stub GPU)
+    pytest.importorskip("peft")
+    from grpo_tutorial import fast_sampler
+
+    half = GRPOTrainer(build_tiny_policy(seed=1)[0], tok, length_reward, small_config(sampler="float16"))
+    with torch.no_grad():
+        half.grpo_step.sampler.model.model.norm.weight.mul_(1e5)  # float16's range ends at 65504
+    half.grpo_step.sampler.sync = lambda: None  # keep the planted overflow through the step's update
+    quoted += [w for w in _warnings_of(lambda: half.train_step(rows)) if "float16" in w]
+    monkeypatch.setattr(fast_sampler, "on_cuda", lambda model: True)
+    failing, _ = build_tiny_policy(seed=1)
+    generate = failing.generate
+
+    def no_compiler(**kwargs):
+        if kwargs.get("cache_implementation") == "static":
+            raise RuntimeError("BackendCompilerFailed: no compiler for this GPU")
+        return generate(**kwargs)
+
+    failing.generate = no_compiler
+    quoted += [w for w in _warnings_of(lambda: GRPOTrainer(failing, tok, length_reward, small_config()).train_step(rows))
+               if "static KV cache" in w]
+
     missing = [q for q in quoted if q not in page]
     assert not missing, "book/troubleshooting.md no longer quotes these messages:\n" + "\n".join(missing)
-    assert len(quoted) == 35  # 30 errors; zero std, truncated (twice), unscorable, non-finite
+    assert len(quoted) == 37  # 30 errors; zero std, truncated (twice), unscorable, non-finite, float16, static cache

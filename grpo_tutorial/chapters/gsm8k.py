@@ -16,9 +16,14 @@ The notebook's GPU branch, a user's script and the test
   arithmetic, the ``"smollm2-cpu"`` preset);
 - :func:`estimate_step_seconds` is a roofline estimate of one step's time from
   the FLOPs of generation and training and a GPU's peak FLOP rate and memory
-  bandwidth (:data:`T4_FP32_FLOPS`, :data:`T4_BANDWIDTH`).
+  bandwidth (:data:`T4_FP32_FLOPS`, :data:`T4_BANDWIDTH`);
+- :func:`t4_run_estimate`, :func:`session_estimate` and :func:`t4_memory_estimate`
+  carry ``make gpu-proof``'s measured step to a T4: the step of the mode the config
+  trains (LoRA or full fine-tuning) and the sampler it generates with on a GPU
+  (:func:`gpu_sampler`), refusing (:class:`MissingMeasurement`) where the record
+  lacks either; :func:`chapter9_estimate` is what chapter 9 prints from any record.
 
-The chat template, the system prompt, the 256-token budget and the micro-batches
+The chat template, the system prompt, the token budget and the micro-batches
 all come from the preset, so nothing here is specific to one model.
 """
 
@@ -36,6 +41,7 @@ from .recipes import accuracy_with_se, paired_gain
 from .._checks import check_flag, check_int, check_number
 from ..answers import answers_match, completion_to_text, extract_answer, last_boxed, last_number
 from ..rewards import compute_rewards, correctness_reward
+from ..fast_sampler import use_static_cache
 from ..rollout import generate_rollouts
 from ..tasks import DatasetUnavailableError, gsm8k_rows, load_gsm8k, train_test_split_arithmetic
 from ..run import dataset_fingerprint, disk_errors, find_checkpoint, read_meta
@@ -44,38 +50,52 @@ from ..presets import get_preset
 from ..trainer import GRPOConfig, GRPOTrainer
 
 __all__ = [
+    "COMPILE_SLOWDOWN",
     "EVAL_FILES",
     "GPU_PEAKS",
+    "GSM8K_EVAL_SIZE",
     "GSM8K_FULL_PRESET",
     "GSM8K_PRESET",
     "GSM8K_REWARDS",
     "GSM8K_STEPS",
     "GSM8K_TEST_SIZE",
     "HOST_SLOWDOWN",
+    "MissingMeasurement",
     "NON_REENTRANT",
     "PROBE_TRUNCATED_LIMIT",
     "PROBE_ZERO_STD_LIMIT",
+    "SAMPLER_LABELS",
     "SCORERS",
     "SETUP_MINUTES",
     "T4_BANDWIDTH",
+    "T4_CAP_BYTES",
+    "T4_CONTEXT_BYTES",
     "T4_FP32_FLOPS",
+    "T4_TOTAL_BYTES",
     "boxed_reward",
+    "chapter9_estimate",
     "compare_scores",
     "enable_gradient_checkpointing",
     "estimate_step_seconds",
     "forward_flops_per_token",
+    "gpu_sampler",
     "gsm8k_data",
     "gsm8k_run",
     "lenient_correct",
     "lora_trainable_params",
+    "measured_mode",
+    "measured_sampler",
+    "measured_samplers",
     "probe_advice",
     "probe_groups",
     "published_peaks",
     "read_gsm8k_jsonl",
+    "sampler_name",
     "score_evaluation",
     "score_lines",
     "session_estimate",
     "smollm2_cpu_data",
+    "step_mode",
     "strict_correct",
     "t4_memory_estimate",
     "t4_run_estimate",
@@ -86,10 +106,14 @@ __all__ = [
 GSM8K_PRESET = "qwen2.5-0.5b-colab-t4"
 #: The same run with every weight trained (``use_peft=False``): the switch chapter 9 offers.
 GSM8K_FULL_PRESET = "qwen2.5-0.5b-colab-t4-full"
-#: Problems in GSM8K's test split, all of which chapter 9's GPU run evaluates.
+#: Problems in GSM8K's test split.
 GSM8K_TEST_SIZE = 1319
-#: The GPU run's steps: what fits, with both evaluations, in an hour on a T4 (:func:`session_estimate`).
-GSM8K_STEPS = 40
+#: The held-out problems chapter 9's GPU run evaluates, before and after: the first 500 of the test split (issue
+#: 43: all 1,319 took two evaluations of up to 13 minutes each by the measured LoRA step, time the run now trains).
+GSM8K_EVAL_SIZE = 500
+#: The GPU run's steps: what fits, with both evaluations, in an hour on a T4 by the measured eager LoRA sampler
+#: (:func:`session_estimate`; 40 before issue 43, whose first measured LoRA step put 40 at up to 113 minutes).
+GSM8K_STEPS = 20
 
 
 def smollm2_cpu_data(n_train: int = 2000, n_test: int = 200, seed: int = 0) -> tuple[list[dict], list[dict]]:
@@ -124,6 +148,13 @@ GSM8K_REWARDS = (correctness_reward, boxed_reward)
 T4_FP32_FLOPS = 8.1e12
 #: NVIDIA T4, published memory bandwidth: 320 GB/s (GDDR6).
 T4_BANDWIDTH = 320e9
+#: What PyTorch reports as a Colab T4's total memory (``torch.cuda.get_device_properties``;
+#: "GPU 0 has a total capacity of 14.56 GiB" in its out-of-memory messages) ...
+T4_TOTAL_BYTES = int(14.56 * 2**30)
+#: ... less about half a GiB that the CUDA context takes there outside PyTorch's allocator.
+T4_CONTEXT_BYTES = 2**30 // 2
+#: What a T4 leaves PyTorch: the cap ``make gpu-proof`` puts on its allocator, and chapter 9's.
+T4_CAP_BYTES = T4_TOTAL_BYTES - T4_CONTEXT_BYTES
 
 
 # ---------------------------------------------------------------------------
@@ -220,7 +251,8 @@ def probe_groups(model: Any, tokenizer: Any, config: GRPOConfig, rows: Sequence[
     """One training step's sampling, without the update: ``G`` completions for each of ``rows``, scored.
 
     It samples exactly as a step would (the config's group size, budget,
-    temperature, system prompt), in one ``generate`` call, and rewards each
+    temperature, system prompt, and on a GPU the static KV cache), in one
+    ``generate`` call, and rewards each
     completion with ``reward_fns`` (default: :data:`GSM8K_REWARDS` when the
     config weighs two rewards, else ``correctness_reward``).
 
@@ -239,7 +271,8 @@ def probe_groups(model: Any, tokenizer: Any, config: GRPOConfig, rows: Sequence[
     rollout = generate_rollouts(
         model, tokenizer, [row["prompt"] for row in rows], group_size=G, max_new_tokens=config.max_new_tokens,
         temperature=config.temperature, system_prompt=config.system_prompt,
-        use_chat_template=config.use_chat_template, generator_seed=seed)
+        use_chat_template=config.use_chat_template, generator_seed=seed,
+        static_cache=use_static_cache(config, model))  # as the run samples (a GPU: static, compiled)
     seconds = time.perf_counter() - start
     answers = [row["answer"] for row in rows for _ in range(G)]
     total, _ = compute_rewards(fns, config.reward_weights, rollout.prompts, rollout.completions, answers,
@@ -774,10 +807,144 @@ def published_peaks(device_name: str) -> tuple[float, float]:
     raise ValueError(f"no published peaks for {device_name!r}; known: {[key for key, _, _ in GPU_PEAKS]}")
 
 
-def t4_step_estimate(record: dict) -> dict:
-    """An ESTIMATE of the GPU preset's step on a T4, from a step measured on another GPU.
+# ---------------------------------------------------------------------------
+# What an estimate reads: the mode and the sampler the config runs
+# ---------------------------------------------------------------------------
 
-    ``record`` is ``make gpu-proof``'s (``read_data("gpu_proof.json")``). For each
+#: How ``make gpu-proof`` names what generates a rollout, by the model that samples: ``plain`` (every weight
+#: trained, or LoRA's adapters merged into a copy: a plain float32 model), ``lora`` (the PEFT model, adapters
+#: unmerged), ``float16`` (the float16 sampler copy); ``_static`` with the static KV cache, compiled on CUDA.
+SAMPLER_LABELS = {
+    "plain": "float32, dynamic cache (every weight trained, or LoRA merged into a copy)",
+    "lora": "float32, LoRA adapters unmerged, dynamic cache (every sampler before issue 43)",
+    "plain_static": "float32, static cache compiled (LoRA merged into a copy): the GPU default",
+    "lora_static": "float32, LoRA unmerged, static cache compiled",
+    "float16": "float16 copy, dynamic cache",
+    "float16_static": "float16 copy, static cache compiled",
+}
+
+
+class MissingMeasurement(ValueError):
+    """The GPU record lacks what an estimate needs (the config's mode, or its sampler): the estimate refuses.
+
+    It never borrows another mode's or another sampler's numbers; the message names
+    what is missing and what the record has.
+    """
+
+
+def step_mode(config: GRPOConfig) -> str:
+    """The record's mode for ``config``: ``"lora"`` with ``use_peft``, else ``"full"``."""
+    return "lora" if config.use_peft else "full"
+
+
+def sampler_name(config: GRPOConfig, on_gpu: bool) -> str:
+    """The name (:data:`SAMPLER_LABELS`) of what ``config`` samples with, on a CUDA GPU or not.
+
+    ``merge_adapters_for_sampling`` and ``static_cache`` of None are on on a GPU
+    only (:mod:`grpo_tutorial.fast_sampler`). A sampler copy of chapter 15 other
+    than float16 is named by ``GRPOConfig.sampler`` itself.
+
+    >>> sampler_name(GRPOConfig(use_peft=True), on_gpu=True), sampler_name(GRPOConfig(use_peft=True), on_gpu=False)
+    ('plain_static', 'lora')
+    """
+    if config.sampler not in ("policy", "float16"):
+        return config.sampler
+    merge = on_gpu if config.merge_adapters_for_sampling is None else config.merge_adapters_for_sampling
+    static = on_gpu if config.static_cache is None else config.static_cache
+    kind = "float16" if config.sampler == "float16" else "lora" if config.use_peft and not merge else "plain"
+    return kind + ("_static" if static else "")
+
+
+def gpu_sampler(config: GRPOConfig) -> str:
+    """The name (:data:`SAMPLER_LABELS`) of what ``config`` samples with on a CUDA GPU (:func:`sampler_name`).
+
+    The LoRA preset's is ``"plain_static"``: the adapters merged into a copy, the static cache.
+
+    >>> gpu_sampler(GRPOConfig(use_peft=True, static_cache=False, merge_adapters_for_sampling=False))
+    'lora'
+    """
+    name = sampler_name(config, on_gpu=True)
+    if name not in SAMPLER_LABELS:
+        raise ValueError(f"GRPOConfig.sampler={config.sampler!r}: the T4 estimates know the policy's own sampling and "
+                         "the float16 copy; estimate with sampler='policy'")
+    return name
+
+
+def measured_mode(record: dict, config: GRPOConfig) -> dict:
+    """The record's measured step for ``config``'s mode (:func:`step_mode`), or :class:`MissingMeasurement`.
+
+    A dry run (made on a CPU) measured no GPU, and a mode that is absent or was not
+    measured (a record made before LoRA could be measured, an out-of-memory step)
+    cannot stand for the other one: a LoRA step samples and trains at other speeds.
+    """
+    mode, made = step_mode(config), f"made at {str(record.get('package_commit'))[:10]} on {record['device']['name']}"
+    if record.get("dry_run") or record["device"].get("type") != "cuda":
+        raise MissingMeasurement(f"the GPU record ({made}) is a dry run on a CPU: it measured no GPU step to scale to a "
+                                 "T4. Run `make gpu-proof` on a CUDA GPU")
+    entry = record["qwen_step"]["modes"].get(mode)
+    status = "absent" if entry is None else entry.get("status")
+    if status != "measured":
+        error = f": {entry['error']}" if entry and entry.get("error") else ""
+        raise MissingMeasurement(
+            f"the GPU record ({made}) has no measured {mode!r} step (status {status!r}{error}), and the estimate of a "
+            f"{'LoRA' if mode == 'lora' else 'full fine-tuning'} run reads that mode only, never another's. Run "
+            "`make gpu-proof` on a CUDA GPU to measure it")
+    return entry
+
+
+def measured_sampler(record: dict, config: GRPOConfig) -> str:
+    """The sampler the record's step of ``config``'s mode was measured with: its own ``sampler`` field, or, in a
+    record made before issue 43 (none), the only one there was: ``"lora"`` for LoRA, ``"plain"`` otherwise."""
+    entry = measured_mode(record, config)
+    return entry.get("sampler") or ("lora" if step_mode(config) == "lora" else "plain")
+
+
+def measured_samplers(record: dict) -> list[str]:
+    """Every sampler name the record has a measurement of (its modes' steps and its sampler table)."""
+    names = [entry.get("sampler") or ("lora" if mode == "lora" else "plain")
+             for mode, entry in record["qwen_step"]["modes"].items() if entry.get("status") == "measured"]
+    names += [name for name, m in record["qwen_step"].get("samplers", {}).items()
+              if m.get("status") == "measured" and name in SAMPLER_LABELS]
+    return list(dict.fromkeys(names))
+
+
+def _generation_source(record: dict, config: GRPOConfig, sampler: str | None, prefix: str = "") -> dict:
+    """Where an estimate's generation comes from: the mode's own step, or the record's sampler table.
+
+    Returns ``seconds`` for ``tokens`` new tokens of ``prompts`` x ``group_size`` rows, ``compile_seconds`` (a
+    static sampler's first call at a new shape, less a later call's), ``weight_bytes`` and ``source``.
+    """
+    entry, shapes = measured_mode(record, config), record["qwen_step"]["shapes"]
+    name = gpu_sampler(config) if sampler is None else sampler
+    if name not in SAMPLER_LABELS:
+        raise ValueError(f"sampler={name!r} is not a sampler name; expected one of {list(SAMPLER_LABELS)}")
+    weight_bytes = 2 if name.startswith("float16") else 4
+    if not prefix and name == measured_sampler(record, config):
+        step = entry["step"]
+        generation = step["stages"]["generation"]["seconds"]
+        warm = entry.get("warmup_step", {}).get("stages", {}).get("generation", {}).get("seconds", generation)
+        return {"name": name, "seconds": generation, "tokens": round(step["completion_tokens_mean"]),
+                "prompts": shapes["prompts"], "group_size": shapes["group_size"], "weight_bytes": weight_bytes,
+                "compile_seconds": max(0.0, warm - generation) if name.endswith("_static") else 0.0,
+                "source": f"the {step_mode(config)!r} step"}
+    table = record["qwen_step"].get("samplers", {})  # issue 43's sampler table; absent in older records
+    measured = table.get(prefix + name, {})
+    if measured.get("status") != "measured":
+        raise MissingMeasurement(
+            f"the GPU record measured no {prefix + name!r} sampler ({SAMPLER_LABELS[name]}), which this estimate needs "
+            f"({'GRPOConfig.sampler and the fast-sampler settings' if sampler is None else 'sampler='}); it has "
+            f"{measured_samplers(record)}. Estimate with one of those (sampler=...), or run `make gpu-proof` on a GPU")
+    return {"name": name, "seconds": measured["ms_per_step"]["median"] / 1000 * measured["new_tokens"],
+            "tokens": measured["new_tokens"], "prompts": measured["prompts"], "group_size": measured["group_size"],
+            "weight_bytes": weight_bytes, "compile_seconds": measured["compile_seconds"] or 0.0,
+            "source": f"the record's {prefix + name!r} sampler"}
+
+
+def t4_step_estimate(record: dict, mode: str = "full") -> dict:
+    """An ESTIMATE of the GPU preset's step on a T4, from the step of ``mode`` measured on another GPU.
+
+    ``record`` is ``make gpu-proof``'s (``read_data("gpu_proof.json")``), ``mode``
+    ``"full"`` or ``"lora"`` (:class:`MissingMeasurement` when it was not measured). For each
     phase, generation and training (the scoring forward and the backward), the
     roofline of :func:`estimate_step_seconds` is computed for the GPU that
     measured it (its :func:`published_peaks`) and for a T4, at the measured
@@ -796,17 +963,18 @@ def t4_step_estimate(record: dict) -> dict:
     ``measured``, ``bound_here`` and ``t4_bound``}), ``other`` (reward and optimizer
     on the T4), ``step_scaled`` and ``step_low``.
     """
-    full = record["qwen_step"]["modes"]["full"]
-    if full["status"] != "measured":
-        raise ValueError(f"the record's step was not measured ({full['status']}): nothing to scale")
+    if mode not in ("full", "lora"):
+        raise ValueError(f"mode must be 'full' or 'lora', got {mode!r}")
+    entry = measured_mode(record, GRPOConfig(use_peft=mode == "lora"))
     arch, shapes = record["qwen_step"]["model"]["architecture"], record["qwen_step"]["shapes"]
-    stages = {name: stage["seconds"] for name, stage in full["step"]["stages"].items()}
+    stages = {name: stage["seconds"] for name, stage in entry["step"]["stages"].items()}
     here_flops, here_bandwidth = published_peaks(record["device"]["name"])
     shape = dict(
         num_params=record["qwen_step"]["model"]["parameters"], vocab_size=arch["vocab_size"],
         hidden_size=arch["hidden_size"], tied_embeddings=arch["tie_word_embeddings"], prompts=shapes["prompts"],
         group_size=shapes["group_size"], prompt_tokens=shapes["prompt_tokens"],
-        completion_tokens=round(full["step"]["completion_tokens_mean"]), gradient_checkpointing=True,
+        completion_tokens=round(entry["step"]["completion_tokens_mean"]), gradient_checkpointing=True,
+        lora=mode == "lora",
     )
     here = estimate_step_seconds(**shape, peak_flops=here_flops, bandwidth=here_bandwidth)
     t4 = estimate_step_seconds(**shape)
@@ -836,6 +1004,9 @@ def t4_step_estimate(record: dict) -> dict:
 #: or byte count sees (Python's loop around each generated token, kernel launches): an ASSUMPTION, for the
 #: high end of :func:`t4_run_estimate` (the low end takes 1: no slower).
 HOST_SLOWDOWN = 2.0
+#: How many times longer than on the measuring machine compiling a static cache's decoding step takes on Colab's
+#: host (two virtual CPUs for inductor's compile workers): an ASSUMPTION, for the high end (the low end takes 1).
+COMPILE_SLOWDOWN = 4.0
 
 
 def lora_trainable_params(architecture: dict, rank: int) -> int:
@@ -851,11 +1022,16 @@ def lora_trainable_params(architecture: dict, rank: int) -> int:
     return rank * per_block * architecture["num_hidden_layers"]
 
 
-def t4_run_estimate(record: dict, config: GRPOConfig, *, prompt_tokens: int | None = None) -> dict:
+def t4_run_estimate(record: dict, config: GRPOConfig, *, prompt_tokens: int | None = None,
+                    sampler: str | None = None) -> dict:
     """An ESTIMATE of ``config``'s step and of one evaluation batch on a T4, from the record's measured step.
 
-    The record (``make gpu-proof``) measured one full fine-tuning step at its
-    own shapes on another GPU. Each phase is carried over to ``config``'s
+    The record (``make gpu-proof``) measured a step of each mode, full fine-tuning
+    and LoRA, at its own shapes on another GPU, and (since issue 43) each sampler
+    on its own. The estimate reads the mode ``config`` trains (:func:`measured_mode`)
+    and the sampler it generates with on a GPU (:func:`gpu_sampler`, or ``sampler``,
+    a name of :data:`SAMPLER_LABELS`), and refuses (:class:`MissingMeasurement`)
+    when the record lacks either. Each phase is carried over to ``config``'s
     shapes (prompts, group size, token budget, micro-batches, LoRA or not) and
     to a T4 with :func:`estimate_step_seconds` and one more piece each:
 
@@ -866,34 +1042,42 @@ def t4_run_estimate(record: dict, config: GRPOConfig, *, prompt_tokens: int | No
       ``C * overhead_per_token + the T4's bound`` at the low end, and
       ``C * overhead_per_token * HOST_SLOWDOWN + the T4's bound / share`` at the
       high end, where ``share`` is the share of its bound the measured training
-      reached (arithmetic no more efficient than the measured).
+      reached (arithmetic no more efficient than the measured). A float16
+      sampler's bound reads 2 bytes a weight. The evaluation batch uses the
+      record's evaluation measurement of the sampler where it has one.
     - **training** (arithmetic): the T4's bound at the low end (and no less than
       the measured phase carried to the new shapes on the measuring GPU), the
       bound over ``share`` at the high end.
     - the reward, scaled by the tokens generated, and the optimizer step, by
       the trainable weights and the two GPUs' bandwidths.
+    - a static sampler's **compile**, once per new shape: the measured seconds at
+      the low end, ``COMPILE_SLOWDOWN`` times them at the high end.
 
     Every completion is taken to run to the budget (the worst case; greedy
     answers that end sooner finish sooner when a whole batch has ended).
 
     Returns ``step`` (low, high), ``generation`` and ``training`` (low, high),
     ``other``, ``eval_batch`` (low, high: one evaluation batch of
-    ``config.eval_batch_size`` problems, greedy), ``overhead_per_token``,
-    ``share`` and ``trainable`` (the trained weights).
+    ``config.eval_batch_size`` problems, greedy), ``compile`` (low, high: seconds
+    per compiled shape, 0 without a static cache), ``sampler`` (its name),
+    ``source``, ``overhead_per_token``, ``share`` and ``trainable``.
     """
-    full = record["qwen_step"]["modes"]["full"]
-    if full["status"] != "measured":
-        raise ValueError(f"the record's step was not measured ({full['status']}): nothing to scale")
+    entry = measured_mode(record, config)
+    gen_source = _generation_source(record, config, sampler)
+    try:
+        eval_source = _generation_source(record, config, gen_source["name"], prefix="eval_")
+    except MissingMeasurement:
+        eval_source = gen_source  # no evaluation batch measured: the same per-token time at another row count
     arch, shapes = record["qwen_step"]["model"]["architecture"], record["qwen_step"]["shapes"]
     n_params = record["qwen_step"]["model"]["parameters"]
-    stages = {name: stage["seconds"] for name, stage in full["step"]["stages"].items()}
+    stages = {name: stage["seconds"] for name, stage in entry["step"]["stages"].items()}
     here_flops, here_bw = published_peaks(record["device"]["name"])
     prompt_tokens = shapes["prompt_tokens"] if prompt_tokens is None else prompt_tokens
     model = dict(num_params=n_params, vocab_size=arch["vocab_size"], hidden_size=arch["hidden_size"],
                  tied_embeddings=arch["tie_word_embeddings"], gradient_checkpointing=True)
-    measured_c = round(full["step"]["completion_tokens_mean"])
+    measured_c = round(entry["step"]["completion_tokens_mean"])
     measured = dict(prompts=shapes["prompts"], group_size=shapes["group_size"], prompt_tokens=shapes["prompt_tokens"],
-                    completion_tokens=measured_c)
+                    completion_tokens=measured_c, lora=config.use_peft)
     minibatches = config.batch_completions // (config.minibatch_size or config.batch_completions)
     wanted = dict(prompts=config.prompts_per_step, group_size=config.group_size, prompt_tokens=prompt_tokens,
                   completion_tokens=config.max_new_tokens, num_iterations=config.num_iterations,
@@ -901,13 +1085,20 @@ def t4_run_estimate(record: dict, config: GRPOConfig, *, prompt_tokens: int | No
     here0 = estimate_step_seconds(**model, **measured, peak_flops=here_flops, bandwidth=here_bw)
     train0 = stages["scoring_forward"] + stages["backward"]
     share = here0["train_seconds"] / train0
-    overhead = max(0.0, stages["generation"] - here0["generate_seconds"]) / measured_c
 
-    def generation(prompts: int, group_size: int) -> tuple[float, float]:
+    def overhead(source: dict) -> float:
+        bound = estimate_step_seconds(**model, prompts=source["prompts"], group_size=source["group_size"],
+                                      prompt_tokens=shapes["prompt_tokens"], completion_tokens=source["tokens"],
+                                      weight_bytes=source["weight_bytes"], peak_flops=here_flops,
+                                      bandwidth=here_bw)["generate_seconds"]
+        return max(0.0, source["seconds"] - bound) / source["tokens"]
+
+    def generation(prompts: int, group_size: int, source: dict) -> tuple[float, float]:
         bound = estimate_step_seconds(**model, prompts=prompts, group_size=group_size, prompt_tokens=prompt_tokens,
-                                      completion_tokens=config.max_new_tokens)["generate_seconds"]
-        tokens = config.max_new_tokens
-        return tokens * overhead + bound, tokens * overhead * HOST_SLOWDOWN + bound / share
+                                      completion_tokens=config.max_new_tokens,
+                                      weight_bytes=source["weight_bytes"])["generate_seconds"]
+        tokens, per_token = config.max_new_tokens, overhead(source)
+        return tokens * per_token + bound, tokens * per_token * HOST_SLOWDOWN + bound / share
 
     t4_train = estimate_step_seconds(**model, **wanted)["train_seconds"]
     here_train = estimate_step_seconds(**model, **wanted, peak_flops=here_flops, bandwidth=here_bw)["train_seconds"]
@@ -917,14 +1108,18 @@ def t4_run_estimate(record: dict, config: GRPOConfig, *, prompt_tokens: int | No
         shapes["prompts"] * shapes["group_size"] * measured_c)
     other = (stages["reward"] * tokens_ratio
              + stages["optimizer_step"] * (trainable / n_params) * here_bw / T4_BANDWIDTH)
-    gen = generation(config.prompts_per_step, config.group_size)
+    gen = generation(config.prompts_per_step, config.group_size, gen_source)
+    compile_seconds = gen_source["compile_seconds"]
     return {
         "generation": gen,
         "training": training,
         "other": other,
         "step": (gen[0] + training[0] + other, gen[1] + training[1] + other),
-        "eval_batch": generation(config.eval_batch_size, 1),
-        "overhead_per_token": overhead,
+        "eval_batch": generation(config.eval_batch_size, 1, eval_source),
+        "compile": (compile_seconds, compile_seconds * COMPILE_SLOWDOWN),
+        "sampler": gen_source["name"],
+        "source": gen_source["source"],
+        "overhead_per_token": overhead(gen_source),
         "share": share,
         "trainable": trainable,
     }
@@ -935,69 +1130,142 @@ SETUP_MINUTES = 5.0
 
 
 def session_estimate(record: dict, config: GRPOConfig, steps: int, n_eval: int,
-                     setup_minutes: float = SETUP_MINUTES) -> dict:
+                     setup_minutes: float = SETUP_MINUTES, *, sampler: str | None = None) -> dict:
     """An ESTIMATE of chapter 9's GPU notebook on a T4, part by part, in minutes: ``(low, high)`` each.
 
     Training is ``steps`` times :func:`t4_run_estimate`'s ``step``; an
     evaluation generates greedily for ``n_eval`` problems,
     ``config.eval_batch_size`` at a time (its ``eval_batch``, once per batch);
     the probe of section 9.2 is one step's generation. Setup is an assumed
-    ``setup_minutes`` for both ends.
+    ``setup_minutes`` for both ends. With a static cache each new shape is
+    compiled once (its ``compile``): the probe's, the first evaluation's batch
+    sizes (the full batch and a smaller last one), the training step's; the
+    second evaluation reuses the first's. ``sampler``: as :func:`t4_run_estimate`'s.
 
     Returns ``parts`` ({part: (low, high)}: ``setup``, ``probe``, ``evaluation
-    before``, ``training``, ``evaluation after``), ``total`` (low, high) and
-    ``run`` (:func:`t4_run_estimate`'s dict, in seconds).
+    before``, ``training``, ``evaluation after``), ``total`` (low, high),
+    ``compiles`` (how many shapes are compiled) and ``run``
+    (:func:`t4_run_estimate`'s dict, in seconds).
     """
     check_int(None, "steps", steps, 1)
     check_int(None, "n_eval", n_eval, 1)
-    run = t4_run_estimate(record, config)
+    run = t4_run_estimate(record, config, sampler=sampler)
     batches = -(-n_eval // config.eval_batch_size)
-    evaluation = (batches * run["eval_batch"][0] / 60, batches * run["eval_batch"][1] / 60)
+    eval_shapes = 1 + (batches > 1 and n_eval % config.eval_batch_size != 0)
+    compile_low, compile_high = run["compile"]
+
+    def minutes(low: float, high: float, compiles: int = 0) -> tuple[float, float]:
+        return (low + compiles * compile_low) / 60, (high + compiles * compile_high) / 60
+
+    evaluation = (batches * run["eval_batch"][0], batches * run["eval_batch"][1])
     parts = {
         "setup": (setup_minutes, setup_minutes),
-        "probe": (run["generation"][0] / 60, run["generation"][1] / 60),
-        "evaluation before": evaluation,
-        "training": (steps * run["step"][0] / 60, steps * run["step"][1] / 60),
-        "evaluation after": evaluation,
+        "probe": minutes(*run["generation"], compiles=1),
+        "evaluation before": minutes(*evaluation, compiles=eval_shapes),
+        "training": minutes(steps * run["step"][0], steps * run["step"][1], compiles=1),
+        "evaluation after": minutes(*evaluation),
     }
     total = (sum(low for low, _ in parts.values()), sum(high for _, high in parts.values()))
-    return {"parts": parts, "total": total, "run": run}
+    compiles = (2 + eval_shapes) if compile_high > 0 else 0
+    return {"parts": parts, "total": total, "compiles": compiles, "run": run}
 
 
-def t4_memory_estimate(record: dict, config: GRPOConfig, *, prompt_tokens: int | None = None) -> dict:
-    """An ESTIMATE of ``config``'s peak GPU memory on a T4, carried over from the record's measured step.
+def t4_memory_estimate(record: dict, config: GRPOConfig, *, prompt_tokens: int | None = None,
+                       sampler: str | None = None) -> dict:
+    """An ESTIMATE of ``config``'s peak GPU memory on a T4, carried over from the record's step of its mode.
 
-    The record measured full fine-tuning: its training peak is the model state
-    (16 bytes a weight: float32 weights, gradients and AdamW's two moments)
-    plus the activations and logits of one micro-batch; its generation peak,
-    the state kept between steps (weights and moments, 12 bytes a weight) plus
-    the KV cache and logits of its rows. Here the state is ``config``'s
-    (with LoRA: 4 bytes a frozen weight, 16 a trained one), and the rest is
-    scaled by the tokens in flight: ``micro_batch_size * (prompt + budget)``
-    in training, ``eval_batch_size * (prompt + budget)`` for an evaluation batch
-    (the larger of that and a step's generation). Reserved memory is the
-    allocated times the record's own reserved-to-allocated ratio.
+    The record measured a step of each mode (:func:`measured_mode`; it refuses a
+    mode the record lacks). Its training peak is the model state (full
+    fine-tuning: 16 bytes a weight, float32 weights, gradients and AdamW's two
+    moments; LoRA: 4 bytes a frozen weight and 16 a trained one) plus the
+    activations and logits of one micro-batch; its generation peak, the state kept
+    between steps (full: 12 bytes a weight; LoRA: 4 a frozen and 12 a trained one),
+    the sampler's copy of the weights if it keeps one (a merged float32 copy: 4
+    bytes a weight, a float16 copy: 2) plus the KV cache and logits of its rows.
+    Here the state and the copy are ``config``'s (its mode, and its sampler on a
+    GPU: :func:`gpu_sampler`, or ``sampler``), and the rest is scaled by the
+    tokens in flight: ``micro_batch_size * (prompt + budget)`` in training,
+    ``eval_batch_size * (prompt + budget)`` for an evaluation batch (the larger of
+    that and a step's generation). Reserved memory is the allocated times the
+    record's own reserved-to-allocated ratio.
 
     Returns ``training`` and ``generation`` (estimated bytes allocated),
     ``peak_reserved`` (bytes), ``cap`` (the record's T4 cap) and ``fits``.
     """
-    full = record["qwen_step"]["modes"]["full"]["step"]
+    entry = measured_mode(record, config)
+    step = entry["step"]
     shapes, n = record["qwen_step"]["shapes"], record["qwen_step"]["model"]["parameters"]
     arch = record["qwen_step"]["model"]["architecture"]
     prompt_tokens = shapes["prompt_tokens"] if prompt_tokens is None else prompt_tokens
-    measured_c = round(full["completion_tokens_mean"])
+    measured_c = round(step["completion_tokens_mean"])
     measured_tokens = shapes["prompt_tokens"] + measured_c
-    activations0 = full["stages"]["backward"]["peak_allocated"] - 16 * n
-    generation0 = full["stages"]["generation"]["peak_allocated"] - 12 * n
     trainable = lora_trainable_params(arch, config.lora_r) if config.use_peft else n
-    state = (4 * n + 16 * trainable) if config.use_peft else 16 * n
-    kept = (4 * n + 12 * trainable) if config.use_peft else 12 * n
+    measured_trainable = entry.get("trainable_parameters", trainable)
+    lora = config.use_peft
+
+    def state(t: int) -> int:  # training: weights, gradients, moments
+        return (4 * n + 16 * t) if lora else 16 * n
+
+    def kept(t: int) -> int:  # between steps: weights and moments
+        return (4 * n + 12 * t) if lora else 12 * n
+
+    def copy_bytes(name: str) -> int:  # the sampler's own copy of the weights
+        return 2 * n if name.startswith("float16") else 4 * n if (lora and name.startswith("plain")) else 0
+
+    activations0 = step["stages"]["backward"]["peak_allocated"] - state(measured_trainable)
+    wanted_sampler = gpu_sampler(config) if sampler is None else sampler
+    generation0 = (step["stages"]["generation"]["peak_allocated"] - kept(measured_trainable)
+                   - copy_bytes(measured_sampler(record, config)))
     tokens = prompt_tokens + config.max_new_tokens
     micro = config.micro_batch_size or config.batch_completions
-    training = state + activations0 * (micro * tokens) / (shapes["micro_batch_size"] * measured_tokens)
+    training = state(trainable) + activations0 * (micro * tokens) / (shapes["micro_batch_size"] * measured_tokens)
     rows = max(config.eval_batch_size, config.batch_completions)
-    generation = kept + generation0 * (rows * tokens) / (shapes["completions"] * measured_tokens)
-    ratio = full["peak_reserved"] / full["peak_allocated"]
+    generation = (kept(trainable) + copy_bytes(wanted_sampler)
+                  + generation0 * (rows * tokens) / (shapes["completions"] * measured_tokens))
+    ratio = step["peak_reserved"] / step["peak_allocated"]
     peak = max(training, generation) * ratio
     cap = record["memory_cap"]["bytes"]
     return {"training": training, "generation": generation, "peak_reserved": peak, "cap": cap, "fits": peak <= cap}
+
+
+def chapter9_estimate(record: dict, config: GRPOConfig, steps: int, n_eval: int) -> dict:
+    """What chapter 9 prints about its GPU session, from whichever record the package ships.
+
+    First the sampler ``config`` runs on a GPU (:func:`gpu_sampler`); a record that
+    did not measure it (every record before issue 43: its fast samplers wait for a
+    lent GPU) says so, and the estimate falls back to the sampler the record's step
+    of ``config``'s mode was measured with (:func:`measured_sampler`; for LoRA before
+    issue 43, the adapters unmerged with the dynamic cache, which the fast sampler is
+    meant to beat), said so too. A record without ``config``'s mode, or a dry run,
+    gives no estimate at all: it says why, and never borrows another mode's step.
+
+    Returns ``session`` (:func:`session_estimate`'s dict, or None), ``sampler`` (the
+    one it read, or None), ``fast`` (the estimate with ``config``'s own GPU sampler,
+    or None when unmeasured), ``lines`` (sentences to print) and ``shown`` (what a
+    run record keeps of it: ``minutes`` (low, high) or None, ``sampler``,
+    ``gpu_record`` (the record's commit), ``steps`` and ``n_eval``).
+    """
+    wanted, lines = gpu_sampler(config), []
+
+    def out(session: dict | None, sampler: str | None, fast: dict | None) -> dict:
+        shown = {"minutes": None if session is None else [round(m, 1) for m in session["total"]],
+                 "sampler": sampler, "gpu_record": record.get("package_commit"), "steps": steps, "n_eval": n_eval}
+        return {"session": session, "sampler": sampler, "fast": fast, "lines": lines, "shown": shown}
+
+    try:
+        fast = session_estimate(record, config, steps, n_eval)
+    except MissingMeasurement as error:
+        fast = None
+        lines.append(f"UNMEASURED: the sampler this run uses on a GPU, {wanted!r} ({SAMPLER_LABELS[wanted]}): "
+                     f"{error}")
+    if fast is not None:
+        return out(fast, wanted, fast)
+    try:
+        sampler = measured_sampler(record, config)
+        session = session_estimate(record, config, steps, n_eval, sampler=sampler)
+    except MissingMeasurement as error:
+        lines.append(f"NO ESTIMATE: {error}")
+        return out(None, None, None)
+    lines.append(f"The estimate below reads the sampler the record measured for this mode instead, {sampler!r} "
+                 f"({SAMPLER_LABELS[sampler]}).")
+    return out(session, sampler, None)

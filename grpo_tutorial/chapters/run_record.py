@@ -5,8 +5,11 @@ learns in one Colab session, can only come from a learner's run. Chapter 9
 writes it down in one file, ``run_record.json`` in the run's folder
 (:func:`build_run_record`, :func:`write_run_record`): the GPU and its driver, the
 library versions, the package commit, every setting, the seconds per step and
-per part of the notebook, the peak GPU memory, and the before/after evaluation
-with both scorers, standard errors and paired gains.
+per part of the notebook, the peak GPU memory, the before/after evaluation
+with both scorers, standard errors and paired gains, and (schema 2, issue 43) the
+sampler that wrote the rollouts with its milliseconds per decoding step and compile
+time, and the estimate the notebook showed before the run, so that the first real
+T4 record tests that estimate.
 
 Shared records live in the package, in ``grpo_tutorial/data/community/`` (one
 file each, added by pull request); :func:`community_records` reads them and
@@ -48,7 +51,8 @@ __all__ = [
 #: What every record says it is.
 RECORD_KIND = "grpo-tutorial chapter 9 run"
 #: The layout of a record; raise it (and teach :func:`validate_run_record` the old one) when it changes.
-SCHEMA_VERSION = 1
+#: 2 (issue 43) added ``sampler`` and ``estimate``; a record of schema 1 is still read.
+SCHEMA_VERSION = 2
 #: The file a run's record is written to, in its run folder.
 RECORD_FILE = "run_record.json"
 #: The package-data folder of shared records (``grpo_tutorial/data/community/``).
@@ -80,6 +84,16 @@ SCHEMA: dict[str, Any] = {
     "peak_memory": {"allocated": (int, type(None)), "reserved": (int, type(None))},
     "evaluation": {"n": int, "strict": _SCORE, "lenient": _SCORE, "boxed": _SHARE, "truncated": _SHARE},
 }
+#: What schema 2 adds: the sampler (``chapters.gsm8k.SAMPLER_LABELS``' names; its median milliseconds per decoding
+#: step over the steps, the seconds of its compiling calls, its float16 fallbacks: None where the sampler did not
+#: measure them) and the estimate shown before the run (``chapters.gsm8k.chapter9_estimate``'s ``shown``: minutes
+#: low and high, or None where the GPU record gave none; the sampler it read; the GPU record's commit), or None.
+SCHEMA_2 = {
+    "sampler": {"name": str, "decode_ms_median": _OPTIONAL_NUMBER, "compile_seconds": _OPTIONAL_NUMBER,
+                "fallbacks": (int, type(None))},
+}
+ESTIMATE = {"minutes": (list, type(None)), "sampler": _OPTIONAL_STR, "gpu_record": _OPTIONAL_STR, "steps": int,
+            "n_eval": int}
 
 
 def package_commit() -> str | None:
@@ -150,8 +164,26 @@ def _json_safe(value: Any) -> Any:
     return repr(value)
 
 
+def sampler_summary(config: Any, history: list[dict], on_gpu: bool) -> dict:
+    """The record's ``sampler``: its name (``chapters.gsm8k.sampler_name``) and what its history rows measured."""
+    from .gsm8k import sampler_name
+
+    decode = sorted(float(row["sampler/decode_ms"]) for row in history if "sampler/decode_ms" in row)
+    compile_rows = [float(row["sampler/compile_seconds"]) for row in history if "sampler/compile_seconds" in row]
+    fallbacks = [row["sampler/fallbacks"] for row in history if "sampler/fallbacks" in row]
+    return {"name": sampler_name(config, on_gpu), "decode_ms_median": _median(decode) if decode else None,
+            "compile_seconds": sum(compile_rows) if compile_rows else None,
+            "fallbacks": int(sum(fallbacks)) if fallbacks else None}
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
 def build_run_record(result: dict, *, model: str, data: str, parts_seconds: dict[str, float],
-                     contributor: str | None = None) -> dict:
+                     contributor: str | None = None, estimate: dict | None = None) -> dict:
     """The record of one chapter 9 run, from :func:`~grpo_tutorial.chapters.gsm8k.gsm8k_run`'s result.
 
     Args:
@@ -162,8 +194,11 @@ def build_run_record(result: dict, *, model: str, data: str, parts_seconds: dict
             ..., "probe": ..., "evaluation before": ..., "training": ...,
             "evaluation after": ...}``), as this session measured them.
         contributor: a name to credit, if the learner wants one.
+        estimate: the estimate the notebook showed before the run
+            (``chapters.gsm8k.chapter9_estimate``'s ``shown``), or None.
 
-    The device, versions and package commit are read here; the peak memory is
+    The device, versions and package commit are read here; the sampler from the
+    config and the history's ``sampler/...`` fields (:func:`sampler_summary`); the peak memory is
     PyTorch's since the process started (``max_memory_allocated`` and
     ``max_memory_reserved``; None on a CPU). The record passes
     :func:`validate_run_record`.
@@ -173,10 +208,11 @@ def build_run_record(result: dict, *, model: str, data: str, parts_seconds: dict
         raise ValueError("the run has no evaluation (gsm8k_run without eval_rows): a record needs before and after")
     history = result["history"]
     step_seconds = sorted(float(row["step_seconds"]) for row in history if "step_seconds" in row)
-    median = (step_seconds[len(step_seconds) // 2] if len(step_seconds) % 2
-              else sum(step_seconds[len(step_seconds) // 2 - 1:len(step_seconds) // 2 + 1]) / 2) if step_seconds else 0.0
+    median = _median(step_seconds) if step_seconds else 0.0
     import torch
     import grpo_tutorial
+
+    device = _device()
 
     record = {
         "kind": RECORD_KIND,
@@ -185,7 +221,7 @@ def build_run_record(result: dict, *, model: str, data: str, parts_seconds: dict
         "contributor": contributor,
         "package_version": grpo_tutorial.__version__,
         "package_commit": package_commit(),
-        "device": _device(),
+        "device": device,
         "software": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": _version("transformers"), "peft": _version("peft"), "cuda": torch.version.cuda},
         "model": model,
@@ -198,6 +234,8 @@ def build_run_record(result: dict, *, model: str, data: str, parts_seconds: dict
                     "parts": {str(k): float(v) for k, v in parts_seconds.items()}},
         "peak_memory": _peak_memory(),
         "evaluation": _json_safe(scores),
+        "sampler": sampler_summary(result["config"], history, on_gpu=device["kind"] == "cuda"),
+        "estimate": None if estimate is None else _json_safe(estimate),
     }
     return validate_run_record(record)
 
@@ -212,11 +250,17 @@ def validate_run_record(record: Any, where: str = "record") -> dict:
     """
     problems: list[str] = []
     _check(record, SCHEMA, "", problems)
+    if not problems and record["schema_version"] >= 2:
+        _check(record, SCHEMA_2, "", problems)
+        if "estimate" not in record:
+            problems.append("estimate is missing")
+        elif record["estimate"] is not None:
+            _check(record["estimate"], ESTIMATE, "estimate", problems)
     if not problems:
         if record["kind"] != RECORD_KIND:
             problems.append(f"kind is {record['kind']!r}, expected {RECORD_KIND!r}")
-        if record["schema_version"] != SCHEMA_VERSION:
-            problems.append(f"schema_version is {record['schema_version']}, this package reads {SCHEMA_VERSION}")
+        if record["schema_version"] not in (1, SCHEMA_VERSION):
+            problems.append(f"schema_version is {record['schema_version']}, this package reads 1 and {SCHEMA_VERSION}")
         try:
             datetime.datetime.fromisoformat(record["created"].replace("Z", "+00:00"))
         except ValueError:
@@ -239,9 +283,29 @@ def validate_run_record(record: Any, where: str = "record") -> dict:
         for part, seconds in record["seconds"]["parts"].items():
             if not isinstance(seconds, _NUMBER) or isinstance(seconds, bool) or seconds < 0:
                 problems.append(f"seconds.parts.{part} is {seconds!r}, expected seconds >= 0")
+        if record["schema_version"] >= 2:
+            _check_sampler_and_estimate(record, problems)
     if problems:
         raise ValueError(f"{where} is not a chapter 9 run record: " + "; ".join(problems))
     return record
+
+
+def _check_sampler_and_estimate(record: dict, problems: list[str]) -> None:
+    """Schema 2's values: the sampler's timings and counts not negative; the estimate's minutes a (low, high) pair."""
+    for key in ("decode_ms_median", "compile_seconds", "fallbacks"):
+        value = record["sampler"][key]
+        if value is not None and value < 0:
+            problems.append(f"sampler.{key} is {value}, expected a number >= 0 (or null where not measured)")
+    estimate = record["estimate"]
+    if estimate is None:
+        return
+    minutes = estimate["minutes"]
+    if minutes is not None and not (len(minutes) == 2 and all(isinstance(m, _NUMBER) and not isinstance(m, bool)
+                                                              for m in minutes) and 0 <= minutes[0] <= minutes[1]):
+        problems.append(f"estimate.minutes is {minutes!r}, expected [low, high] with 0 <= low <= high (or null)")
+    for key in ("steps", "n_eval"):
+        if estimate[key] < 1:
+            problems.append(f"estimate.{key} is {estimate[key]}, expected at least 1")
 
 
 def _check(value: Any, schema: Any, path: str, problems: list[str]) -> None:
@@ -332,6 +396,20 @@ def record_lines(record: dict, label: str | None = None) -> list[str]:
     peak = record["peak_memory"]["reserved"]
     if peak is not None:
         lines.append(f"  peak GPU memory reserved {peak / 2**30:.2f} GiB")
+    sampler, estimate = record.get("sampler"), record.get("estimate")
+    if sampler is not None:
+        timings = [f"{sampler['decode_ms_median']:.1f} ms a decoding step (median)"] if sampler[
+            "decode_ms_median"] is not None else []
+        timings += [f"compile {sampler['compile_seconds']:.0f} s"] if sampler["compile_seconds"] else []
+        timings += [f"{sampler['fallbacks']} float16 fallbacks"] if sampler["fallbacks"] is not None else []
+        lines.append(f"  sampler {sampler['name']}" + (": " + ", ".join(timings) if timings else ""))
+    if estimate is not None and estimate["minutes"] is not None:
+        low, high = estimate["minutes"]
+        session = sum(record["seconds"]["parts"].values()) / 60
+        verdict = "within it" if low <= session <= high else "below it" if session < low else "ABOVE it"
+        lines.append(f"  estimate shown before the run: {low:.0f} to {high:.0f} min (sampler {estimate['sampler']}, "
+                     f"GPU record {str(estimate['gpu_record'])[:10]}); the parts measured: {session:.0f} min, "
+                     f"{verdict}")
     return lines
 
 

@@ -57,6 +57,12 @@ safetensors``                   chapter 13 trains live (weights, not readable
                                 and sequence_mask, 6 seeds, held-out curves and each
                                 sampler's measured mismatch
                                 (``python -m benchmarks.mismatch``)
+``rollout_speed.json``          chapter 9's table of samplers on a lent H100 and
+                                H200 (2026-11-28): Hugging Face ``generate`` on
+                                Qwen2.5-0.5B's architecture, ms per decoding step
+                                for eager, unmerged and merged LoRA, static cache
+                                and float16 copies (two small scripts beside the
+                                GPU record of that day, their JSON unchanged)
 ``community/``                  chapter 9's run records shared by readers, one
                                 ``run_record.json`` each (written by the notebook on
                                 their GPU; ``chapters.run_record.community_records``
@@ -90,6 +96,7 @@ DATA_FILES = (
     "lora_regret.json",
     "lora_regret_lower.json",
     "sampler_mismatch.json",
+    "rollout_speed.json",
 )
 
 
