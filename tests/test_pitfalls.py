@@ -286,7 +286,7 @@ REFUSED_VALUES = {
     "minibatch_size": 4, "micro_batch_size": 4, "top_entropy_quantile": 0.5, "entropy_coef": 0.1,
     "use_adaptive_entropy": True, "dynamic_sampling": True, "multi_objective_aggregation": "normalize_then_sum",
     "ref_sync_every": 2, "log_completions": True, "use_peft": True, "sampler": "bfloat16",
-    "vllm_importance_sampling_correction": True,
+    "vllm_importance_sampling_correction": True, "static_cache": True,
 }
 
 

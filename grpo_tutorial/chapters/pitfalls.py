@@ -182,13 +182,15 @@ GALLERY_REFUSES: dict[str, str] = {
     "use_peft": "False (the gallery trains every weight; LoRA adapters live in GRPOTrainer)",
     "sampler": "'policy' (the gallery samples with the policy itself; sampler copies live in GRPOTrainer)",
     "vllm_importance_sampling_correction": "False (the correction needs a sampler copy's log-probs; use GRPOTrainer)",
+    "static_cache": "None (the gallery samples with the dynamic KV cache; the static one lives in GRPOTrainer)",
 }
 #: Fields that change nothing in one step: they drive the loop, the files and the evaluation around it.
 GALLERY_IGNORES = frozenset({
     "log_every", "num_completions_to_print", "report_to", "checkpoint_every", "checkpoint_in_place", "output_dir",
     "eval_batch_size",
     "max_sampling_rounds", "entropy_target", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
-    "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",  # only with use_peft, which the gallery refuses
+    # only with use_peft, which the gallery refuses
+    "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "merge_adapters_for_sampling",
     # only with a sampler copy or the correction, which the gallery refuses
     "sampler_staleness", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min",
     "vllm_importance_sampling_clip_max",
