@@ -53,9 +53,13 @@ PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) 
 # repeat the record's seed bit for bit, under the kernel variables it is a new draw that the chapter's
 # statistical claims are tested on. So each chapter runs once in CI. Empty by default: `make test` runs them all.
 KERNEL_PASS_NOTEBOOKS ?=
+# WARM_START_CACHE: a new folder each run, where chapter 8's warm start (grpo_tutorial.chapters.recipes.warm_start)
+# is made once and taken again by the chapters and tests that start from the same one (chapters 0, 8, 14 and 15
+# and the record tests: seed 0 of the same recipe), keyed by everything that decides its bits; removed afterwards.
+WARM_START_CACHE = cache=$$(mktemp -d) && trap 'rm -rf "$$cache"' EXIT && GRPO_WARM_START_CACHE=$$cache
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PARALLEL) --nbmake --nbmake-kernel=python3 -m "not rerun" notebooks tests \
-	  $(foreach notebook,$(KERNEL_PASS_NOTEBOOKS),--ignore=$(notebook)) $(PYTEST_ARGS)
+	$(WARM_START_CACHE) OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PARALLEL) --nbmake --nbmake-kernel=python3 \
+	  -m "not rerun" notebooks tests $(foreach notebook,$(KERNEL_PASS_NOTEBOOKS),--ignore=$(notebook)) $(PYTEST_ARGS)
 
 # Re-run every committed record's expensive phase too (chapter 13's warm start: minutes).
 # Run it after regenerating a record; `make test` leaves these out to keep CI short.
@@ -75,7 +79,7 @@ test-kernels: $(STAMP)
 	variables="$$($(BIN)/python .ci/kernel_variant.py)" && echo "test-kernels: $$variables" && \
 	notebooks="$${KERNEL_NOTEBOOKS-$$($(BIN)/python .ci/kernel_variant.py --notebooks)}" && \
 	echo "test-kernels: chapters: $${notebooks:-none}" && \
-	env $$variables OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PARALLEL) --nbmake --nbmake-kernel=python3 -m "not rerun" \
+	$(WARM_START_CACHE) env $$variables OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PARALLEL) --nbmake --nbmake-kernel=python3 -m "not rerun" \
 	  $(KERNEL_TESTS) $$notebooks $(PYTEST_ARGS)
 
 # Chapter 9's GPU path measured on a CUDA GPU (benchmarks/gpu_proof.py, about 6 minutes on an H100:

@@ -21,8 +21,10 @@ from grpo_tutorial.chapters.recipes import (
     make_recipe_trainer,
     paired_gain,
     result_summary,
+    WARM_START_CACHE,
     run_tiny_addition,
     warm_start,
+    warm_start_key,
 )
 from grpo_tutorial.rewards import answers_match, extract_answer
 from grpo_tutorial.trainer import TIMING_KEYS
@@ -154,10 +156,77 @@ def test_data_split_is_disjoint_and_fixed_by_data_seed():
 def quick_runs():
     recipe = TinyAdditionRecipe.quick()
     threads = torch.get_num_threads()
-    first = run_tiny_addition(recipe, seed=0, progress=False)
-    assert torch.get_num_threads() == threads, "the run must restore the caller's thread count"
-    second = run_tiny_addition(recipe, seed=0, progress=False)
+    with pytest.MonkeyPatch.context() as patch:  # two runs made from scratch, not one taken from make test's cache
+        patch.delenv(WARM_START_CACHE, raising=False)
+        first = run_tiny_addition(recipe, seed=0, progress=False)
+        assert torch.get_num_threads() == threads, "the run must restore the caller's thread count"
+        second = run_tiny_addition(recipe, seed=0, progress=False)
     return recipe, first, second
+
+
+# ------------------------------------------------------ the warm-start cache
+
+
+def _quick_warm_start(recipe, seed, **kwargs):
+    model, tokenizer = build_recipe_model(recipe, seed)
+    info = warm_start(model, tokenizer, make_recipe_data(recipe), recipe, seed, progress=False, **kwargs)
+    return model, info, torch.get_rng_state()
+
+
+def _same_weights(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.slow
+def test_a_cached_warm_start_is_the_made_one_with_the_rng_where_making_it_left_it(tmp_path, monkeypatch):
+    monkeypatch.delenv(WARM_START_CACHE, raising=False)
+    recipe = TinyAdditionRecipe.quick()
+    made, made_info, made_rng = _quick_warm_start(recipe, 0, cache=tmp_path)
+    assert len(list(tmp_path.glob("warm_start_*.pt"))) == 1
+    torch.manual_seed(123)  # whatever the RNG was before, the loaded warm start leaves it as making it did
+    loaded, loaded_info, loaded_rng = _quick_warm_start(recipe, 0, cache=tmp_path)
+    assert _same_weights(made, loaded) and torch.equal(made_rng, loaded_rng)
+    assert json.dumps(loaded_info, default=str) == json.dumps(made_info, default=str)  # its seconds are the making's
+    fresh, fresh_info, fresh_rng = _quick_warm_start(recipe, 0)  # no cache: made again, the same bits
+    assert _same_weights(made, fresh) and torch.equal(made_rng, fresh_rng)
+    untimed = lambda info: {k: [{n: x for n, x in row.items() if n != "seconds"} for row in v] if k == "history" else v
+                            for k, v in info.items() if k != "seconds"}  # noqa: E731
+    assert untimed(fresh_info) == untimed(made_info)
+    monkeypatch.setenv(WARM_START_CACHE, str(tmp_path))  # the variable names the folder too
+    from_env, _, _ = _quick_warm_start(recipe, 0)
+    assert _same_weights(made, from_env) and len(list(tmp_path.glob("warm_start_*.pt"))) == 1
+
+
+def test_the_warm_start_key_holds_what_decides_its_bits(monkeypatch):
+    recipe = TinyAdditionRecipe.quick()
+    data = make_recipe_data(recipe)
+    model, tokenizer = build_recipe_model(recipe, 0)
+    key = warm_start_key(model, tokenizer, data, recipe, 0)
+    assert warm_start_key(model, tokenizer, data, recipe.with_settings(grpo_steps=9), 0) == key  # not the GRPO length
+    assert warm_start_key(model, tokenizer, data, recipe, 1) != key
+    assert warm_start_key(model, tokenizer, data, recipe.with_settings(sft_learning_rate=1e-4), 0) != key
+    assert warm_start_key(build_recipe_model(recipe, 1)[0], tokenizer, data, recipe, 0) != key  # other weights
+    assert warm_start_key(model, tokenizer, dict(data, train=data["train"][1:]), recipe, 0) != key
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2_WITH_ANYTHING")  # the variables that pick the kernels
+    assert warm_start_key(model, tokenizer, data, recipe, 0) != key
+
+
+def test_without_a_cache_folder_nothing_is_cached(monkeypatch):
+    from grpo_tutorial.chapters import recipes
+
+    monkeypatch.delenv(WARM_START_CACHE, raising=False)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the cache was used")
+
+    monkeypatch.setattr(recipes, "_cached_warm_start", refuse)
+    monkeypatch.setattr(recipes, "supervised_warmup", lambda *args, **kwargs: [])
+    recipe = TinyAdditionRecipe.quick()
+    model, tokenizer = build_recipe_model(recipe, 0)
+    assert warm_start(model, tokenizer, make_recipe_data(recipe), recipe, 0, progress=False)["steps"] == 0
+    monkeypatch.setenv(WARM_START_CACHE, "/nonexistent/never")
+    assert warm_start(model, tokenizer, make_recipe_data(recipe), recipe, 0, progress=False, cache="")["steps"] == 0
 
 
 @pytest.mark.slow

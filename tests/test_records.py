@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import shlex
 import subprocess
@@ -251,32 +252,19 @@ def recipe_warm_start(tmp_path_factory):
 
     Chapters 12 and 14's records (three tests) start from the same seed-0 warm start of the
     same recipe; it is one deterministic computation on this machine's kernels, so the
-    first test that needs it makes it and saves the weights in the session's temporary
-    folder (shared by pytest-xdist's workers, under a file lock), and the others load
-    them: the same bits, a minute less each. The key is the whole recipe but the GRPO
-    phase's length, and the seed.
+    first test that needs it makes it and saves the weights in ``make test``'s warm-start
+    cache (``warm_start``'s ``cache``, shared with the chapters) or else the session's
+    temporary folder (shared by pytest-xdist's workers, under a file lock), and the
+    others load them: the same bits, a minute less each.
     """
-    import hashlib
-    import json
-
-    from filelock import FileLock
-
     from grpo_tutorial.chapters.recipes import build_recipe_model, make_recipe_data, warm_start
 
     root = tmp_path_factory.getbasetemp().parent  # the same for every worker of this session
 
     def make(recipe, seed: int):
-        fields = {k: v for k, v in recipe.to_dict().items() if k not in ("grpo_steps", "eval_every")}
-        key = hashlib.sha256(json.dumps([fields, seed], sort_keys=True, default=str).encode()).hexdigest()[:16]
-        weights, meta = root / f"warm_start_{key}.pt", root / f"warm_start_{key}.json"
         model, tokenizer = build_recipe_model(recipe, seed)
-        with FileLock(str(root / f"warm_start_{key}.lock")):
-            if meta.exists():
-                model.load_state_dict(torch.load(weights))
-                return model, tokenizer, json.loads(meta.read_text())
-            info = warm_start(model, tokenizer, make_recipe_data(recipe), recipe, seed, progress=False)
-            torch.save(model.state_dict(), weights)
-            meta.write_text(json.dumps({k: v for k, v in info.items() if k != "history"}))
+        info = warm_start(model, tokenizer, make_recipe_data(recipe), recipe, seed, progress=False,
+                          cache=os.environ.get("GRPO_WARM_START_CACHE") or root)
         return model, tokenizer, info
 
     return make

@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -365,13 +369,26 @@ def warm_start(
     seed: int,
     *,
     progress: bool = True,
+    cache: str | os.PathLike | None = None,
 ) -> dict:
     """Supervised steps until greedy accuracy on the probe set reaches the target.
 
     Returns ``steps``, ``seconds``, ``reached`` (whether the target was hit
     before ``recipe.sft.steps``), ``probe_accuracy`` (at every check, as
     ``(step, accuracy)`` pairs) and the loss ``history``.
+
+    ``cache``: a folder (default: the environment variable
+    :data:`WARM_START_CACHE`, unset in a reader's session) where each warm start
+    made is kept and taken again when the same one is asked for: the weights, the
+    returned dict (its ``seconds`` are the making's) and torch's RNG state after
+    it, so the caller goes on as if it had made it. ``make test`` sets it, because
+    chapters 0, 8, 14 and 15 and the record tests start from the same seed-0 warm
+    start, one deterministic computation on one machine. The key
+    (:func:`warm_start_key`) holds everything that decides its bits.
     """
+    folder = cache if cache is not None else os.environ.get(WARM_START_CACHE)
+    if folder:
+        return _cached_warm_start(Path(folder), model, tokenizer, data, recipe, seed, progress)
     checks: list[tuple[int, float]] = []
     grpo = recipe.grpo_config(seed)
 
@@ -398,6 +415,52 @@ def warm_start(
         "probe_accuracy": checks,
         "history": history,
     }
+
+
+#: The environment variable that names :func:`warm_start`'s cache folder (``make test`` sets it to a new one).
+WARM_START_CACHE = "GRPO_WARM_START_CACHE"
+
+
+def warm_start_key(model, tokenizer, data: dict[str, list[dict]], recipe: TinyAdditionRecipe, seed: int) -> str:
+    """What decides a warm start's bits, hashed: the recipe (but the GRPO phase's length), the seed, the
+    model's initial weights, the tokenizer's vocabulary, the training and probe rows, the package's source, torch's version, its
+    thread count and the kernels (:func:`~grpo_tutorial.env.kernel_fingerprint`, and the variables that pick them)."""
+    from grpo_tutorial.env import kernel_fingerprint
+
+    digest = hashlib.sha256()
+    fields = {k: v for k, v in recipe.to_dict().items() if k not in ("grpo_steps", "eval_every")}
+    threads = torch.get_num_threads()
+    kernels = {name: os.environ.get(name) for name in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS",
+                                                         "ONEDNN_MAX_CPU_ISA")}
+    digest.update(json.dumps([fields, seed, torch.__version__, threads, kernels, kernel_fingerprint(threads),
+                              sorted(tokenizer.get_vocab().items()), data["train"], data["probe"]], sort_keys=True, default=str).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    package = Path(__file__).resolve().parents[1]
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:20]
+
+
+def _cached_warm_start(folder: Path, model, tokenizer, data, recipe, seed: int, progress: bool) -> dict:
+    """:func:`warm_start` through the cache in ``folder``: made under a file lock by the first process that asks,
+    loaded by the others (pytest-xdist's workers and the notebooks' kernels run at the same time)."""
+    from filelock import FileLock
+
+    folder.mkdir(parents=True, exist_ok=True)
+    key = warm_start_key(model, tokenizer, data, recipe, seed)
+    saved = folder / f"warm_start_{key}.pt"
+    with FileLock(str(folder / f"warm_start_{key}.lock")):
+        if saved.exists():
+            state = torch.load(saved, weights_only=False)
+            model.load_state_dict(state["weights"])
+            torch.set_rng_state(state["rng"])
+            return state["info"]
+        info = warm_start(model, tokenizer, data, recipe, seed, progress=progress, cache="")
+        torch.save({"weights": model.state_dict(), "info": info, "rng": torch.get_rng_state()}, saved)
+    return info
 
 
 # ---------------------------------------------------------------------------
