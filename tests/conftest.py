@@ -1,10 +1,17 @@
 """Shared test settings, and the fixtures most test files need.
 
 ``tiny_policy`` and ``small_policy`` are fresh ``(model, tokenizer)`` pairs (a
-test may train or change its model); a test that needs another seed or another
-size calls :func:`grpo_tutorial.build_tiny_policy` with its arguments.
+test may train or change its model); a test that needs another seed, a second
+model, or a variant of the small shape calls ``make_tiny_policy(seed=...)`` or
+``make_small_policy(seed=..., **changes)``, which build a new pair at each call.
+A module-level helper that many tests call (or a script a test runs in a
+subprocess) calls ``build_tiny_policy(seed=...)``, with ``**SMALL_SHAPE`` (``from
+conftest import SMALL_SHAPE``) for the small shape. No test file types a model's
+shape (``tests/test_test_hygiene.py`` holds the rule).
 ``tiny_batch`` is a few rows the tiny character tokenizer can encode, and
-``run_dir`` a fresh output directory.
+``run_dir`` a fresh output directory. ``one_thread`` runs every test on one
+torch thread; a file whose tests must not reach the Hugging Face hub marks them
+``pytest.mark.usefixtures("hub_offline")``.
 """
 
 import pytest
@@ -58,20 +65,48 @@ def one_thread():
 
 
 @pytest.fixture
-def tiny_policy():
-    """A fresh ``(model, tokenizer)``: ``build_tiny_policy(seed=0)``, the default tiny Qwen2 (hidden 128, 3 layers)."""
+def hub_offline(monkeypatch):
+    """``HF_HUB_OFFLINE=1`` for the test: a loader that would download fails at once instead."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def make_tiny_policy():
+    """A builder of fresh ``(model, tokenizer)`` pairs: ``make_tiny_policy(seed=4)`` is ``build_tiny_policy(seed=4)``,
+    the default tiny Qwen2 (hidden 128, 3 layers). Session-scoped because it holds nothing (each call builds a new
+    model), so a module-scoped fixture may use it too."""
     from grpo_tutorial import build_tiny_policy  # here, not at the top: a test file that never builds a model
     # does not import the package for it
 
-    return build_tiny_policy(seed=0)
+    def make(seed: int = 0):
+        return build_tiny_policy(seed=seed)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def make_small_policy():
+    """A builder of fresh ``(model, tokenizer)`` pairs of :data:`SMALL_SHAPE`: ``make_small_policy(seed=1)``, or a
+    variant of the shape, ``make_small_policy(num_layers=1)`` (any other ``build_tiny_policy`` argument overrides
+    too). Session-scoped because it holds nothing (each call builds a new model)."""
+    from grpo_tutorial import build_tiny_policy
+
+    def make(seed: int = 0, **changes):
+        return build_tiny_policy(**{**SMALL_SHAPE, **changes}, seed=seed)
+
+    return make
 
 
 @pytest.fixture
-def small_policy():
-    """A fresh ``(model, tokenizer)`` of :data:`SMALL_SHAPE` (hidden 32, 2 layers, 2 heads, MLP 64), seed 0."""
-    from grpo_tutorial import build_tiny_policy
+def tiny_policy(make_tiny_policy):
+    """A fresh ``(model, tokenizer)``: ``build_tiny_policy(seed=0)``, the default tiny Qwen2 (hidden 128, 3 layers)."""
+    return make_tiny_policy(seed=0)
 
-    return build_tiny_policy(**SMALL_SHAPE, seed=0)
+
+@pytest.fixture
+def small_policy(make_small_policy):
+    """A fresh ``(model, tokenizer)`` of :data:`SMALL_SHAPE` (hidden 32, 2 layers, 2 heads, MLP 64), seed 0."""
+    return make_small_policy(seed=0)
 
 
 @pytest.fixture

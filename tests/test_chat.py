@@ -13,7 +13,6 @@ import pytest
 
 from grpo_tutorial.answers import completion_to_text
 from grpo_tutorial.chat import is_chat_messages
-from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.rollout import generate_rollouts
 from grpo_tutorial.run.completions import format_completions
 from grpo_tutorial.tasks import check_rows, validate_dataset
@@ -41,9 +40,9 @@ def test_is_chat_messages(value, expected):
     assert is_chat_messages(value) is expected
 
 
-def _rollout_accepts(prompt) -> bool:
+def _rollout_accepts(prompt, policy) -> bool:
     """generate_rollouts's own argument check (it runs before the tokenizer is touched)."""
-    model, tok = build_tiny_policy(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, seed=0)
+    model, tok = policy
     try:
         generate_rollouts(model, tok, [prompt], group_size=2, max_new_tokens=1)
     except TypeError as err:
@@ -68,12 +67,13 @@ def _accepts(check, prompt) -> bool:
     "prompt", [CHAT, tuple(CHAT), [{"content": "2+3="}], [{"role": "user"}], [], [{"role": "user", "content": "x"}, 3]],
     ids=["chat", "tuple", "no-role", "no-content", "empty", "mixed"],
 )
-def test_the_rollout_and_the_dataset_checks_agree(prompt):
+def test_the_rollout_and_the_dataset_checks_agree(prompt, make_small_policy):
     verdicts = {
         "is_chat_messages": is_chat_messages(prompt),
         "validate_dataset": _accepts(validate_dataset, prompt),
         "check_rows": _accepts(lambda rows: check_rows(rows, "batch"), prompt),
-        "generate_rollouts": _rollout_accepts(prompt),
+        "generate_rollouts": _rollout_accepts(prompt, make_small_policy(hidden_size=16, num_layers=1,
+                                                                        intermediate_size=32)),
     }
     assert len(set(verdicts.values())) == 1, verdicts
 

@@ -13,7 +13,6 @@ import matplotlib
 matplotlib.use("Agg")
 
 import pytest
-import torch
 
 from grpo_tutorial.__main__ import (
     FIELD_CHOICES,
@@ -33,13 +32,7 @@ from grpo_tutorial.presets import PRESETS, get_preset
 from grpo_tutorial.rewards import correctness_reward, format_reward
 
 
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("hub_offline")
 
 
 @pytest.mark.parametrize(

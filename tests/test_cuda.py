@@ -113,7 +113,7 @@ def test_each_stage_s_clock_waits_for_the_gpu():
     assert len(idle) >= 7 and all(idle)
 
 
-def test_a_run_interrupted_on_the_gpu_resumes_to_the_same_history_and_loads_on_a_cpu(tmp_path):
+def test_a_run_interrupted_on_the_gpu_resumes_to_the_same_history_and_loads_on_a_cpu(tmp_path, make_tiny_policy):
     def run(out, steps, resume=False):
         model, tokenizer = tiny_on_gpu()
         trainer = GRPOTrainer(model, tokenizer, reward, config(checkpoint_every=1, output_dir=str(out)))
@@ -126,7 +126,7 @@ def test_a_run_interrupted_on_the_gpu_resumes_to_the_same_history_and_loads_on_a
     for a, b in zip(whole.history, resumed.history):
         assert a["reward_mean"] == b["reward_mean"]  # the same samples
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
-    cpu_model, _ = build_tiny_policy(seed=1)
+    cpu_model, _ = make_tiny_policy(seed=1)
     meta = load_model_state(cpu_model, tmp_path / "cut")
     assert meta["step"] == 3
     for p, q in zip(cpu_model.parameters(), resumed.model.parameters()):

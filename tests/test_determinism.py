@@ -27,6 +27,8 @@ from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.trainer import TIMING_KEYS, GRPOConfig, GRPOTrainer, GRPOWarning, find_checkpoint, read_history
 
+from conftest import SMALL_SHAPE
+
 STEPS = 4
 ARGS = [
     "train", "--model", "tiny", "--task", "addition", "--digits", "1",
@@ -172,7 +174,7 @@ DIES_WHILE_SAVING = textwrap.dedent(
         real_save(obj, path)
 
     torch.save = dying_save
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    model, tok = build_tiny_policy(**SMALL_SHAPE, seed=0)
     cfg = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=3, beta=0.05,
                      checkpoint_every=2, output_dir=sys.argv[1])
     GRPOTrainer(model, tok, length_reward, cfg).train(make_arithmetic_dataset(16, 0, digits=1), 6, progress=False)
@@ -185,7 +187,7 @@ def length_reward(completions, **kwargs):
 
 
 def _small_run(steps: int, out: Path | None = None, resume: bool = False) -> list[dict]:
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    model, tok = build_tiny_policy(**SMALL_SHAPE, seed=0)
     cfg = GRPOConfig(
         group_size=4, prompts_per_step=2, max_new_tokens=3, beta=0.05,
         checkpoint_every=2, output_dir=None if out is None else str(out),
@@ -200,7 +202,7 @@ def _small_run(steps: int, out: Path | None = None, resume: bool = False) -> lis
 def test_sigkill_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, run_dir):
     out = run_dir
     script = tmp_path / "dies.py"
-    script.write_text(DIES_WHILE_SAVING)
+    script.write_text(f"SMALL_SHAPE = {SMALL_SHAPE!r}\n{DIES_WHILE_SAVING}")
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, str(script), str(out)], stderr=subprocess.PIPE, text=True, env=env)
     uninterrupted = _small_run(6)  # meanwhile, in this process

@@ -33,6 +33,8 @@ from grpo_tutorial.run.lock import RunLockedError, run_lock
 from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.trainer import GRPOConfig, GRPOTrainer
 
+from conftest import SMALL_SHAPE
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
 ENV["PYTHONPATH"] = os.pathsep.join([str(ROOT), ENV.get("PYTHONPATH", "")])
@@ -45,16 +47,12 @@ CLI = [
 ]
 
 
-def tiny():
-    return build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
-
-
 def length_reward(completions, **kwargs):
     return [float(len(c)) for c in completions]
 
 
 def make_trainer(out, **kwargs):
-    model, tok = tiny()
+    model, tok = build_tiny_policy(**SMALL_SHAPE, seed=0)
     cfg = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=3, output_dir=str(out), **kwargs)
     return GRPOTrainer(model, tok, [length_reward], cfg)
 
@@ -151,9 +149,9 @@ def test_lock_is_released_after_return_and_after_an_error(tmp_path):
     assert (tmp_path / LOCK_FILE).exists()
 
 
-def test_no_output_dir_takes_no_lock(tmp_path, monkeypatch):
+def test_no_output_dir_takes_no_lock(tmp_path, monkeypatch, small_policy):
     monkeypatch.chdir(tmp_path)
-    model, tok = tiny()
+    model, tok = small_policy
     trainer = GRPOTrainer(model, tok, [length_reward], GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=3))
     quiet_train(trainer, 1)
     assert list(tmp_path.iterdir()) == []
@@ -239,7 +237,7 @@ def test_the_lock_is_reentrant_in_one_process_and_names_only_a_live_holder(tmp_p
 # ---------------------------------------------------------------------------
 
 
-def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(tmp_path, monkeypatch):
+def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(tmp_path, monkeypatch, small_policy):
     real = checkpoint_module.write_durably
     calls = {"meta": 0}
 
@@ -260,7 +258,7 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_last_good_one(tmp_path, monke
     assert f"the last good checkpoint is step 2, at {kept}" in message
     assert info.value.errno == errno.ENOSPC
     assert not (tmp_path / "checkpoint.tmp").exists()  # the half-written one gave its space back
-    model, _ = tiny()
+    model, _ = small_policy
     assert load_model_state(model, tmp_path)["step"] == 2
     # the error released the lock: resuming in the same process works, and ends where an uninterrupted run does
     monkeypatch.setattr(checkpoint_module, "write_durably", real)
@@ -315,7 +313,7 @@ def small_mount(tmp_path):
 
 @needs_root
 @pytest.mark.slow
-def test_cli_on_a_really_full_disk_then_resume_from_a_copy(tmp_path, small_mount):
+def test_cli_on_a_really_full_disk_then_resume_from_a_copy(tmp_path, small_mount, make_tiny_policy):
     # a tiny-model checkpoint is ~9.6 MB: one fits in 14 MB, a second (written beside it) does not
     disk = small_mount("14m")
     out = disk / "run"
@@ -325,7 +323,7 @@ def test_cli_on_a_really_full_disk_then_resume_from_a_copy(tmp_path, small_mount
     line = one_line(full.stderr)
     assert "no space left on the device" in line
     assert f"the last good checkpoint is step 2, at {out / 'checkpoint'}" in line
-    model, _ = build_tiny_policy(seed=3)
+    model, _ = make_tiny_policy(seed=3)
     assert load_model_state(model, out)["step"] == 2
 
     copy = tmp_path / "copy"

@@ -20,7 +20,6 @@ import torch
 from grpo_tutorial import models, pretrained
 from grpo_tutorial.chapters import gsm8k
 from grpo_tutorial.tasks import DatasetUnavailableError, load_gsm8k
-from test_models import tiny  # noqa: F401  (the module-scoped fixture, shared)
 
 # ---------------------------------------------------------------------------
 # Generating on a T4: float16, not emulated bfloat16 (issue 21, item 10)
@@ -96,14 +95,15 @@ def _trains_in_float32(model) -> None:
 
 
 @pytest.mark.parametrize("native_bf16", [False, True], ids=["T4", "A100"])
-def test_load_policy_loads_float32_on_any_gpu_unless_asked(monkeypatch, gpu_placement, tmp_path, tiny, native_bf16):
+def test_load_policy_loads_float32_on_any_gpu_unless_asked(tiny_policy, monkeypatch, gpu_placement, tmp_path,
+                                                           native_bf16):
     from grpo_tutorial.optim import trainable_parameters
     from grpo_tutorial.warn import GRPOWarning
 
     _fake_cuda(monkeypatch, native_bf16=native_bf16)
     assert models.pick_device_and_dtype() == (torch.device("cuda"), torch.float32)
-    tiny[0].save_pretrained(tmp_path)
-    tiny[1].save_pretrained(tmp_path)
+    tiny_policy[0].save_pretrained(tmp_path)
+    tiny_policy[1].save_pretrained(tmp_path)
     for name in ("tiny", str(tmp_path)):  # built in code; through from_pretrained
         model, _ = pretrained.load_policy(name)
         assert gpu_placement[-1] == torch.device("cuda")
@@ -115,12 +115,13 @@ def test_load_policy_loads_float32_on_any_gpu_unless_asked(monkeypatch, gpu_plac
 
 
 @pytest.mark.parametrize("native_bf16", [False, True], ids=["T4", "A100"])
-def test_the_cli_trains_in_float32_by_default_on_a_gpu(monkeypatch, gpu_placement, tmp_path, tiny, native_bf16):
+def test_the_cli_trains_in_float32_by_default_on_a_gpu(tiny_policy, monkeypatch, gpu_placement, tmp_path,
+                                                       native_bf16):
     from grpo_tutorial.__main__ import _load_model, build_parser, resolve_run_defaults
 
     _fake_cuda(monkeypatch, native_bf16=native_bf16)
-    tiny[0].save_pretrained(tmp_path / "model")
-    tiny[1].save_pretrained(tmp_path / "model")
+    tiny_policy[0].save_pretrained(tmp_path / "model")
+    tiny_policy[1].save_pretrained(tmp_path / "model")
     for command in ("train", "evaluate"):
         for model_flags in ([], ["--model", str(tmp_path / "model")]):
             argv = [command, *model_flags] + (["--out", str(tmp_path / "run")] if command == "train" else [])
@@ -373,7 +374,7 @@ class FakeHub:
 
 
 @pytest.fixture()
-def fake_hub(monkeypatch, tmp_path, tiny):
+def fake_hub(monkeypatch, tmp_path, tiny_policy):
     """Online, with the hub answering from a :class:`FakeHub` that serves the tiny model; an empty cache."""
     hub_utils = pytest.importorskip("huggingface_hub.utils")
     from huggingface_hub import constants
@@ -388,7 +389,7 @@ def fake_hub(monkeypatch, tmp_path, tiny):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
     monkeypatch.setattr(pretrained, "hub_reachable", lambda timeout=3.0: True)
     monkeypatch.setattr(time, "sleep", lambda seconds: None)  # the hub client's back-off between retries
-    model, tokenizer = tiny
+    model, tokenizer = tiny_policy
     model.save_pretrained(tmp_path / "repo")
     tokenizer.save_pretrained(tmp_path / "repo")
     hub = FakeHub(http, tmp_path / "repo")
@@ -436,18 +437,18 @@ def test_a_failed_model_download_is_one_clear_error(fake_hub, where):
         assert qwen in page
 
 
-def test_after_a_failed_download_the_next_try_loads_the_model(fake_hub, tiny):
+def test_after_a_failed_download_the_next_try_loads_the_model(fake_hub, tiny_policy):
     """Half a weights file is never taken for the model: the retry downloads it whole."""
     fake_hub.cut.add("model.safetensors")
     _download_error(fake_hub)
     fake_hub.cut.clear()
     model, _ = pretrained.load_policy(HUB_REPO, device="cpu")
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), tiny[0].state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), tiny_policy[0].state_dict().values()))
     from huggingface_hub import constants
 
     assert not list(pathlib.Path(constants.HF_HUB_CACHE).rglob("*.incomplete"))
     cached, _ = pretrained.load_policy(HUB_REPO, device="cpu")  # and from the cache alone
-    assert all(torch.equal(a, b) for a, b in zip(cached.state_dict().values(), tiny[0].state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(cached.state_dict().values(), tiny_policy[0].state_dict().values()))
 
 
 def test_a_wrong_hub_id_says_check_the_id_not_retry(fake_hub):

@@ -288,15 +288,15 @@ def test_estimate_step_seconds_off_policy_with_a_reference_and_shared_prompts():
         (dict(share_prompt_cache=False), False),  # every row in full
     ],
 )
-def test_the_roofline_counts_the_tokens_the_trainer_runs(settings, checkpointing):
+def test_the_roofline_counts_the_tokens_the_trainer_runs(settings, checkpointing, tiny_policy):
     """One real step of the tiny model, with the body (layer 0's MLP) and the head (lm_head) counting
     the positions they process: the estimate's counts are the trainer's."""
     import warnings
 
-    from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
+    from grpo_tutorial import GRPOConfig, GRPOTrainer, make_arithmetic_dataset
     from grpo_tutorial.rewards import partial_credit_reward
 
-    model, tok = build_tiny_policy(seed=0)
+    model, tok = tiny_policy
     config = GRPOConfig(prompts_per_step=2, group_size=8, max_new_tokens=4, seed=1, **settings)
     if checkpointing:
         model.gradient_checkpointing_enable()

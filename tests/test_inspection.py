@@ -23,15 +23,8 @@ from grpo_tutorial import (  # noqa: E402
 )
 from grpo_tutorial.chapters.inspection import format_token_matrix, plot_token_heatmaps, token_strings  # noqa: E402
 from grpo_tutorial.chapters.reward_design import number_format_reward  # noqa: E402
-from grpo_tutorial.models import build_tiny_policy  # noqa: E402
 from grpo_tutorial.tasks import make_arithmetic_dataset  # noqa: E402
 from grpo_tutorial.seeding import derive_seed  # noqa: E402
-
-
-
-
-def tiny(seed=0):
-    return build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=seed)
 
 
 # --------------------------------------------------------------------- token_strings
@@ -156,16 +149,16 @@ def hand_step(model, tok, batch, cfg, *, trainer_order: bool):
 
 @pytest.mark.filterwarnings("ignore:step 1.*max_new_tokens")
 @pytest.mark.parametrize("trainer_order, share", [(True, False), (False, False), (True, True)])
-def test_hand_assembled_step_matches_train_step(trainer_order, share):
+def test_hand_assembled_step_matches_train_step(trainer_order, share, make_small_policy):
     """Chapter 7 scores every row in full by hand (share_prompt_cache=False makes the trainer
     do the same, so the same order is bit for bit); the default shared-prompt pass agrees
     up to rounding."""
     batch = make_arithmetic_dataset(2, 3, digits=1)
     cfg = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=3, learning_rate=1e-3, beta=0.04,
                      reward_weights=[1.0, 0.3], seed=0, share_prompt_cache=share)
-    hand_model, tok = tiny()
-    trainer_model, _ = tiny()
-    initial, _ = tiny()
+    hand_model, tok = make_small_policy()
+    trainer_model, _ = make_small_policy()
+    initial, _ = make_small_policy()
     rollout, rewards, loss, norm = hand_step(hand_model, tok, batch, cfg, trainer_order=trainer_order)
     assert rewards.std() > 0, "the rewards must vary, or the step is trivially zero"
     row = GRPOTrainer(trainer_model, tok, [correctness_reward, number_format_reward], cfg).train_step(batch)

@@ -35,7 +35,7 @@ peft = pytest.importorskip("peft")
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
 
 import grpo_tutorial.step as step_module  # noqa: E402
-from grpo_tutorial import build_tiny_policy, load_policy  # noqa: E402
+from grpo_tutorial import load_policy  # noqa: E402
 from grpo_tutorial.config import GRPOConfig  # noqa: E402
 from grpo_tutorial.lora import (  # noqa: E402
     REFERENCE_ADAPTER, AdapterPolicies, AdapterWeights, adapter_of, base_fingerprint, export_merged, merged_model,
@@ -161,12 +161,12 @@ def test_only_the_adapters_train_adamw_holds_only_them_and_the_base_stays_bit_id
     assert len(state) == len(adapters) and all(int(s["step"]) == 6 for s in state.values())  # 3 steps x mu 2
 
 
-def test_attention_only_and_pefts_default_targets():
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+def test_attention_only_and_pefts_default_targets(make_small_policy):
+    model, tok = make_small_policy(seed=0)
     trainer = GRPOTrainer(model, tok, reward, lora(lora_target_modules=["q_proj", "v_proj"]))
     names = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, _ in trainer.model.named_parameters() if "lora_" in n}
     assert names == {"q_proj", "v_proj"}
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    model, tok = make_small_policy(seed=0)
     trainer = GRPOTrainer(model, tok, reward, lora(lora_target_modules=None))  # PEFT's choice for Qwen2
     assert set(trainer.model.peft_config["default"].target_modules) == {"q_proj", "v_proj"}
 
@@ -260,7 +260,7 @@ def test_a_given_peft_model_is_trained_as_it_is_against_a_frozen_copy_of_its_ada
     assert quiet(trainer.train_step, rows()[:4])["kl"] == 0.0
 
 
-def test_refusals(small_policy):
+def test_refusals(small_policy, make_tiny_policy):
     model, tok = small_policy
     with pytest.raises(ValueError, match="ref_model must be None with GRPOConfig.use_peft=True"):
         GRPOTrainer(model, tok, reward, lora(), ref_model=copy.deepcopy(model))
@@ -268,7 +268,7 @@ def test_refusals(small_policy):
     with pytest.raises(ValueError, match="the model is a peft.PeftModel, but GRPOConfig.use_peft is False"):
         GRPOTrainer(wrapped, tok, reward, GRPOConfig(**RUN))
     with pytest.raises(ValueError, match="config.use_peft needs policies="):
-        step_module.GRPOStep(build_tiny_policy(seed=0)[0], tok, reward, lora())
+        step_module.GRPOStep(make_tiny_policy(seed=0)[0], tok, reward, lora())
 
 
 def test_without_peft_installed_the_trainer_says_how_to_get_it(monkeypatch, small_policy):
@@ -279,13 +279,13 @@ def test_without_peft_installed_the_trainer_says_how_to_get_it(monkeypatch, smal
         GRPOTrainer(model, tok, reward, lora())
 
 
-def test_building_the_trainer_draws_the_adapters_from_the_seed_and_leaves_the_global_rng(small_policy):
+def test_building_the_trainer_draws_the_adapters_from_the_seed_and_leaves_the_global_rng(small_policy,
+                                                                                          make_small_policy):
     model, tok = small_policy
     state = torch.get_rng_state()
     first = GRPOTrainer(model, tok, reward, lora(seed=3))
     assert torch.equal(state, torch.get_rng_state())
-    again = GRPOTrainer(build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)[0],
-                        tok, reward, lora(seed=3))
+    again = GRPOTrainer(make_small_policy(seed=0)[0], tok, reward, lora(seed=3))
     assert all(torch.equal(a, b) for a, b in zip(adapter_parameters(first.model), adapter_parameters(again.model)))
 
 
@@ -336,9 +336,9 @@ def test_a_checkpoint_holds_the_adapters_and_their_optimizer_state_not_the_base(
 
 
 @pytest.mark.parametrize("ref_sync_every", [None, 1])
-def test_a_resumed_lora_run_repeats_the_uninterrupted_history(tmp_path, ref_sync_every):
+def test_a_resumed_lora_run_repeats_the_uninterrupted_history(tmp_path, ref_sync_every, make_small_policy):
     def fresh():
-        return build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+        return make_small_policy(seed=0)
 
     config = lora(num_iterations=2, ref_sync_every=ref_sync_every, checkpoint_every=2)
     whole = _train(*fresh(), config, 4).history
@@ -351,9 +351,9 @@ def test_a_resumed_lora_run_repeats_the_uninterrupted_history(tmp_path, ref_sync
     assert all(r["kl"] > 0 for r in whole[1:])  # the reference mattered
 
 
-def test_a_checkpoint_is_refused_on_another_base_or_without_adapters(tmp_path):
+def test_a_checkpoint_is_refused_on_another_base_or_without_adapters(tmp_path, make_small_policy):
     def fresh(seed=0):
-        return build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=seed)
+        return make_small_policy(seed=seed)
 
     out = str(tmp_path / "run")
     _train(*fresh(), lora(output_dir=out, checkpoint_every=1), 1)

@@ -37,6 +37,8 @@ from grpo_tutorial.mismatch import (
 )
 from grpo_tutorial.rollout import concat_groups
 
+from conftest import SMALL_SHAPE
+
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 
 DTYPE = torch.float64
@@ -300,10 +302,6 @@ def test_config_refuses_what_trl_refuses():
 # ---------------------------------------------------------------------------
 
 
-def tiny():
-    return build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
-
-
 def length_reward(completions, **kwargs):
     return [1.0 - min(len(c), 4) / 4 for c in completions]
 
@@ -314,7 +312,7 @@ def small_config(**kwargs) -> GRPOConfig:
 
 
 def trainer_for(**kwargs) -> GRPOTrainer:
-    model, tokenizer = tiny()
+    model, tokenizer = build_tiny_policy(**SMALL_SHAPE, seed=0)
     return GRPOTrainer(model, tokenizer, length_reward, small_config(**kwargs))
 
 
@@ -418,8 +416,8 @@ def test_a_stale_sampler_is_measured_off_policy_and_the_default_is_not():
     assert not [key for key in history[0] if key.startswith("mismatch/")]
 
 
-def test_top_p_logprobs_are_the_renormalised_nucleus():
-    model, tokenizer = tiny()
+def test_top_p_logprobs_are_the_renormalised_nucleus(small_policy):
+    model, tokenizer = small_policy
     cfg = small_config()
     rollout = SamplerCopy(model, tokenizer, small_config(sampler="top_p", top_p=0.9), "top_p")(["1+2=", "3+4="], 3)
     full = score_rollout(model, rollout, temperature=cfg.temperature) * rollout.completion_mask
@@ -521,8 +519,8 @@ def test_without_the_correction_no_weights_reach_the_loss_but_the_samplers_logpr
     assert seen == [(None, None)] * 2
 
 
-def test_the_sampler_is_chosen_one_way_and_the_correction_needs_sampler_logprobs():
-    model, tokenizer = tiny()
+def test_the_sampler_is_chosen_one_way_and_the_correction_needs_sampler_logprobs(small_policy):
+    model, tokenizer = small_policy
     with pytest.raises(ValueError, match=r"sampler= was given and GRPOConfig.sampler='bfloat16' too"):
         GRPOTrainer(model, tokenizer, length_reward, small_config(sampler="bfloat16"), sampler=lambda p, s: None)
     assert build_sampler(None, model, tokenizer, small_config()) is None
@@ -556,8 +554,8 @@ def test_a_loaded_checkpoint_restarts_the_copy_from_the_policy(tmp_path):
     assert len(copy.snapshots) == 0
 
 
-def test_dynamic_sampling_keeps_the_sampler_logprobs_of_the_groups_it_keeps():
-    model, tokenizer = tiny()
+def test_dynamic_sampling_keeps_the_sampler_logprobs_of_the_groups_it_keeps(small_policy):
+    model, tokenizer = small_policy
     sampler = SamplerCopy(model, tokenizer, small_config(sampler="bfloat16", group_size=2), "bfloat16")
     a, b = sampler(["1+2=", "3+4="], 1), sampler(["12+3="], 2)
     joined = concat_groups([(a, [1]), (b, [0])], tokenizer.eos_token_id)

@@ -110,8 +110,8 @@ class _CountScoring:
     "overrides, explicit",
     [({}, False), ({"micro_batch_size": 4}, False), ({"num_iterations": 2}, True), ({"minibatch_size": 8}, True)],
 )
-def test_old_logprobs_are_scored_exactly_when_the_step_is_not_on_policy(overrides, explicit):
-    model, tok = build_tiny_policy(seed=4)
+def test_old_logprobs_are_scored_exactly_when_the_step_is_not_on_policy(overrides, explicit, make_tiny_policy):
+    model, tok = make_tiny_policy(seed=4)
     trainer = GRPOTrainer(model, tok, partial_credit_reward, GRPOConfig(prompts_per_step=4, group_size=4, **overrides))
     counter = _CountScoring(trainer)
     with warnings.catch_warnings():

@@ -21,7 +21,6 @@ from grpo_tutorial.chapters.pitfalls import (
     token_weights,
     train_with_bug,
 )
-from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.optim import make_optimizer as make_optimizer_and_schedule
 from grpo_tutorial.optim import trainable_parameters
 from grpo_tutorial.sft import SFTConfig, supervised_warmup
@@ -38,25 +37,22 @@ def length_reward(completions, **kwargs):
     return [float(len(c)) for c in completions]
 
 
-def tiny(seed=0):
-    return build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=seed)
-
-
 @pytest.fixture(scope="module")
-def warm():
-    """A tiny model with a few supervised steps: its completions end with EOS at different lengths."""
+def warm(make_small_policy):
+    """A tiny model with a few supervised steps: its completions end with EOS at different lengths.
+    Its weights, tokenizer, rows, and the builder of the fresh models that take the weights."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    model, tokenizer = tiny()
+    model, tokenizer = make_small_policy()
     rows = make_arithmetic_dataset(200, 0, digits=1)
     supervised_warmup(model, tokenizer, rows, SFTConfig(steps=40, batch_size=32, learning_rate=3e-3, warmup_steps=10), progress=False)
     torch.set_num_threads(before)
-    return model.state_dict(), tokenizer, rows
+    return model.state_dict(), tokenizer, rows, make_small_policy
 
 
 def fresh(warm):
-    state, tokenizer, rows = warm
-    model, _ = tiny()
+    state, tokenizer, rows, make_small_policy = warm
+    model, _ = make_small_policy()
     model.load_state_dict(state)
     return model, tokenizer, rows
 

@@ -16,9 +16,8 @@ import pytest
 import torch
 
 from grpo_tutorial import pretrained
-from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.pretrained import cache_root, load_policy
-from test_models import same_weights, tiny  # noqa: F401  (tiny: the module-scoped fixture, shared)
+from test_models import same_weights
 
 
 # ---------------------------------------------------------------------------
@@ -26,11 +25,11 @@ from test_models import same_weights, tiny  # noqa: F401  (tiny: the module-scop
 # ---------------------------------------------------------------------------
 
 
-def test_load_tiny_is_the_default_build(tiny):
+def test_load_tiny_is_the_default_build(tiny_policy):
     model, tok = load_policy("tiny", device="cpu")
-    assert same_weights(model, tiny[0])
+    assert same_weights(model, tiny_policy[0])
     assert model.dtype == torch.float32 and not model.training
-    assert tok("1+2=")["input_ids"] == tiny[1]("1+2=")["input_ids"]
+    assert tok("1+2=")["input_ids"] == tiny_policy[1]("1+2=")["input_ids"]
     half, _ = load_policy("Tiny", device="cpu", dtype="bf16")
     assert half.dtype == torch.bfloat16
 
@@ -50,8 +49,8 @@ def test_bad_name_type_and_missing_folder():
         load_policy("./no/such/folder")
 
 
-def test_load_from_a_local_folder(tiny, tmp_path):
-    model, tok = tiny
+def test_load_from_a_local_folder(tiny_policy, tmp_path):
+    model, tok = tiny_policy
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     loaded, loaded_tok = load_policy(str(tmp_path), device="cpu")
@@ -61,8 +60,8 @@ def test_load_from_a_local_folder(tiny, tmp_path):
     assert loaded.generation_config.pad_token_id == 0
 
 
-def _saved_tiny(tiny, folder):
-    model, tok = tiny
+def _saved_tiny(policy, folder):
+    model, tok = policy
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
@@ -80,7 +79,7 @@ def _saved_tiny(tiny, folder):
         ("unrelated_files", r"model folder '.*' has no config.json"),
     ],
 )
-def test_local_path_that_is_not_a_saved_model_names_path_and_what_is_missing(tiny, tmp_path, breakage, message):
+def test_local_path_that_is_not_a_saved_model_names_path_and_what_is_missing(tiny_policy, tmp_path, breakage, message):
     folder = tmp_path / "model"
     folder.mkdir()
     if breakage == "file":
@@ -89,7 +88,7 @@ def test_local_path_that_is_not_a_saved_model_names_path_and_what_is_missing(tin
     elif breakage == "unrelated_files":
         (folder / "notes.txt").write_text("not a model")
     elif breakage != "empty":
-        _saved_tiny(tiny, folder)
+        _saved_tiny(tiny_policy, folder)
         remove = {
             "no_config": ["config.json"],
             "no_tokenizer": ["tokenizer.json", "tokenizer_config.json"],
@@ -104,17 +103,17 @@ def test_local_path_that_is_not_a_saved_model_names_path_and_what_is_missing(tin
         load_policy(str(folder), device="cpu")
 
 
-def test_unreadable_model_folder_as_os_access_reports_it(tiny, tmp_path, monkeypatch):
+def test_unreadable_model_folder_as_os_access_reports_it(tiny_policy, tmp_path, monkeypatch):
     """Root reads every folder, so the permission answer is simulated here (the real one below)."""
-    folder = _saved_tiny(tiny, tmp_path / "model")
+    folder = _saved_tiny(tiny_policy, tmp_path / "model")
     monkeypatch.setattr(pretrained.os, "access", lambda path, mode: False)
     with pytest.raises(PermissionError, match=r"model folder '.*model' is not readable by this user"):
         load_policy(str(folder), device="cpu")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any folder, so permissions cannot be tested")
-def test_unreadable_model_folder(tiny, tmp_path):
-    folder = _saved_tiny(tiny, tmp_path / "model")
+def test_unreadable_model_folder(tiny_policy, tmp_path):
+    folder = _saved_tiny(tiny_policy, tmp_path / "model")
     folder.chmod(0)
     try:
         with pytest.raises(PermissionError, match=r"model folder '.*' is not readable"):
@@ -193,7 +192,7 @@ def test_cache_root_follows_the_environment(tmp_path, monkeypatch):
 
 
 @pytest.fixture()
-def fake_gguf(tmp_path, monkeypatch):
+def fake_gguf(tmp_path, monkeypatch, make_tiny_policy):
     """Point the SmolLM2 loader at a dummy GGUF file whose 'dequantized' model is the tiny one."""
     gguf = tmp_path / "pkg" / "Fake.Q4.gguf"
     gguf.parent.mkdir()
@@ -202,7 +201,7 @@ def fake_gguf(tmp_path, monkeypatch):
 
     def dequantize(path):
         calls.append(path)
-        return build_tiny_policy(seed=7)
+        return make_tiny_policy(seed=7)
 
     monkeypatch.setattr(pretrained, "smollm2_gguf_path", lambda: gguf)
     monkeypatch.setattr(pretrained, "_dequantize_gguf", dequantize)
@@ -210,9 +209,9 @@ def fake_gguf(tmp_path, monkeypatch):
     return tmp_path / "cache" / "smollm2-135m-instruct" / "Fake.Q4-10", calls
 
 
-def test_first_load_caches_and_second_load_reads_the_cache(fake_gguf):
+def test_first_load_caches_and_second_load_reads_the_cache(fake_gguf, make_tiny_policy):
     folder, calls = fake_gguf
-    reference, _ = build_tiny_policy(seed=7)
+    reference, _ = make_tiny_policy(seed=7)
     first, tok = load_policy("smollm2-135m-instruct", device="cpu")
     assert len(calls) == 1
     assert sorted(p.name for p in folder.iterdir()) == [
@@ -228,18 +227,18 @@ def test_first_load_caches_and_second_load_reads_the_cache(fake_gguf):
     assert tok2.padding_side == "left" and second.generation_config.pad_token_id == 0
 
 
-def test_a_damaged_cache_is_rebuilt(fake_gguf):
+def test_a_damaged_cache_is_rebuilt(fake_gguf, make_tiny_policy):
     folder, calls = fake_gguf
     load_policy("smollm2-135m-instruct", device="cpu")
     (folder / "model.safetensors").unlink()
     model, _ = load_policy("smollm2-135m-instruct", device="cpu")
     assert len(calls) == 2
     assert (folder / "model.safetensors").is_file()
-    assert same_weights(model, build_tiny_policy(seed=7)[0])
+    assert same_weights(model, make_tiny_policy(seed=7)[0])
 
 
-def test_an_interrupted_cache_write_leaves_no_cache(tiny, tmp_path):
-    model, _ = tiny
+def test_an_interrupted_cache_write_leaves_no_cache(tiny_policy, tmp_path):
+    model, _ = tiny_policy
 
     class CrashingTokenizer:
         def save_pretrained(self, path):

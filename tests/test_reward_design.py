@@ -16,15 +16,8 @@ from grpo_tutorial import (
     group_advantages,
 )
 from grpo_tutorial.chapters.reward_design import applies_to, contains_monitor, number_format_reward, sample_audit
-from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.seeding import derive_seed
-
-
-
-
-def tiny(seed=0):
-    return build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=seed)
 
 
 # ------------------------------------------------------------ number_format_reward
@@ -90,12 +83,12 @@ def test_contains_monitor_rejects_bad_name():
 
 
 @pytest.mark.filterwarnings("ignore:step 1.*max_new_tokens")
-def test_zero_weight_monitor_is_logged_but_changes_nothing():
+def test_zero_weight_monitor_is_logged_but_changes_nothing(make_small_policy):
     batch = make_arithmetic_dataset(2, 0, digits=1)
     cfg = dict(group_size=4, prompts_per_step=2, max_new_tokens=3, seed=0, learning_rate=1e-3)
-    model_a, tok = tiny()
-    model_b, _ = tiny()
-    before, _ = tiny()
+    model_a, tok = make_small_policy()
+    model_b, _ = make_small_policy()
+    before, _ = make_small_policy()
     plus = contains_monitor("+", name="contains_plus")
     eq = contains_monitor("=", name="contains_eq")
     length = lambda completions, **kw: [float(len(c)) for c in completions]  # noqa: E731 - varies, so groups learn

@@ -564,11 +564,11 @@ def test_compute_rewards_passes_completion_ids_to_every_function():
         compute_rewards(spy, None, ["p", "p"], ["a", "b"], ["1", "1"], completion_ids=[[1]])
 
 
-def test_trainer_and_evaluation_pass_each_completions_tokens():
+def test_trainer_and_evaluation_pass_each_completions_tokens(make_small_policy):
     """The trainer and evaluate_policy hand reward functions TRL's completion_ids: up to and including EOS."""
-    from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, evaluate_policy, make_arithmetic_dataset
+    from grpo_tutorial import GRPOConfig, GRPOTrainer, evaluate_policy, make_arithmetic_dataset
 
-    model, tokenizer = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=3)
+    model, tokenizer = make_small_policy(seed=3, num_layers=1)
     calls = []
 
     def spy(completions, *, completion_ids, **kwargs):

@@ -3,16 +3,7 @@
 import pytest
 import torch
 
-from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.rollout import Rollout, encode_prompts, generate_rollouts, render_prompts
-
-
-
-
-@pytest.fixture
-def tiny():
-    """A 2-layer tiny Qwen2 with the character tokenizer (pad 0, bos 1, eos 2)."""
-    return build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
 
 
 def _count_generate(monkeypatch, model):
@@ -36,8 +27,8 @@ def _count_generate(monkeypatch, model):
     return calls
 
 
-def test_one_generate_call_for_all_b_times_g(tiny, monkeypatch):
-    model, tok = tiny
+def test_one_generate_call_for_all_b_times_g(small_policy, monkeypatch):
+    model, tok = small_policy
     calls = _count_generate(monkeypatch, model)
     r = generate_rollouts(model, tok, ["1+2=", "12+34=", "5*6="], group_size=4, max_new_tokens=3, generator_seed=0)
     assert len(calls) == 1
@@ -47,8 +38,8 @@ def test_one_generate_call_for_all_b_times_g(tiny, monkeypatch):
     assert isinstance(r, Rollout) and len(r) == 12
 
 
-def test_shapes_left_padding_and_group_order(tiny):
-    model, tok = tiny
+def test_shapes_left_padding_and_group_order(small_policy):
+    model, tok = small_policy
     prompts = ["1+2=", "12+34="]  # 5 and 7 tokens with <bos>
     r = generate_rollouts(model, tok, prompts, group_size=3, max_new_tokens=4, generator_seed=1)
     assert r.prompt_ids.shape == (6, 7) and r.prompt_mask.shape == (6, 7)
@@ -68,8 +59,8 @@ def test_shapes_left_padding_and_group_order(tiny):
     assert r.attention_mask.shape == r.input_ids.shape
 
 
-def test_masks_and_truncation_are_consistent(tiny):
-    model, tok = tiny
+def test_masks_and_truncation_are_consistent(small_policy):
+    model, tok = small_policy
     eos, pad = tok.eos_token_id, tok.pad_token_id
     r = generate_rollouts(model, tok, ["1+2=", "3+4=", "99+1="], group_size=8, max_new_tokens=5, generator_seed=3)
     for ids, mask, trunc, text in zip(r.completion_ids.tolist(), r.completion_mask.tolist(), r.truncated.tolist(), r.completions):
@@ -100,8 +91,8 @@ class _ScriptedLM(torch.nn.Module):
         return torch.cat([input_ids, self.completions], dim=1)
 
 
-def test_split_mask_truncation_and_decoding_exact(tiny):
-    _, tok = tiny
+def test_split_mask_truncation_and_decoding_exact(small_policy):
+    _, tok = small_policy
     eos, pad = tok.eos_token_id, tok.pad_token_id
     one, two, plus = (tok.convert_tokens_to_ids(c) for c in "12+")
     scripted = [
@@ -124,8 +115,8 @@ def test_split_mask_truncation_and_decoding_exact(tiny):
     assert r.completion_lengths.tolist() == [2.0, 4.0, 1.0, 3.0]
 
 
-def test_restores_train_mode_and_keeps_global_rng(tiny):
-    model, tok = tiny
+def test_restores_train_mode_and_keeps_global_rng(small_policy):
+    model, tok = small_policy
     model.train()
     state = torch.get_rng_state()
     a = generate_rollouts(model, tok, ["1+2=", "7+8="], group_size=4, max_new_tokens=4, generator_seed=11)
@@ -140,8 +131,8 @@ def test_restores_train_mode_and_keeps_global_rng(tiny):
     assert model.training is False
 
 
-def test_greedy_takes_the_argmax_and_padding_does_not_change_it(tiny):
-    model, tok = tiny
+def test_greedy_takes_the_argmax_and_padding_does_not_change_it(small_policy):
+    model, tok = small_policy
     r = generate_rollouts(model, tok, ["1+2=", "12+34="], group_size=1, max_new_tokens=3, do_sample=False)
     with torch.no_grad():
         ids = torch.tensor([tok("1+2=")["input_ids"]])
@@ -152,8 +143,8 @@ def test_greedy_takes_the_argmax_and_padding_does_not_change_it(tiny):
     assert torch.equal(alone.completion_ids[0], r.completion_ids[0, :width])  # left padding is invisible
 
 
-def test_chat_template_and_system_prompt(tiny):
-    model, tok = tiny
+def test_chat_template_and_system_prompt(small_policy):
+    model, tok = small_policy
     # no template: plain text, and a system prompt is refused
     assert render_prompts(tok, ["1+2="]) == ["1+2="]
     with pytest.raises(ValueError, match="system_prompt"):
@@ -190,20 +181,19 @@ def test_chat_template_and_system_prompt(tiny):
         (dict(prompts=["1+1=", "What is 2+3?"]), ValueError, r"prompts\[1\]='What is 2\+3\?' contains characters"),
     ],
 )
-def test_bad_arguments(tiny, kwargs, error, match):
-    model, tok = tiny
+def test_bad_arguments(small_policy, kwargs, error, match):
+    model, tok = small_policy
     args = dict(prompts=["1+2="], group_size=2, max_new_tokens=2)
     args.update(kwargs)
     with pytest.raises(error, match=match):
         generate_rollouts(model, tok, args.pop("prompts"), **args)
 
 
-def test_every_eos_of_the_model_ends_a_completion():
+def test_every_eos_of_the_model_ends_a_completion(make_small_policy):
     """A second EOS id from the model's generation config stops, masks and un-truncates too."""
-    from grpo_tutorial.models import build_tiny_policy
     from grpo_tutorial.rollout import generate_rollouts, stop_token_ids
 
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=3)
+    model, tok = make_small_policy(seed=3)
     extra = tok.convert_tokens_to_ids("7")
     model.generation_config.eos_token_id = [tok.eos_token_id, extra]
     assert stop_token_ids(model, tok) == [tok.eos_token_id, extra]
@@ -216,11 +206,11 @@ def test_every_eos_of_the_model_ends_a_completion():
             assert mask.sum() == len(ids) and truncated
 
 
-def test_shared_prompt_cache_samples_the_same_tokens(tiny, monkeypatch):
+def test_shared_prompt_cache_samples_the_same_tokens(small_policy, monkeypatch):
     """Encoding each prompt once and copying its cache G times changes no sampled token."""
     import grpo_tutorial.rollout as rollout_module
 
-    model, tok = tiny
+    model, tok = small_policy
     prompts = ["12+34=", "5+6=", "71+8="]  # different lengths: left padding is exercised too
     calls = []
     real = rollout_module.shared_prompt_cache

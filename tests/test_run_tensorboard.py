@@ -26,6 +26,8 @@ from grpo_tutorial.run.tensorboard import TAG_PREFIX, TensorBoardWriter  # noqa:
 from grpo_tutorial.tasks import make_arithmetic_dataset  # noqa: E402
 from grpo_tutorial.trainer import GRPOConfig, GRPOTrainer, GRPOWarning  # noqa: E402
 
+from conftest import SMALL_SHAPE  # noqa: E402
+
 
 def length_reward(completions, **kwargs):
     return [float(len(c)) for c in completions]
@@ -36,7 +38,7 @@ def data():
 
 
 def trainer(out, reward=length_reward, **cfg) -> GRPOTrainer:
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    model, tok = build_tiny_policy(**SMALL_SHAPE, seed=0)
     config = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=3, output_dir=str(out), **cfg)
     return GRPOTrainer(model, tok, reward, config)
 
@@ -166,10 +168,10 @@ def test_bad_values_are_refused_naming_the_field(kwargs, error, message):
     assert str(info.value).startswith(message)
 
 
-def test_the_trainer_refuses_tensorboard_without_an_output_dir_when_it_is_built():
+def test_the_trainer_refuses_tensorboard_without_an_output_dir_when_it_is_built(small_policy):
     config = GRPOConfig(report_to="tensorboard")  # the config takes it: `evaluate --checkpoint` rebuilds a
     assert config.report_to == "tensorboard"  # run's config without its output_dir
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    model, tok = small_policy
     with pytest.raises(ValueError) as info:
         GRPOTrainer(model, tok, length_reward, config)
     assert str(info.value) == (

@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.sft import SFTConfig, encode_sft_batch, supervised_warmup
 
 
@@ -24,8 +23,8 @@ def test_missing_keys_are_reported(small_policy):
         encode_sft_batch(tok, [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2="}])
 
 
-def test_warmup_lowers_the_loss_and_stops_on_request():
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=1)
+def test_warmup_lowers_the_loss_and_stops_on_request(make_small_policy):
+    model, tok = make_small_policy(seed=1)
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)]
     history = supervised_warmup(
         model, tok, rows, SFTConfig(steps=60, batch_size=16, learning_rate=3e-3, warmup_steps=5), progress=False

@@ -130,14 +130,14 @@ def test_gradient_checkpointing_and_dropout_fall_back_to_the_full_pass():
     assert not can_share_prompts(torch.nn.Linear(2, 2))  # not a transformers causal LM
 
 
-def test_the_trainer_default_shares_and_the_flag_turns_it_off():
+def test_the_trainer_default_shares_and_the_flag_turns_it_off(make_tiny_policy):
     from grpo_tutorial import GRPOConfig, GRPOTrainer, make_arithmetic_dataset
     from grpo_tutorial.rewards import correctness_reward
 
     data = make_arithmetic_dataset(4, seed=0, digits=1)
     seen = {}
     for share in (True, False):
-        model, tokenizer = build_tiny_policy(seed=0)
+        model, tokenizer = make_tiny_policy(seed=0)
         config = GRPOConfig(prompts_per_step=4, group_size=4, share_prompt_cache=share, seed=0)
         trainer = GRPOTrainer(model, tokenizer, correctness_reward, config)
         with warnings.catch_warnings():
@@ -149,11 +149,11 @@ def test_the_trainer_default_shares_and_the_flag_turns_it_off():
         GRPOConfig(share_prompt_cache="yes")
 
 
-def test_the_kv_cache_goes_by_the_name_this_transformers_takes():
+def test_the_kv_cache_goes_by_the_name_this_transformers_takes(make_small_policy):
     """transformers 5.24 renamed past_key_values to cache; the shared passes use the model's own name."""
     from grpo_tutorial.speedups import cache_argument, returned_cache
 
-    model, _ = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32)
+    model, _ = make_small_policy(num_layers=1, intermediate_size=32)
     takes_cache = "cache" in __import__("inspect").signature(model.forward).parameters
     assert cache_argument(model) == ("cache" if takes_cache else "past_key_values")
 
@@ -166,9 +166,9 @@ def test_the_kv_cache_goes_by_the_name_this_transformers_takes():
     assert returned_cache(out) is not None and returned_cache(out).get_seq_length() == 3
 
 
-def test_sampling_and_scoring_with_shared_prompts_raise_no_deprecation_warning():
+def test_sampling_and_scoring_with_shared_prompts_raise_no_deprecation_warning(make_small_policy):
     """Passing the cache under its old name warns at every call in transformers 5.24 (chapter 10 printed them)."""
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32)
+    model, tok = make_small_policy(num_layers=1, intermediate_size=32)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rollout = generate_rollouts(model, tok, ["12+3=", "4+5="], group_size=4, max_new_tokens=3, onednn=False)

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from grpo_tutorial.logprobs import completion_logprobs
-from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.rollout import generate_rollouts
 from grpo_tutorial.speedups import onednn_available, onednn_linears, use_onednn
 
@@ -19,8 +18,8 @@ PROMPTS = ["12+34=", "5+6=", "71+8="]  # different lengths: left padding is exer
 
 
 @pytest.fixture
-def tiny():
-    model, tok = build_tiny_policy(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, seed=0)
+def tiny(make_small_policy):
+    model, tok = make_small_policy(hidden_size=64, num_heads=4, intermediate_size=128)  # twice as wide
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():  # Qwen2 starts its q, k, v biases at zero; make them matter
         for m in model.modules():
@@ -126,8 +125,8 @@ def test_layers_are_restored_after_an_exception(tiny):
     assert _switched(model) == []
 
 
-def test_when_it_applies():
-    model, _ = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+def test_when_it_applies(make_small_policy):
+    model, _ = make_small_policy(num_layers=1)
     assert use_onednn(model, None) is True
     assert use_onednn(model, True) is True
     assert use_onednn(model, False) is False
@@ -141,8 +140,8 @@ def test_when_it_applies():
         use_onednn(object(), True)
 
 
-def test_generate_rollouts_refuses_onednn_true_where_it_cannot_apply():
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+def test_generate_rollouts_refuses_onednn_true_where_it_cannot_apply(make_small_policy):
+    model, tok = make_small_policy(num_layers=1)
     model.double()
     with pytest.raises(ValueError, match="onednn=True cannot be used"):
         generate_rollouts(model, tok, PROMPTS, group_size=2, max_new_tokens=2, generator_seed=0, onednn=True)
@@ -157,12 +156,12 @@ def test_rows_must_be_positive(tiny):
             pass
 
 
-def test_the_trainer_passes_its_setting_to_sampling_and_evaluation(monkeypatch):
+def test_the_trainer_passes_its_setting_to_sampling_and_evaluation(monkeypatch, make_small_policy):
     import grpo_tutorial.evaluation as evaluation_module
     import grpo_tutorial.step as step_module
     from grpo_tutorial import GRPOConfig, GRPOTrainer, correctness_reward
 
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+    model, tok = make_small_policy(num_layers=1)
     seen = []
     for module in (step_module, evaluation_module):
         real = module.generate_rollouts
@@ -205,8 +204,8 @@ def test_entering_twice_switches_once_and_restores_everything(tiny):
     assert _switched(model) == []
 
 
-def test_not_under_autocast_or_with_onednn_disabled_or_off_the_cpu():
-    model, _ = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+def test_not_under_autocast_or_with_onednn_disabled_or_off_the_cpu(make_small_policy):
+    model, _ = make_small_policy(num_layers=1)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert use_onednn(model, None) is False
         with pytest.raises(ValueError, match="autocast"):
@@ -221,8 +220,8 @@ def test_not_under_autocast_or_with_onednn_disabled_or_off_the_cpu():
 
 
 @pytest.mark.parametrize("setting", [0, 1, "no", "auto"])
-def test_a_setting_that_is_not_none_or_a_bool_is_refused(setting):
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+def test_a_setting_that_is_not_none_or_a_bool_is_refused(setting, make_small_policy):
+    model, tok = make_small_policy(num_layers=1)
     with pytest.raises(TypeError, match="onednn must be None, True or False"):
         use_onednn(model, setting)
     with pytest.raises(TypeError, match="onednn must be None, True or False"):

@@ -26,11 +26,8 @@ from grpo_tutorial.trainer import (
 )
 from grpo_tutorial.seeding import derive_seed, epoch_permutation
 
+from conftest import SMALL_SHAPE
 
-
-
-def tiny(seed=0):
-    return build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=seed)
 
 
 def data(n=16, seed=0):
@@ -130,8 +127,8 @@ def test_config_minibatch_must_divide_the_batch():
     assert cfg.batch_completions == 12 and cfg.updates_per_step == 4
 
 
-def test_trainer_rejects_bad_arguments():
-    model, tok = tiny()
+def test_trainer_rejects_bad_arguments(small_policy):
+    model, tok = small_policy
     with pytest.raises(ValueError, match="reward_weights has 2 entries but there are 1 reward functions"):
         GRPOTrainer(model, tok, [length_reward], config(reward_weights=[1.0, 2.0]))
     with pytest.raises(TypeError, match="reward_fns"):
@@ -154,8 +151,8 @@ def test_trainer_rejects_bad_arguments():
 # ---------------------------------------------------------------------------
 
 
-def test_equal_rewards_leave_parameters_exactly_unchanged():
-    model, tok = tiny()
+def test_equal_rewards_leave_parameters_exactly_unchanged(small_policy):
+    model, tok = small_policy
     before = snapshot(model)
     trainer = GRPOTrainer(model, tok, constant_reward, config(beta=0.0, weight_decay=0.0))
     with pytest.warns(GRPOWarning, match="no learning signal"):
@@ -165,8 +162,8 @@ def test_equal_rewards_leave_parameters_exactly_unchanged():
     assert same_params(before, snapshot(model))
 
 
-def test_varied_rewards_change_parameters():
-    model, tok = tiny()
+def test_varied_rewards_change_parameters(small_policy):
+    model, tok = small_policy
     before = snapshot(model)
     trainer = GRPOTrainer(model, tok, length_reward, config())
     row = quiet(trainer.train_step, data()[:2])
@@ -175,8 +172,8 @@ def test_varied_rewards_change_parameters():
     assert not same_params(before, snapshot(model))
 
 
-def test_history_row_fields_are_plain_json_numbers():
-    model, tok = tiny()
+def test_history_row_fields_are_plain_json_numbers(small_policy):
+    model, tok = small_policy
     trainer = GRPOTrainer(model, tok, length_reward, config())
     row = quiet(trainer.train_step, data()[:2])
     expected = {
@@ -195,8 +192,8 @@ def test_history_row_fields_are_plain_json_numbers():
     assert row["entropy"] > 0 and row["lr"] == 1e-4
 
 
-def test_accuracy_counts_correct_completions(monkeypatch):
-    model, tok = tiny()
+def test_accuracy_counts_correct_completions(monkeypatch, small_policy):
+    model, tok = small_policy
     rows = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "2+2=", "answer": "4"}]
     scripted = ["3", "3", "03", "x", "4", "5", "44", "4"]
 
@@ -216,14 +213,14 @@ def test_accuracy_counts_correct_completions(monkeypatch):
     assert row["frac_zero_std"] == 0.0
 
 
-def test_custom_accuracy_fn_sees_columns_and_defines_accuracy():
+def test_custom_accuracy_fn_sees_columns_and_defines_accuracy(small_policy):
     seen = {}
 
     def first_of_each_group(completions, answer, numbers, **kwargs):
         seen["numbers"] = numbers
         return [1.0 if i % 4 == 0 else 0.0 for i in range(len(completions))]
 
-    model, tok = tiny()
+    model, tok = small_policy
     rows = [{"prompt": "1+2=", "answer": "3", "numbers": [1, 2]}, {"prompt": "2+2=", "answer": "4", "numbers": [2, 2]}]
     trainer = GRPOTrainer(model, tok, length_reward, config(), accuracy_fn=first_of_each_group)
     row = quiet(trainer.train_step, rows)
@@ -234,7 +231,7 @@ def test_custom_accuracy_fn_sees_columns_and_defines_accuracy():
         GRPOTrainer(model, tok, length_reward, config(), accuracy_fn="exact")
 
 
-def test_mu_2_second_pass_uses_the_stored_old_logprobs(monkeypatch):
+def test_mu_2_second_pass_uses_the_stored_old_logprobs(monkeypatch, small_policy):
     calls = []
     real = step_module.grpo_loss
 
@@ -243,7 +240,7 @@ def test_mu_2_second_pass_uses_the_stored_old_logprobs(monkeypatch):
         return real(logp, old_logp, advantages, mask, **kwargs)
 
     monkeypatch.setattr(step_module, "grpo_loss", spy)
-    model, tok = tiny()
+    model, tok = small_policy
     trainer = GRPOTrainer(model, tok, length_reward, config(num_iterations=2, learning_rate=1e-2))
     quiet(trainer.train_step, data()[:2])
     assert len(calls) == 2
@@ -255,7 +252,7 @@ def test_mu_2_second_pass_uses_the_stored_old_logprobs(monkeypatch):
     assert (second["ratio"] - 1).abs().max() > 1e-3
 
 
-def test_minibatches_make_mu_times_n_over_m_updates(monkeypatch):
+def test_minibatches_make_mu_times_n_over_m_updates(monkeypatch, small_policy):
     seen = []
     real = step_module.grpo_loss
 
@@ -264,7 +261,7 @@ def test_minibatches_make_mu_times_n_over_m_updates(monkeypatch):
         return real(logp, *args, **kwargs)
 
     monkeypatch.setattr(step_module, "grpo_loss", spy)
-    model, tok = tiny()
+    model, tok = small_policy
     trainer = GRPOTrainer(model, tok, length_reward, config(num_iterations=2, minibatch_size=4))
     quiet(trainer.train_step, data()[:2])
     assert seen == [4, 4, 4, 4]  # 2 passes x 8 completions / 4
@@ -272,8 +269,8 @@ def test_minibatches_make_mu_times_n_over_m_updates(monkeypatch):
     assert all(int(s["step"]) == 4 for s in state.values())
 
 
-def test_frozen_reference_stays_frozen_and_syncs():
-    model, tok = tiny()
+def test_frozen_reference_stays_frozen_and_syncs(small_policy):
+    model, tok = small_policy
     initial = snapshot(model)
     trainer = GRPOTrainer(model, tok, length_reward, config(beta=0.1, ref_sync_every=2, learning_rate=1e-2))
     ref = trainer.ref_model
@@ -290,9 +287,9 @@ def test_frozen_reference_stays_frozen_and_syncs():
     assert not same_params(snapshot(model), snapshot(ref))
 
 
-def test_no_reference_model_when_beta_is_zero():
-    model, tok = tiny()
-    other, _ = tiny(seed=1)
+def test_no_reference_model_when_beta_is_zero(make_small_policy):
+    model, tok = make_small_policy()
+    other, _ = make_small_policy(seed=1)
     assert GRPOTrainer(model, tok, length_reward, config(beta=0.0), ref_model=other).ref_model is None
     given = GRPOTrainer(model, tok, length_reward, config(beta=0.05), ref_model=other)
     assert given.ref_model is other and not any(p.requires_grad for p in other.parameters())
@@ -301,8 +298,8 @@ def test_no_reference_model_when_beta_is_zero():
     assert all(p.requires_grad for p in model.parameters())  # the policy was not frozen
 
 
-def test_generate_called_once_per_step(monkeypatch):
-    model, tok = tiny()
+def test_generate_called_once_per_step(monkeypatch, small_policy):
+    model, tok = small_policy
     rows = []
     real = model.generate
 
@@ -316,7 +313,7 @@ def test_generate_called_once_per_step(monkeypatch):
     assert rows == [12, 12, 12]
 
 
-def test_data_order_is_a_seeded_permutation_per_epoch():
+def test_data_order_is_a_seeded_permutation_per_epoch(small_policy):
     seen = []
 
     def record(completions, prompts, **kwargs):
@@ -324,7 +321,7 @@ def test_data_order_is_a_seeded_permutation_per_epoch():
         return [float(len(c)) for c in completions]
 
     ds = data(n=6)
-    model, tok = tiny()
+    model, tok = small_policy
     trainer = GRPOTrainer(model, tok, record, config(prompts_per_step=4))
     quiet(trainer.train, ds, 3, progress=False)  # 12 prompts = 2 epochs of 6
     prompts = [row["prompt"] for row in ds]
@@ -340,10 +337,10 @@ def test_data_order_is_a_seeded_permutation_per_epoch():
 # ---------------------------------------------------------------------------
 
 
-def test_non_finite_loss_skips_the_update_counts_and_warns_once(monkeypatch):
+def test_non_finite_loss_skips_the_update_counts_and_warns_once(monkeypatch, small_policy):
     real = step_module.grpo_loss
     bad_steps = {2, 3}
-    model, tok = tiny()
+    model, tok = small_policy
     trainer = GRPOTrainer(model, tok, length_reward, config())
 
     def poisoned(*args, **kwargs):
@@ -368,7 +365,7 @@ def test_non_finite_loss_skips_the_update_counts_and_warns_once(monkeypatch):
     assert not same_params(after_1, snapshot(model))
 
 
-def test_non_finite_gradient_skips_the_update(monkeypatch):
+def test_non_finite_gradient_skips_the_update(monkeypatch, small_policy):
     real = step_module.grpo_loss
 
     def inf_gradient(logp, *args, **kwargs):
@@ -376,7 +373,7 @@ def test_non_finite_gradient_skips_the_update(monkeypatch):
         return loss + torch.sqrt((logp * 0).sum()), stats  # value unchanged, d sqrt(x)/dx = inf at 0
 
     monkeypatch.setattr(step_module, "grpo_loss", inf_gradient)
-    model, tok = tiny()
+    model, tok = small_policy
     before = snapshot(model)
     trainer = GRPOTrainer(model, tok, length_reward, config())
     with pytest.warns(GRPOWarning, match="gradient norm is nan"):
@@ -387,8 +384,8 @@ def test_non_finite_gradient_skips_the_update(monkeypatch):
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_truncation_and_collapse_warnings():
-    model, tok = tiny()
+def test_truncation_and_collapse_warnings(small_policy):
+    model, tok = small_policy
     ds = data(n=8)
     special = ds[0]["prompt"]
 
@@ -408,7 +405,7 @@ def test_truncation_and_collapse_warnings():
     assert sum("raise max_new_tokens" in m for m in messages) == 1
 
 
-def test_unscorable_completions_are_left_out_of_the_baseline(monkeypatch):
+def test_unscorable_completions_are_left_out_of_the_baseline(monkeypatch, small_policy):
     used = []
     real_loss = step_module.grpo_loss
 
@@ -421,7 +418,7 @@ def test_unscorable_completions_are_left_out_of_the_baseline(monkeypatch):
     def sometimes_none(completions, **kwargs):
         return [None if i % 4 == 0 else float(i) for i in range(len(completions))]
 
-    model, tok = tiny()
+    model, tok = small_policy
     trainer = GRPOTrainer(model, tok, sometimes_none, config(num_iterations=1))
     with pytest.warns(GRPOWarning, match="2 of 8 completions could not be scored"):
         row = trainer.train_step(data()[:2])
@@ -438,11 +435,11 @@ def test_unscorable_completions_are_left_out_of_the_baseline(monkeypatch):
 # ---------------------------------------------------------------------------
 
 
-def test_evaluate_is_greedy_batched_and_side_effect_free():
+def test_evaluate_is_greedy_batched_and_side_effect_free(small_policy):
     from grpo_tutorial.rewards import correctness_reward
     from grpo_tutorial.rollout import generate_rollouts
 
-    model, tok = tiny()
+    model, tok = small_policy
     ds = data(n=10)
     trainer = GRPOTrainer(model, tok, correctness_reward, config())
     model.train()
@@ -466,7 +463,7 @@ def test_evaluate_is_greedy_batched_and_side_effect_free():
 
 
 def run(steps, out=None, resume=False, seed=0, **cfg):
-    model, tok = tiny(seed=seed)
+    model, tok = build_tiny_policy(**SMALL_SHAPE, seed=seed)
     trainer = GRPOTrainer(model, tok, length_reward, config(seed=seed, output_dir=out, **cfg))
     history = quiet(trainer.train, data(), steps, resume=resume, progress=False)
     return trainer, history
@@ -493,7 +490,7 @@ SCRIPT = textwrap.dedent(
     def length_reward(completions, **kwargs):
         return [float(len(c)) for c in completions]
 
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    model, tok = build_tiny_policy(**SMALL_SHAPE, seed=0)
     cfg = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=3, beta=0.05, num_iterations=2)
     history = GRPOTrainer(model, tok, length_reward, cfg).train(
         make_arithmetic_dataset(16, 0, digits=1), 3, progress=False)
@@ -505,7 +502,7 @@ SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 def test_same_seed_same_history_across_processes(tmp_path):
     script = tmp_path / "run.py"
-    script.write_text(SCRIPT)
+    script.write_text(f"SMALL_SHAPE = {SMALL_SHAPE!r}\n{SCRIPT}")
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONHASHSEED="random")
     procs = [  # two independent processes, run side by side
         subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -521,7 +518,7 @@ def test_same_seed_same_history_across_processes(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["reward_std"] > 0
 
 
-def test_resume_continues_from_the_checkpoint_step(tmp_path):
+def test_resume_continues_from_the_checkpoint_step(tmp_path, small_policy):
     _, full = run(6, num_iterations=2, beta=0.05)
     out = str(tmp_path / "run")
     first, _ = run(4, out=out, num_iterations=2, beta=0.05, checkpoint_every=2)
@@ -537,7 +534,7 @@ def test_resume_continues_from_the_checkpoint_step(tmp_path):
 
     steps_run = []
 
-    model, tok = tiny()
+    model, tok = small_policy
     resumed = GRPOTrainer(model, tok, length_reward, config(output_dir=out, num_iterations=2, beta=0.05, checkpoint_every=2))
     real_step = resumed.train_step
 
@@ -555,13 +552,13 @@ def test_resume_continues_from_the_checkpoint_step(tmp_path):
     assert not (tmp_path / "run" / "checkpoint.tmp").exists()
 
 
-def test_resume_after_a_kill_between_the_two_renames(tmp_path, monkeypatch):
+def test_resume_after_a_kill_between_the_two_renames(tmp_path, monkeypatch, small_policy):
     out = tmp_path / "run"
     _, full = run(4, beta=0.05)
     run(2, out=str(out), beta=0.05, checkpoint_every=2)
 
     # the next save dies right after moving the old checkpoint aside
-    model, tok = tiny()
+    model, tok = small_policy
     trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=str(out), beta=0.05, checkpoint_every=2))
     quiet(trainer.train, data(), 2, resume=True, progress=False)
     quiet(trainer.train_step, data()[:2])
@@ -584,20 +581,20 @@ def test_resume_after_a_kill_between_the_two_renames(tmp_path, monkeypatch):
     assert (out / "checkpoint").exists() and not (out / "checkpoint.old").exists()
 
 
-def test_a_fresh_run_warns_before_replacing_a_checkpoint(tmp_path):
+def test_a_fresh_run_warns_before_replacing_a_checkpoint(tmp_path, small_policy):
     out = str(tmp_path / "run")
     run(2, out=out, checkpoint_every=2)
-    model, tok = tiny()
+    model, tok = small_policy
     trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=out))
     with pytest.warns(GRPOWarning, match="already holds a checkpoint; starting a new run"):
         trainer.train(data(), 1, progress=False)
     assert len(read_history(out)) == 1  # the new run's history replaced the old one
 
 
-def test_resume_refuses_a_different_dataset(tmp_path):
+def test_resume_refuses_a_different_dataset(tmp_path, small_policy):
     out = str(tmp_path / "run")
     run(2, out=out, checkpoint_every=2)
-    model, tok = tiny()
+    model, tok = small_policy
     trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=out))
     before = snapshot(model)
     with pytest.raises(ValueError, match="the dataset differs"):
@@ -605,29 +602,29 @@ def test_resume_refuses_a_different_dataset(tmp_path):
     assert trainer.step == 0 and same_params(before, snapshot(model))  # nothing was loaded
 
 
-def test_train_accepts_a_hugging_face_dataset():
+def test_train_accepts_a_hugging_face_dataset(small_policy):
     datasets = pytest.importorskip("datasets")
-    model, tok = tiny()
+    model, tok = small_policy
     trainer = GRPOTrainer(model, tok, length_reward, config())
     history = quiet(trainer.train, datasets.Dataset.from_list(data()), 1, progress=False)
     assert [row["step"] for row in history] == [1]
 
 
-def test_resume_without_a_checkpoint_starts_fresh(tmp_path):
+def test_resume_without_a_checkpoint_starts_fresh(tmp_path, make_small_policy):
     out = str(tmp_path / "run")
     _, full = run(2)
     with pytest.warns(GRPOWarning, match="no checkpoint"):
-        model, tok = tiny()
+        model, tok = make_small_policy()
         trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=out))
         history = trainer.train(data(), 2, resume=True, progress=False)
     assert comparable(history) == comparable(full)
 
 
-def test_ctrl_c_finishes_the_step_saves_and_raises(tmp_path):
+def test_ctrl_c_finishes_the_step_saves_and_raises(tmp_path, small_policy):
     out = str(tmp_path / "run")
     _, full = run(4)
 
-    model, tok = tiny()
+    model, tok = small_policy
     trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=out))
 
     def interrupting(completions, **kwargs):
@@ -647,17 +644,17 @@ def test_ctrl_c_finishes_the_step_saves_and_raises(tmp_path):
     assert comparable(history) == comparable(full)
 
 
-def test_sixteen_bit_weights_warn_that_updates_may_vanish():
-    model, tok = tiny()
+def test_sixteen_bit_weights_warn_that_updates_may_vanish(make_small_policy):
+    model, tok = make_small_policy()
     with pytest.warns(GRPOWarning, match="16-bit weights"):
         GRPOTrainer(model.to(torch.bfloat16), tok, length_reward, config())
-    model, tok = tiny()
+    model, tok = make_small_policy()
     with warnings.catch_warnings():
         warnings.simplefilter("error", GRPOWarning)
         GRPOTrainer(model, tok, length_reward, config())  # float32: no warning
 
 
-def test_logged_entropy_averages_only_the_rows_the_step_scored(monkeypatch):
+def test_logged_entropy_averages_only_the_rows_the_step_scored(monkeypatch, small_policy):
     """On-policy, the entropy comes from the gradient pass, micro-batch by micro-batch. A non-finite loss
     ends that pass early (the update is skipped); the rows it never reached must not count as entropy 0."""
     import copy
@@ -668,7 +665,7 @@ def test_logged_entropy_averages_only_the_rows_the_step_scored(monkeypatch):
 
     cfg = config(micro_batch_size=4)  # 8 completions: two micro-batches, one update (on-policy)
     batch = data()[:2]
-    model, tok = tiny()
+    model, tok = small_policy
     start = copy.deepcopy(model.state_dict())
     real = step_module.grpo_loss
     calls = []
@@ -707,7 +704,7 @@ def test_logged_entropy_averages_only_the_rows_the_step_scored(monkeypatch):
 # ---------------------------------------------------------------------------
 
 
-def test_a_policies_subclass_supplies_the_reference_without_a_copy():
+def test_a_policies_subclass_supplies_the_reference_without_a_copy(small_policy):
     """What LoRA needs: the reference is the policy with something switched off, entered once per scoring pass."""
     from grpo_tutorial.run.state import RunState
     from grpo_tutorial.step import GRPOStep, Policies
@@ -720,7 +717,7 @@ def test_a_policies_subclass_supplies_the_reference_without_a_copy():
             PolicyAsReference.entered += 1
             yield self.policy  # a LoRA model would yield the policy with its adapters off
 
-    model, tok = tiny()
+    model, tok = small_policy
     step = GRPOStep(model, tok, length_reward, config(beta=0.1, ref_sync_every=1),
                     policies=PolicyAsReference(model))  # no reference model: no copy is made
     assert step.policies.reference_model is None
@@ -729,8 +726,8 @@ def test_a_policies_subclass_supplies_the_reference_without_a_copy():
     assert row["kl"] == pytest.approx(0.0, abs=1e-6)  # before its update, the policy is its own reference
 
 
-def test_a_sampler_writes_the_completions_and_row_listeners_get_every_row(tmp_path):
-    model, tok = tiny()
+def test_a_sampler_writes_the_completions_and_row_listeners_get_every_row(tmp_path, make_small_policy):
+    model, tok = make_small_policy()
     trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=str(tmp_path)))
     calls, rows = [], []
     real = trainer.grpo_step.generate
@@ -741,6 +738,6 @@ def test_a_sampler_writes_the_completions_and_row_listeners_get_every_row(tmp_pa
     assert rows == history and len(rows) == 3
     assert [json.loads(line)["step"] for line in (tmp_path / "history.jsonl").read_text().splitlines()] == [1, 2, 3]
     mine = lambda p, s: real(p, s)  # noqa: E731
-    assert GRPOTrainer(tiny()[0], tok, length_reward, config(), sampler=mine).grpo_step.sampler is mine
+    assert GRPOTrainer(make_small_policy()[0], tok, length_reward, config(), sampler=mine).grpo_step.sampler is mine
     with pytest.raises(TypeError, match="sampler must be None or a function"):
-        GRPOTrainer(tiny()[0], tok, length_reward, config(), sampler="vllm")
+        GRPOTrainer(make_small_policy()[0], tok, length_reward, config(), sampler="vllm")

@@ -31,10 +31,10 @@ def _global_states():
     return torch.get_rng_state().clone(), random.getstate(), np.random.get_state()[1].copy()
 
 
-def test_building_and_evaluating_leave_the_global_rngs_alone():
+def test_building_and_evaluating_leave_the_global_rngs_alone(make_tiny_policy):
     torch.manual_seed(123), random.seed(123), np.random.seed(123)
     before = _global_states()
-    model, tok = build_tiny_policy(seed=0)
+    model, tok = make_tiny_policy(seed=0)  # built here: building is part of what must leave them alone
     trainer = GRPOTrainer(model, tok, correctness_reward, GRPOConfig(seed=7, beta=0.1))
     trainer.evaluate(_data(8))
     evaluate_policy(model, tok, _data(8))
@@ -44,11 +44,11 @@ def test_building_and_evaluating_leave_the_global_rngs_alone():
     assert np.array_equal(before[2], after[2])
 
 
-def test_a_run_does_not_depend_on_the_global_rng_state():
+def test_a_run_does_not_depend_on_the_global_rng_state(make_tiny_policy):
     rows = []
     for outside_seed in (1, 2):
         torch.manual_seed(outside_seed), random.seed(outside_seed), np.random.seed(outside_seed)
-        model, tok = build_tiny_policy(seed=0)
+        model, tok = make_tiny_policy(seed=0)
         trainer = GRPOTrainer(model, tok, partial_credit_reward, GRPOConfig(prompts_per_step=2, group_size=4, seed=3))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -82,8 +82,8 @@ def test_first_pass_ratio_is_exactly_one_with_dropout_disabled(disable):
         assert row["ratio_max"] > 1.0
 
 
-def test_evaluate_policy_returns_one_record_per_row_and_matches_the_trainer():
-    model, tok = build_tiny_policy(seed=0)
+def test_evaluate_policy_returns_one_record_per_row_and_matches_the_trainer(tiny_policy):
+    model, tok = tiny_policy
     rows = _data(10)
     result = evaluate_policy(model, tok, rows, GRPOConfig(max_new_tokens=4), batch_size=3, num_samples=2)
     assert result["n"] == len(result["records"]) == 10
@@ -127,8 +127,8 @@ def test_micro_batch_size_must_divide_the_update():
     assert GRPOConfig(prompts_per_step=4, group_size=8, micro_batch_size=8).updates_per_step == 1
 
 
-def test_micro_batches_make_one_update_per_generation_batch(monkeypatch):
-    model, tok = build_tiny_policy(seed=0)
+def test_micro_batches_make_one_update_per_generation_batch(monkeypatch, tiny_policy):
+    model, tok = tiny_policy
     cfg = GRPOConfig(prompts_per_step=4, group_size=4, seed=0, micro_batch_size=4)
     trainer = GRPOTrainer(model, tok, partial_credit_reward, cfg)
     steps = []
@@ -140,8 +140,8 @@ def test_micro_batches_make_one_update_per_generation_batch(monkeypatch):
     assert len(steps) == 1
 
 
-def test_checkpoint_size_does_not_grow_with_the_run(tmp_path):
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+def test_checkpoint_size_does_not_grow_with_the_run(tmp_path, make_small_policy):
+    model, tok = make_small_policy(num_layers=1)
     cfg = GRPOConfig(prompts_per_step=2, group_size=2, max_new_tokens=2, checkpoint_every=2, output_dir=str(tmp_path))
     trainer = GRPOTrainer(model, tok, partial_credit_reward, cfg)
     sizes = []

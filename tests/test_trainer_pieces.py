@@ -18,7 +18,7 @@ import warnings
 import pytest
 import torch
 
-from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy
+from grpo_tutorial import GRPOConfig, GRPOTrainer
 from grpo_tutorial.loss import LossOptions, update_normalisers
 from grpo_tutorial.metrics import timed, watch_stages
 from grpo_tutorial.models import frozen_reference
@@ -127,8 +127,8 @@ def test_timed_adds_the_block_s_seconds():
     assert 1.0 <= seconds["forward_seconds"] < 2.0
 
 
-def test_watch_stages_hears_each_stage_of_a_step_in_order_and_only_inside_the_block():
-    model, tokenizer = build_tiny_policy(seed=0)
+def test_watch_stages_hears_each_stage_of_a_step_in_order_and_only_inside_the_block(tiny_policy):
+    model, tokenizer = tiny_policy
     config = GRPOConfig(group_size=2, prompts_per_step=2, max_new_tokens=3, micro_batch_size=2, seed=0)
     trainer = GRPOTrainer(model, tokenizer, lambda completions, **kw: [len(c) % 2 * 1.0 for c in completions], config)
     batch = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "2+2=", "answer": "4"}]
@@ -149,8 +149,8 @@ def test_watch_stages_hears_each_stage_of_a_step_in_order_and_only_inside_the_bl
 # ---------------------------------------------------------------------------
 
 
-def test_frozen_reference_copies_or_takes_and_freezes():
-    policy, _ = build_tiny_policy(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, seed=0)
+def test_frozen_reference_copies_or_takes_and_freezes(make_small_policy):
+    policy, _ = make_small_policy(hidden_size=16, num_layers=1, intermediate_size=32)
     policy.train()
     ref = frozen_reference(policy)
     assert ref is not policy and not ref.training and not any(p.requires_grad for p in ref.parameters())
@@ -183,21 +183,27 @@ def test_the_run_is_tied_to_one_dataset():
     check_same_dataset("def", None, "anywhere")  # nothing known: anything goes
 
 
-def _parts(seed: int, beta: float = 0.0):
-    model, _ = build_tiny_policy(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, seed=seed)
-    optimizer, scheduler = make_optimizer(list(model.parameters()), GRPOConfig(learning_rate=0.1))
-    return model, optimizer, scheduler, (frozen_reference(model) if beta else None)
+@pytest.fixture
+def parts(make_small_policy):
+    """``parts(seed, beta=0.0)``: a fresh model, its optimizer and schedule, and (if ``beta``) a frozen reference."""
+
+    def make(seed: int, beta: float = 0.0):
+        model, _ = make_small_policy(seed=seed, hidden_size=16, num_layers=1, intermediate_size=32)
+        optimizer, scheduler = make_optimizer(list(model.parameters()), GRPOConfig(learning_rate=0.1))
+        return model, optimizer, scheduler, (frozen_reference(model) if beta else None)
+
+    return make
 
 
-def test_save_then_load_training_restores_the_objects_and_warns_about_changes(tmp_path):
-    model, optimizer, scheduler, _ = _parts(0)
+def test_save_then_load_training_restores_the_objects_and_warns_about_changes(tmp_path, parts):
+    model, optimizer, scheduler, _ = parts(0)
     rows = [{"step": 1, "loss": 0.5}, {"step": 2, "loss": math.nan}]
     meta = {**RunState(step=2).to_meta(), "config": {"seed": 0, "log_every": 1}}
     path = save_training(tmp_path, model, optimizer, scheduler, None, meta=meta, history=rows)
     assert path == find_checkpoint(tmp_path) and read_meta(path)["step"] == 2
     assert (tmp_path / "history.jsonl").read_text().count("\n") == 2
 
-    other, other_opt, other_sched, ref = _parts(1, beta=0.1)
+    other, other_opt, other_sched, ref = parts(1, beta=0.1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loaded = load_training(tmp_path, other, other_opt, other_sched, ref, config={"seed": 1, "log_every": 5},
@@ -219,8 +225,8 @@ class _Writer:
         self.synced += 1
 
 
-def test_save_training_syncs_the_writers_appending_there_instead_of_rewriting(tmp_path):
-    model, optimizer, scheduler, _ = _parts(0)
+def test_save_training_syncs_the_writers_appending_there_instead_of_rewriting(tmp_path, parts):
+    model, optimizer, scheduler, _ = parts(0)
     (tmp_path / "history.jsonl").write_text("kept\n")
     writers = (_Writer(tmp_path), _Writer(tmp_path))
     save_training(tmp_path, model, optimizer, scheduler, None, meta=RunState().to_meta(), history=[], appending=writers)
@@ -231,7 +237,7 @@ def test_save_training_syncs_the_writers_appending_there_instead_of_rewriting(tm
     assert [w.synced for w in writers] == [1, 1] and (elsewhere / "history.jsonl").read_text() == '{"step": 1}\n'
 
 
-def test_resume_or_start(tmp_path):
+def test_resume_or_start(tmp_path, parts):
     loads = []
 
     def load(directory):
@@ -245,7 +251,7 @@ def test_resume_or_start(tmp_path):
     resume_or_start(None, "abc", resume=False, fresh=True, load=load)  # nothing to say, nothing loaded
     assert loads == [str(tmp_path)]
 
-    model, optimizer, scheduler, _ = _parts(0)
+    model, optimizer, scheduler, _ = parts(0)
     meta = {**RunState(step=1, dataset_fingerprint="abc").to_meta(), "config": {}}
     save_training(tmp_path, model, optimizer, scheduler, None, meta=meta, history=[{"step": 1}])
     with pytest.raises(ValueError, match="dataset differs"):

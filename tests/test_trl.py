@@ -28,6 +28,8 @@ from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.rewards import correctness_reward
 from grpo_tutorial.tasks import make_arithmetic_dataset
 
+from conftest import SMALL_SHAPE
+
 GROUP = 4  # num_generations
 PROMPTS = 4  # prompts per step
 STEPS = 2
@@ -69,7 +71,7 @@ def no_checkpointing() -> dict:
 
 def run_trl(tmp_path, reward_funcs, reward_weights):
     """Two TRL GRPO steps with the tiny model; returns (trainer, parameters before)."""
-    model, tokenizer = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    model, tokenizer = build_tiny_policy(**SMALL_SHAPE, seed=0)
     rows = make_arithmetic_dataset(32, 0, digits=1)
     args = trl.GRPOConfig(
         output_dir=str(tmp_path / "trl"),

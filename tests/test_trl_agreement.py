@@ -54,6 +54,8 @@ from grpo_tutorial.loss import LossOptions, grpo_loss
 from grpo_tutorial.mismatch import IS_MODES, sampler_weights
 from grpo_tutorial.rewards import partial_credit_reward
 
+from conftest import SMALL_SHAPE
+
 TOL = 1e-6
 N, T = 6, 5
 DTYPE = torch.float64
@@ -604,7 +606,7 @@ def _trl_advantages(tmp_path, per_function, weights, aggregation, scale_rewards=
 
     from grpo_tutorial.models import build_tiny_policy
 
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    model, tok = build_tiny_policy(**SMALL_SHAPE, seed=0)
     k = len(per_function[0])
     columns = [f"r{j}" for j in range(k)]
     rows = [{"prompt": f"{i // _G}+1=", **{c: values[j] for j, c in enumerate(columns)}}

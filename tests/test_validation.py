@@ -35,7 +35,6 @@ from grpo_tutorial import (
     validate_dataset,
 )
 from grpo_tutorial.__main__ import main
-from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.tasks import load_gsm8k as grpo_tutorial_load_gsm8k
 from grpo_tutorial.trainer import GRPOConfig, GRPOTrainer, GRPOWarning
 
@@ -50,19 +49,7 @@ def expect(exc: type[BaseException], call, *fragments: str) -> str:
     return message
 
 
-@pytest.fixture(autouse=True)
-def offline_one_thread(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
-def tiny():
-    """A 2-layer tiny policy (context 64 tokens) and its character tokenizer."""
-    return build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+pytestmark = pytest.mark.usefixtures("hub_offline")
 
 
 def length_reward(completions, **kwargs):
@@ -169,8 +156,8 @@ def test_config_minibatch_must_divide_prompts_times_group():
 
 
 @pytest.mark.parametrize("steps", [0, -3, 2.5, True, "10"])
-def test_train_rejects_steps_that_are_not_a_positive_int(tiny, steps):
-    model, tok = tiny
+def test_train_rejects_steps_that_are_not_a_positive_int(small_policy, steps):
+    model, tok = small_policy
     trainer = GRPOTrainer(model, tok, length_reward, small_config())
     expect(ValueError, lambda: trainer.train(ROWS, steps, progress=False), "steps must be a positive int", f"got {steps!r}")
     assert trainer.step == 0 and trainer.history == []
@@ -292,8 +279,8 @@ def test_none_means_not_applicable_and_drops_out_of_the_weighted_sum():
     assert math.isnan(total[1]) and math.isnan(total[2])  # no function applied: unscorable (NaN)
 
 
-def test_the_trainer_surfaces_a_reward_error_and_keeps_its_state(tiny):
-    model, tok = tiny
+def test_the_trainer_surfaces_a_reward_error_and_keeps_its_state(small_policy):
+    model, tok = small_policy
     bad_prompt = ROWS[1]["prompt"]
 
     def picky(completions, prompts, **kwargs):
@@ -348,8 +335,8 @@ def test_validate_dataset_names_the_row_and_the_problem(rows, exc, fragments):
     ([{"prompt": "", "answer": "2"}], ValueError, ["row 0: 'prompt' is ''"]),
     ((r for r in ROWS), TypeError, ["dataset must be a list of dicts", "got generator"]),
 ], ids=["empty", "no-prompt", "no-answer", "blank-prompt", "generator"])
-def test_train_and_evaluate_check_the_dataset_first(tiny, rows, exc, fragments):
-    model, tok = tiny
+def test_train_and_evaluate_check_the_dataset_first(small_policy, rows, exc, fragments):
+    model, tok = small_policy
     trainer = GRPOTrainer(model, tok, length_reward, small_config())
     expect(exc, lambda: trainer.train(rows, 2, progress=False), *fragments)
     if not isinstance(rows, list):
@@ -358,8 +345,8 @@ def test_train_and_evaluate_check_the_dataset_first(tiny, rows, exc, fragments):
     assert trainer.step == 0
 
 
-def test_a_prompt_longer_than_the_context_is_refused_before_training(tiny):
-    model, tok = tiny
+def test_a_prompt_longer_than_the_context_is_refused_before_training(small_policy):
+    model, tok = small_policy
     long_prompt = "12+34=" * 12
     n_tokens = len(tok(long_prompt)["input_ids"])
     assert model.config.max_position_embeddings == 64 and n_tokens > 61
@@ -547,8 +534,8 @@ def test_a_partly_masked_batch_is_fine_and_padding_cannot_leak_nan():
 # ---------------------------------------------------------------------------
 
 
-def test_non_finite_gradients_skip_count_warn_once_and_training_continues(tiny, monkeypatch):
-    model, tok = tiny
+def test_non_finite_gradients_skip_count_warn_once_and_training_continues(small_policy, monkeypatch):
+    model, tok = small_policy
     real = step_module.grpo_loss
     trainer = GRPOTrainer(model, tok, length_reward, small_config())
     poisoned_steps = {1, 2}  # the first two steps get an infinite gradient
@@ -595,9 +582,9 @@ def _warnings_of(call) -> list[str]:
     return [f"GRPOWarning: {w.message}" for w in caught if issubclass(w.category, GRPOWarning)]
 
 
-def test_the_troubleshooting_page_quotes_the_current_messages(tiny, monkeypatch):
+def test_the_troubleshooting_page_quotes_the_current_messages(small_policy, make_tiny_policy, monkeypatch):
     page = PAGE.read_text(encoding="utf-8")
-    model, tok = tiny
+    model, tok = small_policy
     trainer = GRPOTrainer(model, tok, length_reward, small_config())
     P, A = ["3+4="] * 4, ["7"] * 4
 
@@ -671,13 +658,13 @@ def test_the_troubleshooting_page_quotes_the_current_messages(tiny, monkeypatch)
     pytest.importorskip("peft")
     from grpo_tutorial import fast_sampler
 
-    half = GRPOTrainer(build_tiny_policy(seed=1)[0], tok, length_reward, small_config(sampler="float16"))
+    half = GRPOTrainer(make_tiny_policy(seed=1)[0], tok, length_reward, small_config(sampler="float16"))
     with torch.no_grad():
         half.grpo_step.sampler.model.model.norm.weight.mul_(1e5)  # float16's range ends at 65504
     half.grpo_step.sampler.sync = lambda: None  # keep the planted overflow through the step's update
     quoted += [w for w in _warnings_of(lambda: half.train_step(rows)) if "float16" in w]
     monkeypatch.setattr(fast_sampler, "on_cuda", lambda model: True)
-    failing, _ = build_tiny_policy(seed=1)
+    failing, _ = make_tiny_policy(seed=1)
     generate = failing.generate
 
     def no_compiler(**kwargs):

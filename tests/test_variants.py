@@ -445,8 +445,8 @@ def _length_reward(completions, **kwargs):
         dict(multi_objective_aggregation="normalize_then_sum"),
     ],
 )
-def test_trainer_steps_with_each_option(options):
-    model, tok = build_tiny_policy(seed=4)
+def test_trainer_steps_with_each_option(options, make_tiny_policy):
+    model, tok = make_tiny_policy(seed=4)
     cfg = GRPOConfig(prompts_per_step=2, group_size=4, seed=1, max_new_tokens=3, learning_rate=1e-2, **options)
     trainer = GRPOTrainer(model, tok, _length_reward, cfg)
     before = [p.detach().clone() for p in trainer.grpo_step.params]
@@ -458,7 +458,7 @@ def test_trainer_steps_with_each_option(options):
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.grpo_step.params))
 
 
-def test_trainer_entropy_options_use_the_gradient_pass_entropy(monkeypatch):
+def test_trainer_entropy_options_use_the_gradient_pass_entropy(monkeypatch, make_tiny_policy):
     """entropies reach grpo_loss with a gradient (from the gradient pass), also on the explicit path."""
     seen = []
     real = step_module.grpo_loss
@@ -468,7 +468,7 @@ def test_trainer_entropy_options_use_the_gradient_pass_entropy(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(step_module, "grpo_loss", spy)
-    model, tok = build_tiny_policy(seed=4)
+    model, tok = make_tiny_policy(seed=4)
     cfg = GRPOConfig(prompts_per_step=2, group_size=4, num_iterations=2, entropy_coef=0.01)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -498,7 +498,7 @@ def _spy_losses(monkeypatch):
     return seen
 
 
-def test_trainer_uses_normalize_then_sum_on_the_reward_functions(monkeypatch):
+def test_trainer_uses_normalize_then_sum_on_the_reward_functions(monkeypatch, make_tiny_policy):
     """With GDPO the advantages are normalize_then_sum of the per-function rewards (weighted), not of their sum."""
     from grpo_tutorial.advantages import normalize_then_sum
     from grpo_tutorial.rewards import compute_rewards
@@ -513,7 +513,7 @@ def test_trainer_uses_normalize_then_sum_on_the_reward_functions(monkeypatch):
         return out
 
     monkeypatch.setattr(step_module, "compute_rewards", spy_rewards)
-    model, tok = build_tiny_policy(seed=4)
+    model, tok = make_tiny_policy(seed=4)
     weights = [1.0, 0.1]
     cfg = GRPOConfig(prompts_per_step=2, group_size=4, seed=1, max_new_tokens=3, reward_weights=weights,
                      multi_objective_aggregation="normalize_then_sum")
@@ -530,7 +530,7 @@ def test_trainer_uses_normalize_then_sum_on_the_reward_functions(monkeypatch):
     assert (summed - expected).abs().max() > 1e-3  # GDPO's advantages are not GRPO's of the sum
 
 
-def test_trainer_adaptive_entropy_follows_the_controller_and_resumes_exactly(monkeypatch, tmp_path):
+def test_trainer_adaptive_entropy_follows_the_controller_and_resumes_exactly(monkeypatch, tmp_path, make_tiny_policy):
     """Each update applies the controller's coefficient only below the target (none before the first
     measurement), the coefficient follows adapt_entropy_coef of each update's entropy, stays in its bounds,
     reaches the history and survives a checkpoint."""
@@ -543,7 +543,7 @@ def test_trainer_adaptive_entropy_follows_the_controller_and_resumes_exactly(mon
                    entropy_coef_delta=0.02, entropy_coef_max=0.08)
 
     def trainer(**extra):
-        model, tok = build_tiny_policy(seed=4)
+        model, tok = make_tiny_policy(seed=4)
         return GRPOTrainer(model, tok, _length_reward, GRPOConfig(**options, **extra))
 
     with warnings.catch_warnings():
@@ -663,7 +663,7 @@ def test_grpo_loss_refuses_bad_variant_arguments(kwargs, message):
         grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), **kwargs)
 
 
-def test_trainer_masks_truncated_completions_and_counts_only_the_rest(monkeypatch):
+def test_trainer_masks_truncated_completions_and_counts_only_the_rest(monkeypatch, make_tiny_policy):
     """With mask_truncated_completions, the trainer hands grpo_loss the rollout's truncation flags,
     and dapo's normaliser counts only the tokens of untruncated completions (as TRL's num_items_in_batch)."""
     calls = []
@@ -674,7 +674,7 @@ def test_trainer_masks_truncated_completions_and_counts_only_the_rest(monkeypatc
         return real(logp, old, adv, mask, **kwargs)
 
     monkeypatch.setattr(step_module, "grpo_loss", spy)
-    model, tok = build_tiny_policy(seed=4)
+    model, tok = make_tiny_policy(seed=4)
     cfg = GRPOConfig(prompts_per_step=2, group_size=4, seed=9, max_new_tokens=5, loss_type="dapo",
                      mask_truncated_completions=True)
     with warnings.catch_warnings():

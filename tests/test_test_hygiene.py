@@ -1,0 +1,77 @@
+"""The test files get their tiny models, and their one torch thread, from ``conftest.py``.
+
+A shape typed in a test file drifts from :data:`conftest.SMALL_SHAPE` unseen, and an autouse fixture that
+sets the thread count again hides conftest's ``one_thread`` (same name) or repeats it (another name).
+"""
+
+import ast
+import re
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+#: The builder's own tests (its sizes, its checks, its determinism) and the fixtures' tests call it directly.
+BUILDER_TESTS = {"test_models.py", "test_fixtures.py"}
+SIZES = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
+# a call that types a size, in code or in the text of a script a test runs in a subprocess
+TYPED_SHAPE = re.compile(r"build_tiny_policy\([^)]*\b(" + "|".join(SIZES) + r")\s*=")
+
+
+def checked_files():
+    return sorted(p for p in TESTS.glob("test_*.py") if p.name not in BUILDER_TESTS)
+
+
+def calls_the_builder(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and (
+        getattr(node.func, "id", None) == "build_tiny_policy" or getattr(node.func, "attr", None) == "build_tiny_policy"
+    )
+
+
+def is_fixture(decorator: ast.expr) -> bool:
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    return getattr(target, "attr", getattr(target, "id", None)) == "fixture"
+
+
+def is_autouse(decorator: ast.expr) -> bool:
+    return isinstance(decorator, ast.Call) and is_fixture(decorator) and any(
+        k.arg == "autouse" and getattr(k.value, "value", False) is True for k in decorator.keywords
+    )
+
+
+def sets_threads(function: ast.AST) -> bool:
+    return any(
+        isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "set_num_threads" for n in ast.walk(function)
+    )
+
+
+def test_no_test_file_types_a_models_shape():
+    typed = [
+        f"{path.name}:{text[: m.start()].count(chr(10)) + 1}"
+        for path in checked_files()
+        for text in [path.read_text(encoding="utf-8")]
+        for m in TYPED_SHAPE.finditer(text)
+    ]
+    assert not typed, f"use conftest's small_policy / make_small_policy(**changes) instead: {typed}"
+
+
+def test_tests_and_fixtures_get_their_models_from_conftest():
+    """A test or a fixture takes ``tiny_policy``, ``small_policy``, ``make_tiny_policy`` or ``make_small_policy``
+    (module-level helpers that build a model for many tests may still call ``build_tiny_policy(seed=...)``)."""
+    direct = []
+    for path in checked_files():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef) and (
+                node.name.startswith("test_") or any(is_fixture(d) for d in node.decorator_list)
+            ):
+                direct += [f"{path.name}:{n.lineno}" for n in ast.walk(node) if calls_the_builder(n)]
+    assert not direct, f"build_tiny_policy called in a test or fixture: {sorted(set(direct))}"
+
+
+def test_only_conftest_sets_the_thread_count_for_every_test():
+    again = []
+    for path in sorted(TESTS.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef) and (
+                node.name == "one_thread" or (any(is_autouse(d) for d in node.decorator_list) and sets_threads(node))
+            ):
+                again.append(f"{path.name}:{node.lineno} {node.name}")
+    assert not again, f"conftest's autouse one_thread already runs every test on one thread: {again}"
