@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import re
 import sys
@@ -56,6 +55,7 @@ from .kl import KL_KINDS
 from .mismatch import IS_MODES, SAMPLERS
 from .objectives import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
 from .presets import PRESETS, get_preset
+from .stats import paired_gain
 
 __all__ = [
     "BASE_FILE", "FIELD_ALIASES", "FIELD_CHOICES", "RUN_DEFAULTS", "RUN_FIELDS", "TASKS", "TaskData", "build_parser",
@@ -488,11 +488,11 @@ def parse_rewards(specs: Sequence[str]) -> tuple[list, list[float]]:
 
 
 def _paired_change(before: dict, after: dict) -> tuple[float, float]:
-    """After minus before on the same problems, and the standard error of the per-problem differences."""
-    d = [float(bool(a)) - float(bool(b)) for a, b in zip(after["correct"], before["correct"])]
-    mean = sum(d) / len(d)
-    var = sum((x - mean) ** 2 for x in d) / max(1, len(d) - 1)
-    return after["accuracy"] - before["accuracy"], math.sqrt(var / len(d))
+    """After minus before on the same problems, and the standard error of the per-problem differences.
+
+    :func:`grpo_tutorial.stats.paired_gain` of the two evaluations' outcomes (an unjudged problem counts as wrong).
+    """
+    return paired_gain([float(bool(c)) for c in before["correct"]], [float(bool(c)) for c in after["correct"]])
 
 
 def _print_eval(label: str, result: dict) -> None:
