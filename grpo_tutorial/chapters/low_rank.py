@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .._checks import check_int
-from ..stats import mean_ci, paired_comparison, standard_error
+from ..stats import mean_ci, paired_comparison
 from ..trainer import GRPOTrainer
 from . import sweep as sweep_runner
 from .recipes import TinyAdditionRecipe
@@ -169,28 +169,16 @@ def summarize_sweep(seed_results: Sequence[dict], confidence: float = 0.95) -> d
     """Across seeds: each setting's final accuracy and gain (mean, SE, t interval) and held-out curve band; each
     family's best learning rate (highest mean final accuracy); each family at its best rate against full
     fine-tuning at its best rate, paired by seed (difference of final accuracies)."""
-    if not seed_results:
-        raise ValueError("seed_results is empty; run at least one seed")
-    names: list[str] = []
-    for r in seed_results:
-        names += [n for n in r["settings"] if n not in names]
     table: dict[str, dict] = {}
-    for name in names:
-        runs = {r["seed"]: r["settings"][name] for r in seed_results if name in r["settings"]}
+    for name, runs in sweep_runner.runs_by_setting(seed_results).items():
         first = next(iter(runs.values()))
-        curves = [[p[1] for p in run["heldout_curve"]] for run in runs.values()]
         table[name] = {
             "family": _family(name),
             "learning_rate": first["overrides"]["learning_rate"],
-            "final_accuracy": mean_ci([run["final_accuracy"] for run in runs.values()], confidence),
-            "gain": mean_ci([run["gain"] for run in runs.values()], confidence),
-            "heldout_steps": [p[0] for p in first["heldout_curve"]],
-            "heldout_mean": [sum(c[i] for c in curves) / len(curves) for i in range(len(curves[0]))],
-            "heldout_se": [standard_error([c[i] for c in curves]) for i in range(len(curves[0]))],
+            **sweep_runner.setting_summary(runs, confidence),
             "trained_parameters": first["trained_parameters"],
             "optimizer_state_bytes": first["optimizer_state_bytes"],
             "seconds_per_step": mean_ci([run["seconds_per_step"] for run in runs.values()], confidence)["mean"],
-            "per_seed_final": {str(s): run["final_accuracy"] for s, run in runs.items()},
         }
     families: dict[str, dict] = {}
     for name, entry in table.items():

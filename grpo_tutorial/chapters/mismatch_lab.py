@@ -39,7 +39,7 @@ import torch
 
 from .._checks import check_int
 from ..mismatch import mismatch_diagnostics
-from ..stats import mean_ci, paired_comparison, standard_error
+from ..stats import paired_comparison
 from ..trainer import GRPOTrainer
 from . import sweep as sweep_runner
 from .recipes import TinyAdditionRecipe
@@ -322,33 +322,22 @@ def summarize_mismatch(seed_results: Sequence[dict], confidence: float = 0.95) -
     the final accuracy against the on-policy baseline paired by seed (``vs_policy``), how many runs collapsed,
     and each mismatch diagnostic averaged over a run's steps (then over the seeds); per sampler, the
     measurement of its uncorrected runs averaged over the seeds (``samplers``)."""
-    if not seed_results:
-        raise ValueError("seed_results is empty; run at least one seed")
-    names: list[str] = []
-    for r in seed_results:
-        names += [n for n in r["settings"] if n not in names]
+    by_setting = sweep_runner.runs_by_setting(seed_results)
+    names = list(by_setting)
     table: dict[str, dict] = {}
-    for name in names:
-        runs = {r["seed"]: r["settings"][name] for r in seed_results if name in r["settings"]}
+    for name, runs in by_setting.items():
         first = next(iter(runs.values()))
-        curves = [[p[1] for p in run["heldout_curve"]] for run in runs.values()]
         sampler, mode = split_name(name)
-        entry = {
+        table[name] = {
             "sampler": sampler,
             "mode": mode,
-            "final_accuracy": mean_ci([run["final_accuracy"] for run in runs.values()], confidence),
-            "gain": mean_ci([run["gain"] for run in runs.values()], confidence),
-            "heldout_steps": [p[0] for p in first["heldout_curve"]],
-            "heldout_mean": [sum(c[i] for c in curves) / len(curves) for i in range(len(curves[0]))],
-            "heldout_se": [standard_error([c[i] for c in curves]) for i in range(len(curves[0]))],
+            **sweep_runner.setting_summary(runs, confidence),
             "collapsed": sum(bool(run["collapsed"]) for run in runs.values()),
             "runs": len(runs),
             "seconds_per_step": _mean([run["seconds_per_step"] for run in runs.values()]),
-            "per_seed_final": {str(s): run["final_accuracy"] for s, run in runs.items()},
             "mismatch": {k: _mean([_mean(run["mismatch_curves"][k]) for run in runs.values()])
                          for k in first["mismatch_curves"]},
         }
-        table[name] = entry
     if BASELINE in table:
         base = {int(s): v for s, v in table[BASELINE]["per_seed_final"].items()}
         for name, entry in table.items():

@@ -10,7 +10,9 @@ settings and in what they keep of a run beyond the common fields, so both run he
 - :func:`seed_start`: one seed's data, model and warm start (chapter 8's recipe, :mod:`~grpo_tutorial.chapters.recipes`);
 - :func:`run_setting`: a copy of the warm start trained with one setting, evaluated every ``eval_every`` steps;
   the common fields of its result, plus whatever the chapter's ``describe`` adds from the finished trainer;
-- :func:`run_sweep_seed`: one seed, every setting (or those named in ``only``) from one warm start.
+- :func:`run_sweep_seed`: one seed, every setting (or those named in ``only``) from one warm start;
+- :func:`runs_by_setting` and :func:`setting_summary`: the seeds' runs of each setting, and what both chapters'
+  summaries say of them (final accuracy and gain with their t intervals, the held-out curve's band).
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from ..evaluation import evaluate_policy
+from ..stats import mean_ci, standard_error
 from ..rewards import correctness_reward
 from ..trainer import GRPOConfig, GRPOTrainer
 from .recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, paired_gain, warm_start
 
-__all__ = ["recipe_threads", "run_setting", "run_sweep_seed", "seed_start"]
+__all__ = ["recipe_threads", "run_setting", "run_sweep_seed", "runs_by_setting", "seed_start", "setting_summary"]
 
 #: ``describe(trainer, first, final, curve) -> dict``: what a chapter keeps of a finished run beyond the common
 #: fields (``first`` and ``final`` are the evaluations before and after training, ``curve`` the held-out curve).
@@ -126,4 +129,30 @@ def run_sweep_seed(recipe: TinyAdditionRecipe, seed: int, settings: Callable[[An
         **(describe_start(model) if describe_start is not None else {}),
         "settings": results,
         "seconds": time.perf_counter() - t_seed,
+    }
+
+
+def runs_by_setting(seed_results: Sequence[dict]) -> dict[str, dict[int, dict]]:
+    """Each setting's runs by seed, the settings in the order the seeds first ran them (:func:`run_sweep_seed`'s
+    results); ValueError for no seed at all."""
+    if not seed_results:
+        raise ValueError("seed_results is empty; run at least one seed")
+    names: list[str] = []
+    for r in seed_results:
+        names += [n for n in r["settings"] if n not in names]
+    return {name: {r["seed"]: r["settings"][name] for r in seed_results if name in r["settings"]} for name in names}
+
+
+def setting_summary(runs: dict[int, dict], confidence: float) -> dict:
+    """One setting across seeds: ``final_accuracy`` and ``gain`` (:func:`~grpo_tutorial.stats.mean_ci`), the held-out
+    curve's steps, mean and standard error step by step, and ``per_seed_final`` (for a comparison paired by seed)."""
+    first = next(iter(runs.values()))
+    curves = [[p[1] for p in run["heldout_curve"]] for run in runs.values()]
+    return {
+        "final_accuracy": mean_ci([run["final_accuracy"] for run in runs.values()], confidence),
+        "gain": mean_ci([run["gain"] for run in runs.values()], confidence),
+        "heldout_steps": [p[0] for p in first["heldout_curve"]],
+        "heldout_mean": [sum(c[i] for c in curves) / len(curves) for i in range(len(curves[0]))],
+        "heldout_se": [standard_error([c[i] for c in curves]) for i in range(len(curves[0]))],
+        "per_seed_final": {str(s): run["final_accuracy"] for s, run in runs.items()},
     }
