@@ -179,22 +179,13 @@ def describe_kernels(threads: int = 1) -> dict:
     }
 
 
-def _kernel_probes():
-    """The outputs :func:`kernel_fingerprint` hashes, one tensor at a time."""
-    import copy
-
+def _operator_probes(g, exact):
+    """The first outputs :func:`_kernel_probes` yields: single operators (products, softmaxes, reductions, the
+    samplers, oneDNN's linear) on ``exact(*shape)``'s tensors; every draw comes from the probes' one generator ``g``."""
     import torch
     import torch.nn.functional as F
 
-    from .logprobs import completion_logprobs
-    from .models import build_tiny_policy
-    from .rollout import generate_rollouts
     from .speedups import onednn_available
-
-    g = torch.Generator().manual_seed(1234)
-
-    def exact(*shape: int) -> torch.Tensor:  # small integers / 256: exact in float32
-        return torch.randint(-512, 512, shape, generator=g).float() / 256
 
     a, b, bias = exact(37, 128), exact(128, 512), exact(512)
     yield a @ b  # a GEMM of the tiny model's MLP shape
@@ -213,6 +204,27 @@ def _kernel_probes():
     if onednn_available():
         packed = torch.ops.mkldnn._reorder_linear_weight(b.T.contiguous(), 8)
         yield torch.ops.mkldnn._linear_pointwise(exact(8, 128), packed, bias, "none", [], "")
+
+
+def _kernel_probes():
+    """The outputs :func:`kernel_fingerprint` hashes, one tensor at a time: :func:`_operator_probes`, then a tiny
+    model's weights, forward, backward and AdamW step, attention over a cached prefix, and the package's own
+    sampling and scoring."""
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+
+    from .logprobs import completion_logprobs
+    from .models import build_tiny_policy
+    from .rollout import generate_rollouts
+
+    g = torch.Generator().manual_seed(1234)
+
+    def exact(*shape: int) -> torch.Tensor:  # small integers / 256: exact in float32
+        return torch.randint(-512, 512, shape, generator=g).float() / 256
+
+    yield from _operator_probes(g, exact)
     model, tokenizer = build_tiny_policy(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256, seed=0)
     yield torch.cat([p.detach().flatten() for p in model.parameters()])
     model.train()

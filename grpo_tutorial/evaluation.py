@@ -31,6 +31,7 @@ from .fast_sampler import sampling_model, use_static_cache
 from .metrics import nanmean
 from .rewards import compute_rewards, correctness_reward, extra_columns, judge_correct
 from .rollout import encode_prompts, generate_rollouts
+from .stats import proportion_se
 from .tasks import as_rows, validate_for_model
 
 __all__ = ["evaluate_policy"]
@@ -184,7 +185,7 @@ def _summary(records: list[dict], judged_all: bool, start_time: float, num_sampl
     correct = [None if _unjudged(r["correct"]) else r["correct"] == 1.0 for r in records]
     accuracy = nanmean([r["correct"] for r in records]) if judged_all else math.nan
     judged_n = sum(c is not None for c in correct)
-    se = math.sqrt(accuracy * (1.0 - accuracy) / judged_n) if judged_n and math.isfinite(accuracy) else math.nan
+    se = proportion_se(accuracy, judged_n) if judged_n and math.isfinite(accuracy) else math.nan
     return {
         "accuracy": accuracy,
         "se": se,

@@ -394,6 +394,47 @@ def _as_reward_list(name: str, output: object, n: int) -> list[float]:
     return values
 
 
+def _checked_functions(reward_fns: Sequence[RewardFn] | RewardFn,
+                       weights: Sequence[float] | None) -> tuple[Sequence[RewardFn], list[float]]:
+    """:func:`compute_rewards`' functions as a list, and one checked weight each (1.0 for ``weights=None``)."""
+    fns = [reward_fns] if callable(reward_fns) else reward_fns
+    if isinstance(fns, (str, Mapping)) or not isinstance(fns, Sequence) or not fns:
+        raise TypeError(f"reward_fns must be a reward function or a non-empty list of them, got {reward_fns!r:.80}")
+    for i, fn in enumerate(fns):
+        if not callable(fn):
+            raise TypeError(f"reward_fns[{i}] must be callable, got {type(fn).__name__}: {fn!r:.80}")
+    if weights is None:
+        return fns, [1.0] * len(fns)
+    if isinstance(weights, (str, Mapping)) or not isinstance(weights, Sequence):
+        raise TypeError(f"weights must be a list of numbers or None, got {type(weights).__name__}")
+    if len(weights) != len(fns):
+        raise ValueError(f"weights has {len(weights)} entries but there are {len(fns)} reward functions")
+    return fns, [_check_weight(x, f"weights[{i}]") for i, x in enumerate(weights)]
+
+
+def _checked_batch(prompts: Sequence, completions: Sequence, answers: Sequence,
+                   completion_ids: Sequence[Sequence[int]] | None, columns: dict) -> tuple[int, dict]:
+    """:func:`compute_rewards`' batch checked: N, and the extra columns (with ``completion_ids`` when given)."""
+    for arg_name, arg in (("prompts", prompts), ("completions", completions), ("answers", answers)):
+        if isinstance(arg, (str, Mapping)) or not isinstance(arg, Sequence):
+            raise TypeError(f"{arg_name} must be a list with one entry per completion, got {type(arg).__name__}")
+    n = len(completions)
+    if n == 0:
+        raise ValueError("completions is empty; expected at least one completion to score")
+    if len(prompts) != n or len(answers) != n:
+        raise ValueError(
+            f"prompts, completions and answers must have the same length, got "
+            f"{len(prompts)}, {n} and {len(answers)}"
+        )
+    if "answer" in columns:
+        raise ValueError("pass the references as answers=..., not as an extra 'answer' column")
+    if completion_ids is not None:
+        if isinstance(completion_ids, (str, Mapping)) or not isinstance(completion_ids, Sequence) or len(completion_ids) != n:
+            raise ValueError(f"completion_ids must be a list of {n} token-id lists, one per completion")
+        columns = {**columns, "completion_ids": [list(ids) for ids in completion_ids]}
+    return n, columns
+
+
 def compute_rewards(
     reward_fns: Sequence[RewardFn] | RewardFn,
     weights: Sequence[float] | None,
@@ -435,37 +476,8 @@ def compute_rewards(
         TypeError: a function returned a non-numeric value, or an input has
             the wrong type.
     """
-    fns = [reward_fns] if callable(reward_fns) else reward_fns
-    if isinstance(fns, (str, Mapping)) or not isinstance(fns, Sequence) or not fns:
-        raise TypeError(f"reward_fns must be a reward function or a non-empty list of them, got {reward_fns!r:.80}")
-    for i, fn in enumerate(fns):
-        if not callable(fn):
-            raise TypeError(f"reward_fns[{i}] must be callable, got {type(fn).__name__}: {fn!r:.80}")
-    if weights is None:
-        w = [1.0] * len(fns)
-    else:
-        if isinstance(weights, (str, Mapping)) or not isinstance(weights, Sequence):
-            raise TypeError(f"weights must be a list of numbers or None, got {type(weights).__name__}")
-        if len(weights) != len(fns):
-            raise ValueError(f"weights has {len(weights)} entries but there are {len(fns)} reward functions")
-        w = [_check_weight(x, f"weights[{i}]") for i, x in enumerate(weights)]
-    for arg_name, arg in (("prompts", prompts), ("completions", completions), ("answers", answers)):
-        if isinstance(arg, (str, Mapping)) or not isinstance(arg, Sequence):
-            raise TypeError(f"{arg_name} must be a list with one entry per completion, got {type(arg).__name__}")
-    n = len(completions)
-    if n == 0:
-        raise ValueError("completions is empty; expected at least one completion to score")
-    if len(prompts) != n or len(answers) != n:
-        raise ValueError(
-            f"prompts, completions and answers must have the same length, got "
-            f"{len(prompts)}, {n} and {len(answers)}"
-        )
-    if "answer" in columns:
-        raise ValueError("pass the references as answers=..., not as an extra 'answer' column")
-    if completion_ids is not None:
-        if isinstance(completion_ids, (str, Mapping)) or not isinstance(completion_ids, Sequence) or len(completion_ids) != n:
-            raise ValueError(f"completion_ids must be a list of {n} token-id lists, one per completion")
-        columns = {**columns, "completion_ids": [list(ids) for ids in completion_ids]}
+    fns, w = _checked_functions(reward_fns, weights)
+    n, columns = _checked_batch(prompts, completions, answers, completion_ids, columns)
     prompts, completions, answers = list(prompts), list(completions), list(answers)
 
     names = _unique_names(fns)

@@ -5,6 +5,7 @@ that compare a re-run with a committed record use these functions, so an interva
 the same thing everywhere.
 
 * :func:`standard_error`: the sample standard deviation over sqrt(n);
+* :func:`proportion_se`: the standard error of an accuracy, sqrt(p (1 - p) / n);
 * :func:`t_quantile`: Student's t quantile (3 to 10 seeds need it: 1.96 would be far too narrow);
 * :func:`mean_ci`: the mean of a few values with its t confidence interval;
 * :func:`paired_comparison`: per-seed differences against a baseline, with :func:`mean_ci`;
@@ -27,6 +28,7 @@ __all__ = [
     "paired_comparison",
     "paired_gain",
     "prediction_half_width",
+    "proportion_se",
     "standard_error",
     "t_quantile",
 ]
@@ -56,6 +58,15 @@ def standard_error(values: Sequence[float]) -> float:
         return math.nan
     mean = sum(x) / n
     return math.sqrt(sum((v - mean) ** 2 for v in x) / (n - 1) / n)
+
+
+def proportion_se(p: float, n: int) -> float:
+    """The standard error of a proportion ``p`` (an accuracy) measured on ``n`` items: sqrt(p (1 - p) / n).
+
+    >>> proportion_se(0.75, 4)
+    0.21650635094610965
+    """
+    return math.sqrt(p * (1.0 - p) / n)
 
 
 def _t_cdf(t: float, df: int) -> float:

@@ -21,7 +21,7 @@ import operator
 import os
 import random
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -118,31 +118,43 @@ def make_arithmetic_dataset(
         return allow_negative or o != "-" or a >= b
 
     if len(ops) * hi * hi <= _ENUMERATE_LIMIT:
-        pool = [
-            (a, o, b)
-            for o in ops
-            for a in range(hi)
-            for b in range(hi)
-            if allowed(a, o, b) and _arith_prompt(a, o, b, style) not in banned
-        ]
-        if not pool:
-            raise ValueError(f"exclude removes every possible problem (op={op!r}, digits={digits})")
-        if unique and n > len(pool):
-            raise ValueError(
-                f"n={n} unique problems requested but only {len(pool)} exist for op={op!r}, "
-                f"digits={digits} after exclusions"
-            )
-        picks = rng.sample(pool, n) if unique else [rng.choice(pool) for _ in range(n)]
-        return [_arith_row(a, o, b, style) for a, o, b in picks]
+        return _listed_problems(rng, n, ops, hi, style, allowed, banned, unique, what=f"op={op!r}, digits={digits}")
+    return _drawn_problems(rng, n, ops, hi, style, allowed, banned, unique, what=f"op={op!r}, digits={digits}")
 
-    # Too many problems to list: draw and reject repeats/excluded ones.
+
+def _listed_problems(rng: random.Random, n: int, ops: list[str], hi: int, style: str,
+                     allowed: Callable[[int, str, int], bool], banned: set[str], unique: bool, *,
+                     what: str) -> list[dict]:
+    """:func:`make_arithmetic_dataset` where every problem can be listed: ``n`` drawn from the list of them."""
+    pool = [
+        (a, o, b)
+        for o in ops
+        for a in range(hi)
+        for b in range(hi)
+        if allowed(a, o, b) and _arith_prompt(a, o, b, style) not in banned
+    ]
+    if not pool:
+        raise ValueError(f"exclude removes every possible problem ({what})")
+    if unique and n > len(pool):
+        raise ValueError(
+            f"n={n} unique problems requested but only {len(pool)} exist for {what} after exclusions"
+        )
+    picks = rng.sample(pool, n) if unique else [rng.choice(pool) for _ in range(n)]
+    return [_arith_row(a, o, b, style) for a, o, b in picks]
+
+
+def _drawn_problems(rng: random.Random, n: int, ops: list[str], hi: int, style: str,
+                    allowed: Callable[[int, str, int], bool], banned: set[str], unique: bool, *,
+                    what: str) -> list[dict]:
+    """:func:`make_arithmetic_dataset` where there are too many problems to list: draw, and reject repeats and
+    excluded ones."""
     rows: list[dict] = []
     seen: set[str] = set()
     budget = 50 * n + 10_000
     while len(rows) < n:
         if budget == 0:
             raise ValueError(
-                f"could not draw {n} allowed problems (op={op!r}, digits={digits}, unique={unique}); "
+                f"could not draw {n} allowed problems ({what}, unique={unique}); "
                 "relax unique or exclude"
             )
         budget -= 1

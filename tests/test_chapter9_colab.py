@@ -229,3 +229,30 @@ def _with_fast_sampler(record: dict) -> dict:
         status="measured", prompts=shapes["prompts"], group_size=shapes["group_size"], new_tokens=128,
         ms_per_step={"median": 14.6, "min": 14.6, "max": 14.6, "n": 3}, compile_seconds=31.0)}
     return record
+
+
+def test_the_estimates_live_in_their_own_room_and_chapter_9s_imports_still_find_them():
+    """chapters/gpu_estimates.py holds the T4 estimates; gsm8k re-exports each, the same object, so that chapter 9,
+    the benchmarks and a learner's script import them from gsm8k as before; gsm8k itself defines none of them."""
+    import ast
+
+    from grpo_tutorial.chapters import gpu_estimates, gsm8k
+
+    assert set(gpu_estimates.__all__) <= set(gsm8k.__all__)
+    for name in gpu_estimates.__all__:
+        assert getattr(gsm8k, name) is getattr(gpu_estimates, name), name
+    tree = ast.parse(Path(gsm8k.__file__).read_text(encoding="utf-8"))
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    defined |= {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+    assert defined & set(gpu_estimates.__all__) == set()
+    import re
+
+    source = "\n".join(code_cells(nbformat.read(CHAPTER9, as_version=4)))
+    imported = {
+        name.split(" as ")[0].strip()
+        for block in re.findall(r"from grpo_tutorial\.chapters\.gsm8k import (\([^)]*\)|[^\n]*)", source)
+        for name in re.sub(r"#[^\n]*", "", block).strip("()").split(",") if name.strip()
+    }
+    assert {"chapter9_estimate", "T4_CAP_BYTES"} & imported, imported  # chapter 9 imports estimates from gsm8k
+    assert [name for name in imported if not hasattr(gsm8k, name)] == []

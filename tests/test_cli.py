@@ -550,3 +550,22 @@ def test_a_smaller_batch_keeps_the_presets_updates_per_pass(capsys):
     assert _parse("--prompts-per-step", "4", "--minibatch-size", "16").minibatch_size == 16  # given: kept
     assert _parse("--prompts-per-step", "4", "--minibatch-size", "none").minibatch_size is None
     assert _parse().minibatch_size == preset.minibatch_size
+
+
+def test_the_flags_live_in_cli_and_each_subcommand_runs_its_command():
+    """grpo_tutorial.cli holds the flags (each subcommand's in its own function) and what they make; __main__ holds
+    the commands, builds the parser with them, and still exports the names outside code imports from it."""
+    import grpo_tutorial.__main__ as entry
+    from grpo_tutorial import cli
+
+    for name in ("FIELD_ALIASES", "FIELD_CHOICES", "RUN_DEFAULTS", "RUN_FIELDS", "TASKS", "config_from_args",
+                 "parse_rewards", "resolve_run_defaults"):
+        assert getattr(entry, name) is getattr(cli, name), name
+    argv = {"train": ["train", "--out", "o"], "evaluate": ["evaluate"], "plot": ["plot", "h", "--out", "p.png"],
+            "export": ["export", "--checkpoint", "c", "--out", "o"]}
+    commands = {name: (lambda args, name=name: name) for name in argv}
+    for name, args in argv.items():
+        assert build_parser().parse_args(args).func is getattr(entry, f"_cmd_{name}")
+        parsed = cli.build_parser(commands).parse_args(args)
+        assert parsed.command == name and parsed.func(parsed) == name
+    assert cli.model_kind(None) == cli.model_kind(" Tiny ") == "tiny" and cli.model_kind("smollm2-135m-instruct") == "chat"

@@ -109,6 +109,7 @@ NO_RUN_IMPORTS = {
     "tasks", "rollout", "speedups", "rewards", "answers", "advantages", "logprobs", "kl", "objectives", "loss",
     "config", "metrics", "evaluation", "seeding", "models", "presets", "_checks", "env", "chat",
     "pretrained", "long_addition", "step", "stages", "optim", "warn", "lora", "mismatch", "stats", "fast_sampler",
+    "cli",
 }
 #: Leaves: top-level modules that import nothing from the package, so that both the stages and run/ may import
 #: them (``chat.is_chat_messages``: run/completions prints prompts that rollout and tasks also check).
@@ -193,6 +194,46 @@ def test_stages_do_not_import_the_run_machinery():
         for line, name in imported_modules(path) if name == "grpo_tutorial.run" or name.startswith("grpo_tutorial.run.")
     ]
     assert offenders == [], "these modules must not import grpo_tutorial.run: " + "; ".join(offenders)
+
+
+#: The most lines a core function's code may run to (its docstring not counted) ...
+MAX_FUNCTION_LINES = 60
+#: ... and the few that may run longer, each read better whole (issue 44: at most two).
+LONG_FUNCTIONS = {
+    "loss.grpo_loss",  # the loss assembled in the order chapter 4's equation reads
+    "rollout.generate_rollouts",  # stage 1 in one call: tokenise, generate, mask, the rollout
+}
+
+
+def long_functions(source: str, most: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """Each function of ``source`` (methods and nested ones too) whose lines from ``def`` to its end, less its
+    docstring's, are more than ``most``: name -> that count."""
+    found = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                lines -= first.end_lineno - first.lineno + 1
+            if lines > most:
+                found[node.name] = lines
+    return found
+
+
+def test_the_long_function_counter_leaves_out_the_docstring():
+    body = "".join(f"    x{i} = {i}\n" for i in range(58))
+    doc = '    """A docstring\n    of three lines.\n    """\n'
+    assert long_functions(f"def f():\n{doc}{body}    return 0\n") == {}  # def, 58 lines, return: 60 (the docstring aside)
+    assert long_functions(f"def f():\n{doc}{body}    y = 1\n    return 0\n") == {"f": 61}
+    assert long_functions(f"class C:\n    def g(self):\n{textwrap.indent(body * 2, '    ')}") == {"g": 117}
+
+
+def test_at_most_two_core_functions_run_over_60_lines():
+    """A core function over 60 lines (docstring aside) is split into named pieces, unless it reads better whole
+    and is one of the two of LONG_FUNCTIONS (issue 44)."""
+    found = {f"{path.stem}.{name}": n for path in CORE_MODULES for name, n in long_functions(path.read_text()).items()}
+    assert len(LONG_FUNCTIONS) <= 2
+    assert set(found) <= LONG_FUNCTIONS, f"split these, or say why one reads better whole: {found}"
 
 
 def test_one_step_fits_one_readable_file_and_the_trainer_stays_small():

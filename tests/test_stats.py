@@ -13,6 +13,7 @@ from grpo_tutorial.stats import (
     paired_comparison,
     paired_gain,
     prediction_half_width,
+    proportion_se,
     standard_error,
     t_quantile,
 )
@@ -83,3 +84,46 @@ def test_paired_gain_by_hand():
     assert se == pytest.approx(math.sqrt(((0.75**2) * 2 + 0.25**2 + 1.25**2) / 3 / 4), rel=1e-15)
     with pytest.raises(ValueError, match="same problems"):
         paired_gain([0, 1], [1])
+
+
+def test_proportion_se_by_hand():
+    assert proportion_se(0.75, 4) == math.sqrt(0.75 * 0.25 / 4)
+    assert proportion_se(0.0, 10) == 0.0 and proportion_se(1.0, 10) == 0.0
+
+
+def test_the_cli_and_the_chapters_give_the_core_paired_gain_bit_for_bit():
+    """The command line's change after GRPO and chapter 8's paired gain are stats.paired_gain's numbers: the same
+    gain and standard error to the last bit, and no spread (NaN, not 0) from a single problem."""
+    from grpo_tutorial.__main__ import _paired_change
+    from grpo_tutorial.chapters.recipes import accuracy_with_se
+    from grpo_tutorial.chapters.recipes import paired_gain as recipes_paired_gain
+
+    rng = random.Random(1)
+    for n in (2, 7, 200):
+        before = [rng.random() < 0.4 for _ in range(n)]
+        after = [rng.random() < 0.6 for _ in range(n)]
+        want = paired_gain([float(b) for b in before], [float(a) for a in after])
+        assert recipes_paired_gain(before, after) == want
+        assert _paired_change({"correct": before, "accuracy": sum(before) / n},
+                              {"correct": after, "accuracy": sum(after) / n}) == want
+        p = sum(after) / n
+        assert accuracy_with_se(after) == (p, proportion_se(p, n))
+    gain, se = _paired_change({"correct": [False], "accuracy": 0.0}, {"correct": [True], "accuracy": 1.0})
+    assert gain == 1.0 and math.isnan(se)
+
+
+def test_the_standard_errors_are_written_only_here():
+    """No module of the package or the benchmarks computes a sample variance, a standard error or a binomial
+    standard error by hand: they call grpo_tutorial.stats (a copy drifts: the CLI's gave 0, not NaN, for n = 1)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    by_hand = re.compile(r"/ \(?(?:max\(1, )?(?:n|len\(\w+\)) - 1\)|sqrt\(\w+ \* \(1(?:\.0)? - \w+\) /|def _se\(")
+    found = [
+        f"{path.relative_to(root)}:{i}: {line.strip()}"
+        for folder in ("grpo_tutorial", "benchmarks") for path in sorted((root / folder).rglob("*.py"))
+        if path.name != "stats.py" or path.parent.name != "grpo_tutorial"
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if by_hand.search(line)
+    ]
+    assert found == [], "use grpo_tutorial.stats: " + "; ".join(found)

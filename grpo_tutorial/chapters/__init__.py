@@ -14,7 +14,8 @@ Chapter  Module                What it holds
 7        ``inspection``        per-token tables and heatmaps of one training step
 0, 8     ``recipes``           the tiny-addition recipe (warm start + GRPO), held-out evaluation
 0, 9     ``costs``             model state and logits memory, PPO vs GRPO, updates bfloat16 loses
-9        ``gsm8k``             the GPU run (Qwen2.5 on GSM8K) as one function, two scorers, probe, T4 estimates
+9        ``gsm8k``             the GPU run (Qwen2.5 on GSM8K) as one function, two scorers, probe, CPU run's data
+9        ``gpu_estimates``     a step and a session on a T4: roofline, peaks, memory, chapter 9's estimate
 9        ``colab``             the run's folder (named by its settings, on Drive in Colab), resume plan, Drive quota
 9        ``run_record``        the run record a learner shares; the shared ones (``data/community/``), validated
 10       ``pitfalls``          the bug gallery: a written-out step with bug switches
@@ -23,6 +24,7 @@ Chapter  Module                What it holds
 13       ``thinking``          long addition guessed or worked out: warm start, variants, statistics
 14       ``low_rank``          LoRA against full fine-tuning: the sweep over ranks and learning rates
 15       ``mismatch_lab``      a sampler that is not the learner: the sweep over samplers and corrections
+12-15    ``sweep``             the sweep runner of 14 and 15 (a setting from a seed's warm start), 12's seed start
 =======  ====================  ==================================================================
 
 This package ``__init__`` imports nothing, so importing one chapter's tools does

@@ -30,7 +30,8 @@ import torch
 
 from .._checks import check_int
 from ..run.progress import progress_bar
-from .recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, warm_start
+from .recipes import TinyAdditionRecipe
+from .sweep import recipe_threads, seed_start
 from ..evaluation import evaluate_policy
 from ..rewards import answers_match, correctness_reward, extract_answer
 from ..rollout import generate_rollouts
@@ -410,13 +411,8 @@ def run_seed(
     """
     recipe = settings.recipe
     t_seed = time.perf_counter()
-    previous_threads = torch.get_num_threads()
-    if recipe.num_threads is not None:
-        torch.set_num_threads(recipe.num_threads)
-    try:
-        data = make_recipe_data(recipe)
-        model, tokenizer = build_recipe_model(recipe, seed)
-        sft = warm_start(model, tokenizer, data, recipe, seed, progress=False)
+    with recipe_threads(recipe):
+        data, model, tokenizer, sft = seed_start(recipe, seed)
         passk_rows = data["test"][: settings.passk_problems]
         t0 = time.perf_counter()
         counts_before = correct_counts(
@@ -453,8 +449,6 @@ def run_seed(
             if on_method is not None:
                 on_method(method, methods[method])
         bar.close()
-    finally:
-        torch.set_num_threads(previous_threads)
     return {
         "seed": seed,
         "warm_start": {

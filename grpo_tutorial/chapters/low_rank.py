@@ -16,28 +16,24 @@ of chapter 8 (:mod:`grpo_tutorial.chapters.recipes`):
 - per run: the held-out greedy accuracy curve, the final per-problem outcomes,
   the trained parameters, AdamW's state bytes and the seconds per step.
 
-:func:`summarize_sweep` puts the seeds together with :func:`~grpo_tutorial.chapters.lab.mean_ci`
-and :func:`~grpo_tutorial.chapters.lab.paired_comparison`: final accuracy and gain per
+:func:`summarize_sweep` puts the seeds together with :func:`~grpo_tutorial.stats.mean_ci`
+and :func:`~grpo_tutorial.stats.paired_comparison`: final accuracy and gain per
 setting, the best learning rate of each family, and each family at its best rate
 against full fine-tuning at its best rate, paired by seed.
 """
 
 from __future__ import annotations
 
-import copy
-import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
 from .._checks import check_int
-from ..evaluation import evaluate_policy
-from ..rewards import correctness_reward
-from ..trainer import GRPOConfig, GRPOTrainer
-from .lab import mean_ci, paired_comparison
-from .recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, paired_gain, warm_start
+from ..stats import mean_ci, paired_comparison
+from ..trainer import GRPOTrainer
+from . import sweep as sweep_runner
+from .recipes import TinyAdditionRecipe
 
 __all__ = [
     "ATTENTION",
@@ -137,105 +133,52 @@ def _family(name: str) -> str:
     return name.split(" lr=")[0]
 
 
-def run_setting(start_model, tokenizer, data: dict, recipe: TinyAdditionRecipe, overrides: dict[str, Any],
-                seed: int) -> dict:
-    """Train a copy of ``start_model`` with the recipe's GRPO settings and ``overrides``; evaluate as it goes."""
-    model = copy.deepcopy(start_model)
-    config = GRPOConfig(**{**recipe.grpo_config(seed).to_dict(), **overrides})
-    trainer = GRPOTrainer(model, tokenizer, correctness_reward, config)
-    policy = trainer.model
-    first = evaluate_policy(policy, tokenizer, data["test"], config)
-    curve = [[0, first["accuracy"], first["se"]]]
-    seconds, point = 0.0, first
-    chunk = recipe.eval_every or recipe.grpo_steps
-    while trainer.step < recipe.grpo_steps:
-        target = min(recipe.grpo_steps, trainer.step + chunk)
-        t0 = time.perf_counter()
-        trainer.train(data["train"], target, progress=False)
-        seconds += time.perf_counter() - t0
-        point = evaluate_policy(policy, tokenizer, data["test"], config)
-        curve.append([trainer.step, point["accuracy"], point["se"]])
+def _optimizer_size(trainer: GRPOTrainer, first: dict, final: dict, curve: list) -> dict:
+    """What a LoRA run keeps beyond the common fields: the trained parameters and AdamW's state bytes."""
     trained = sum(p.numel() for group in trainer.optimizer.param_groups for p in group["params"])
     state_bytes = sum(t.numel() * t.element_size() for s in trainer.optimizer.state.values()
                       for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
-    gain, gain_se = paired_gain(first["correct"], point["correct"])
-    return {
-        "overrides": overrides,
-        "heldout_curve": curve,
-        "reward_curve": [row["reward_mean"] for row in trainer.history],
-        "start_correct": [int(bool(c)) for c in first["correct"]],
-        "final_correct": [int(bool(c)) for c in point["correct"]],
-        "final_accuracy": point["accuracy"],
-        "gain": gain,
-        "gain_se": gain_se,
-        "trained_parameters": trained,
-        "optimizer_state_bytes": state_bytes,
-        "seconds": seconds,
-        "seconds_per_step": seconds / max(1, trainer.step),
-        "steps": trainer.step,
-    }
+    return {"trained_parameters": trained, "optimizer_state_bytes": state_bytes}
+
+
+def run_setting(start_model, tokenizer, data: dict, recipe: TinyAdditionRecipe, overrides: dict[str, Any],
+                seed: int) -> dict:
+    """Train a copy of ``start_model`` with the recipe's GRPO settings and ``overrides``; evaluate as it goes.
+
+    :func:`grpo_tutorial.chapters.sweep.run_setting`'s fields, plus ``trained_parameters`` and
+    ``optimizer_state_bytes``.
+    """
+    return sweep_runner.run_setting(start_model, tokenizer, data, recipe, overrides, seed, describe=_optimizer_size)
 
 
 def run_sweep_seed(sweep: LowRankSweep, seed: int, *, only: Sequence[str] | None = None,
                    on_setting: Callable[[str, dict], None] | None = None) -> dict:
-    """One seed: one warm start, then every setting (or those named in ``only``) from a copy of it."""
+    """One seed: one warm start, then every setting (or those named in ``only``) from a copy of it
+    (:func:`grpo_tutorial.chapters.sweep.run_sweep_seed`, with the base model's parameter count)."""
     recipe = sweep.recipe
-    t_seed = time.perf_counter()
-    previous = torch.get_num_threads()
-    if recipe.num_threads is not None:
-        torch.set_num_threads(recipe.num_threads)
-    try:
-        data = make_recipe_data(recipe)
-        model, tokenizer = build_recipe_model(recipe, seed)
-        sft = warm_start(model, tokenizer, data, recipe, seed, progress=False)
-        settings = sweep.settings(model)
-        unknown = sorted(set(only or ()) - set(settings))
-        if unknown:
-            raise ValueError(f"unknown settings {unknown}; the sweep has {list(settings)}")
-        results = {}
-        for name, overrides in settings.items():
-            if only is not None and name not in only:
-                continue
-            results[name] = run_setting(model, tokenizer, data, recipe, overrides, seed)
-            if on_setting is not None:
-                on_setting(name, results[name])
-    finally:
-        torch.set_num_threads(previous)
-    return {
-        "seed": seed,
-        "warm_start": {"steps": sft["steps"], "seconds": sft["seconds"], "reached": sft["reached"]},
-        "base_parameters": sum(p.numel() for p in model.parameters()),
-        "settings": results,
-        "seconds": time.perf_counter() - t_seed,
-    }
+
+    def run(name: str, overrides: dict[str, Any], model, tokenizer, data: dict) -> dict:
+        return run_setting(model, tokenizer, data, recipe, overrides, seed)
+
+    return sweep_runner.run_sweep_seed(
+        recipe, seed, sweep.settings, run, only=only, on_setting=on_setting,
+        describe_start=lambda model: {"base_parameters": sum(p.numel() for p in model.parameters())})
 
 
 def summarize_sweep(seed_results: Sequence[dict], confidence: float = 0.95) -> dict:
     """Across seeds: each setting's final accuracy and gain (mean, SE, t interval) and held-out curve band; each
     family's best learning rate (highest mean final accuracy); each family at its best rate against full
     fine-tuning at its best rate, paired by seed (difference of final accuracies)."""
-    if not seed_results:
-        raise ValueError("seed_results is empty; run at least one seed")
-    names: list[str] = []
-    for r in seed_results:
-        names += [n for n in r["settings"] if n not in names]
     table: dict[str, dict] = {}
-    for name in names:
-        runs = {r["seed"]: r["settings"][name] for r in seed_results if name in r["settings"]}
+    for name, runs in sweep_runner.runs_by_setting(seed_results).items():
         first = next(iter(runs.values()))
-        curves = [[p[1] for p in run["heldout_curve"]] for run in runs.values()]
         table[name] = {
             "family": _family(name),
             "learning_rate": first["overrides"]["learning_rate"],
-            "final_accuracy": mean_ci([run["final_accuracy"] for run in runs.values()], confidence),
-            "gain": mean_ci([run["gain"] for run in runs.values()], confidence),
-            "heldout_steps": [p[0] for p in first["heldout_curve"]],
-            "heldout_mean": [sum(c[i] for c in curves) / len(curves) for i in range(len(curves[0]))],
-            "heldout_se": [_se([c[i] for c in curves]) for i in range(len(curves[0]))],
+            **sweep_runner.setting_summary(runs, confidence),
             "trained_parameters": first["trained_parameters"],
             "optimizer_state_bytes": first["optimizer_state_bytes"],
             "seconds_per_step": mean_ci([run["seconds_per_step"] for run in runs.values()], confidence)["mean"],
-            "per_seed_final": {str(s): run["final_accuracy"] for s, run in runs.items()},
         }
     families: dict[str, dict] = {}
     for name, entry in table.items():
@@ -251,14 +194,6 @@ def summarize_sweep(seed_results: Sequence[dict], confidence: float = 0.95) -> d
             best["vs_full"] = paired_comparison(mine, theirs, confidence)
             best["lr_ratio_to_full"] = best["learning_rate"] / families[full]["learning_rate"]
     return {"confidence": confidence, "settings": table, "families": families}
-
-
-def _se(values: Sequence[float]) -> float:
-    n = len(values)
-    if n < 2:
-        return math.nan
-    mean = sum(values) / n
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def combine_sweeps(*records: dict) -> list[dict]:

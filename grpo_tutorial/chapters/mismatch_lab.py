@@ -22,15 +22,14 @@ samplers (``GRPOConfig.sampler``) and TRL's importance-sampling correction
   top-p, the mass the nucleus kept at every sampled position.
 
 :func:`summarize_mismatch` puts the seeds together with
-:func:`~grpo_tutorial.chapters.lab.mean_ci` and
-:func:`~grpo_tutorial.chapters.lab.paired_comparison`: final accuracy and gain per
+:func:`~grpo_tutorial.stats.mean_ci` and
+:func:`~grpo_tutorial.stats.paired_comparison`: final accuracy and gain per
 setting, each setting against the on-policy baseline paired by seed, the
 collapses, the mismatch per sampler.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -39,12 +38,11 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .._checks import check_int
-from ..evaluation import evaluate_policy
 from ..mismatch import mismatch_diagnostics
-from ..rewards import correctness_reward
-from ..trainer import GRPOConfig, GRPOTrainer
-from .lab import mean_ci, paired_comparison
-from .recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, paired_gain, warm_start
+from ..stats import paired_comparison
+from ..trainer import GRPOTrainer
+from . import sweep as sweep_runner
+from .recipes import TinyAdditionRecipe
 
 __all__ = [
     "BASELINE",
@@ -254,106 +252,64 @@ def _round(value: float | None) -> float | None:
     return None if value is None else float(f"{value:.6g}")
 
 
+def _mismatch_fields(measure_batches: int, keep_tokens: bool, seed: int, data: dict):
+    """``describe`` for :func:`grpo_tutorial.chapters.sweep.run_setting`: what a chapter-15 run keeps beyond the
+    common fields (its mismatch curves, skipped updates, lowest accuracy, collapse, and the measurement)."""
+
+    def describe(trainer: GRPOTrainer, first: dict, final: dict, curve: list) -> dict:
+        history = trainer.history
+        out = {
+            "mismatch_curves": {k: [_round(row.get(k)) for row in history] for k in MISMATCH_KEYS if k in history[0]},
+            "skipped_updates": history[-1]["skipped_updates"],
+            "min_accuracy": min(p[1] for p in curve),
+            "collapsed": final["accuracy"] < COLLAPSE_SHARE * first["accuracy"],
+        }
+        if measure_batches and trainer.grpo_step.sampler is not None:
+            t0 = time.perf_counter()
+            out["measurement"] = measure_mismatch(trainer, data["train"], batches=measure_batches, seed=seed,
+                                                  keep_tokens=keep_tokens)
+            out["measurement"]["seconds"] = time.perf_counter() - t0
+        return out
+
+    return describe
+
+
 def run_setting(start_model, tokenizer, data: dict, recipe: TinyAdditionRecipe, overrides: dict[str, Any],
                 seed: int, *, measure_batches: int = 0, keep_tokens: bool = False) -> dict:
     """Train a copy of ``start_model`` with the recipe's GRPO settings and ``overrides``; evaluate as it goes.
 
-    With ``measure_batches`` (and a sampler that is not the policy), the run ends
-    with :func:`measure_mismatch` on the training rows.
+    :func:`grpo_tutorial.chapters.sweep.run_setting`'s fields, plus ``mismatch_curves`` (the history's
+    :data:`MISMATCH_KEYS` per step), ``skipped_updates``, ``min_accuracy`` and ``collapsed``
+    (:data:`COLLAPSE_SHARE`). With ``measure_batches`` (and a sampler that is not the policy), the run ends
+    with :func:`measure_mismatch` on the training rows (``measurement``).
     """
-    model = copy.deepcopy(start_model)
-    config = GRPOConfig(**{**recipe.grpo_config(seed).to_dict(), **overrides})
-    trainer = GRPOTrainer(model, tokenizer, correctness_reward, config)
-    policy = trainer.model
-    first = evaluate_policy(policy, tokenizer, data["test"], config)
-    curve = [[0, first["accuracy"], first["se"]]]
-    seconds, point = 0.0, first
-    chunk = recipe.eval_every or recipe.grpo_steps
-    while trainer.step < recipe.grpo_steps:
-        target = min(recipe.grpo_steps, trainer.step + chunk)
-        t0 = time.perf_counter()
-        trainer.train(data["train"], target, progress=False)
-        seconds += time.perf_counter() - t0
-        point = evaluate_policy(policy, tokenizer, data["test"], config)
-        curve.append([trainer.step, point["accuracy"], point["se"]])
-    gain, gain_se = paired_gain(first["correct"], point["correct"])
-    history = trainer.history
-    result = {
-        "overrides": overrides,
-        "heldout_curve": curve,
-        "reward_curve": [row["reward_mean"] for row in history],
-        "mismatch_curves": {k: [_round(row.get(k)) for row in history] for k in MISMATCH_KEYS if k in history[0]},
-        "skipped_updates": history[-1]["skipped_updates"],
-        "start_correct": [int(bool(c)) for c in first["correct"]],
-        "final_correct": [int(bool(c)) for c in point["correct"]],
-        "final_accuracy": point["accuracy"],
-        "min_accuracy": min(p[1] for p in curve),
-        "gain": gain,
-        "gain_se": gain_se,
-        "collapsed": point["accuracy"] < COLLAPSE_SHARE * first["accuracy"],
-        "seconds": seconds,
-        "seconds_per_step": seconds / max(1, trainer.step),
-        "steps": trainer.step,
-    }
-    if measure_batches and trainer.grpo_step.sampler is not None:
-        t0 = time.perf_counter()
-        result["measurement"] = measure_mismatch(trainer, data["train"], batches=measure_batches, seed=seed,
-                                                 keep_tokens=keep_tokens)
-        result["measurement"]["seconds"] = time.perf_counter() - t0
-    return result
+    return sweep_runner.run_setting(start_model, tokenizer, data, recipe, overrides, seed,
+                                    describe=_mismatch_fields(measure_batches, keep_tokens, seed, data))
 
 
 def run_sweep_seed(sweep: MismatchSweep, seed: int, *, only: Sequence[str] | None = None,
                    on_setting: Callable[[str, dict], None] | None = None) -> dict:
-    """One seed: one warm start, then every setting (or those named in ``only``) from a copy of it.
+    """One seed: one warm start, then every setting (or those named in ``only``) from a copy of it
+    (:func:`grpo_tutorial.chapters.sweep.run_sweep_seed`).
 
     Each uncorrected run ends with the measurement; seed ``sweep.seeds[0]`` keeps
     its per-token log-ratios for the chapter's histogram.
     """
     recipe = sweep.recipe
-    t_seed = time.perf_counter()
-    previous = torch.get_num_threads()
-    if recipe.num_threads is not None:
-        torch.set_num_threads(recipe.num_threads)
-    try:
-        data = make_recipe_data(recipe)
-        model, tokenizer = build_recipe_model(recipe, seed)
-        sft = warm_start(model, tokenizer, data, recipe, seed, progress=False)
-        settings = sweep.settings()
-        unknown = sorted(set(only or ()) - set(settings))
-        if unknown:
-            raise ValueError(f"unknown settings {unknown}; the sweep has {list(settings)}")
-        results = {}
-        for name, overrides in settings.items():
-            if only is not None and name not in only:
-                continue
-            uncorrected = split_name(name)[1] == "none"
-            results[name] = run_setting(model, tokenizer, data, recipe, overrides, seed,
-                                        measure_batches=sweep.measure_batches if uncorrected else 0,
-                                        keep_tokens=seed == sweep.seeds[0])
-            if on_setting is not None:
-                on_setting(name, results[name])
-    finally:
-        torch.set_num_threads(previous)
-    return {
-        "seed": seed,
-        "warm_start": {"steps": sft["steps"], "seconds": sft["seconds"], "reached": sft["reached"]},
-        "settings": results,
-        "seconds": time.perf_counter() - t_seed,
-    }
+
+    def run(name: str, overrides: dict[str, Any], model, tokenizer, data: dict) -> dict:
+        uncorrected = split_name(name)[1] == "none"
+        return run_setting(model, tokenizer, data, recipe, overrides, seed,
+                           measure_batches=sweep.measure_batches if uncorrected else 0,
+                           keep_tokens=seed == sweep.seeds[0])
+
+    return sweep_runner.run_sweep_seed(recipe, seed, lambda model: sweep.settings(), run, only=only,
+                                       on_setting=on_setting)
 
 
 # ---------------------------------------------------------------------------
 # Summarising
 # ---------------------------------------------------------------------------
-
-
-def _se(values: Sequence[float]) -> float:
-    n = len(values)
-    if n < 2:
-        return math.nan
-    mean = sum(values) / n
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def _mean(values: Sequence[float | None]) -> float:
@@ -366,33 +322,22 @@ def summarize_mismatch(seed_results: Sequence[dict], confidence: float = 0.95) -
     the final accuracy against the on-policy baseline paired by seed (``vs_policy``), how many runs collapsed,
     and each mismatch diagnostic averaged over a run's steps (then over the seeds); per sampler, the
     measurement of its uncorrected runs averaged over the seeds (``samplers``)."""
-    if not seed_results:
-        raise ValueError("seed_results is empty; run at least one seed")
-    names: list[str] = []
-    for r in seed_results:
-        names += [n for n in r["settings"] if n not in names]
+    by_setting = sweep_runner.runs_by_setting(seed_results)
+    names = list(by_setting)
     table: dict[str, dict] = {}
-    for name in names:
-        runs = {r["seed"]: r["settings"][name] for r in seed_results if name in r["settings"]}
+    for name, runs in by_setting.items():
         first = next(iter(runs.values()))
-        curves = [[p[1] for p in run["heldout_curve"]] for run in runs.values()]
         sampler, mode = split_name(name)
-        entry = {
+        table[name] = {
             "sampler": sampler,
             "mode": mode,
-            "final_accuracy": mean_ci([run["final_accuracy"] for run in runs.values()], confidence),
-            "gain": mean_ci([run["gain"] for run in runs.values()], confidence),
-            "heldout_steps": [p[0] for p in first["heldout_curve"]],
-            "heldout_mean": [sum(c[i] for c in curves) / len(curves) for i in range(len(curves[0]))],
-            "heldout_se": [_se([c[i] for c in curves]) for i in range(len(curves[0]))],
+            **sweep_runner.setting_summary(runs, confidence),
             "collapsed": sum(bool(run["collapsed"]) for run in runs.values()),
             "runs": len(runs),
             "seconds_per_step": _mean([run["seconds_per_step"] for run in runs.values()]),
-            "per_seed_final": {str(s): run["final_accuracy"] for s, run in runs.items()},
             "mismatch": {k: _mean([_mean(run["mismatch_curves"][k]) for run in runs.values()])
                          for k in first["mismatch_curves"]},
         }
-        table[name] = entry
     if BASELINE in table:
         base = {int(s): v for s, v in table[BASELINE]["per_seed_final"].items()}
         for name, entry in table.items():

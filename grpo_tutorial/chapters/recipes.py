@@ -26,7 +26,6 @@ import copy
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from grpo_tutorial import stats
 from grpo_tutorial._checks import check_int, check_number
 from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.rewards import correctness_reward
@@ -287,7 +287,7 @@ def accuracy_with_se(correct: Sequence[bool]) -> tuple[float, float]:
     x = _check_outcomes("correct", correct)
     n = len(x)
     p = sum(x) / n
-    return p, math.sqrt(p * (1.0 - p) / n)
+    return p, stats.proportion_se(p, n)
 
 
 def paired_gain(before: Sequence[bool], after: Sequence[bool]) -> tuple[float, float]:
@@ -296,22 +296,13 @@ def paired_gain(before: Sequence[bool], after: Sequence[bool]) -> tuple[float, f
     The per-problem differences d_i = after_i - before_i are -1, 0 or +1; the gain
     is their mean and the standard error is their sample std over sqrt(n). Pairing
     removes the variation between problems that both evaluations share, so it is
-    smaller than combining the two separate standard errors.
+    smaller than combining the two separate standard errors. The core's
+    :func:`grpo_tutorial.stats.paired_gain`, for outcomes that are True/False or 0/1.
 
     >>> paired_gain([0, 0, 1, 1], [1, 1, 1, 0])
     (0.25, 0.47871355387816905)
     """
-    b = _check_outcomes("before", before)
-    a = _check_outcomes("after", after)
-    if len(a) != len(b):
-        raise ValueError(f"before and after must score the same problems, got {len(b)} and {len(a)} outcomes")
-    n = len(a)
-    d = [x - y for x, y in zip(a, b)]
-    mean = sum(d) / n
-    if n < 2:
-        return mean, math.nan
-    var = sum((v - mean) ** 2 for v in d) / (n - 1)
-    return mean, math.sqrt(var / n)
+    return stats.paired_gain(_check_outcomes("before", before), _check_outcomes("after", after))
 
 
 # ---------------------------------------------------------------------------

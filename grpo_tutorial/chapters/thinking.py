@@ -45,7 +45,7 @@ from ..rollout import generate_rollouts
 from ..sft import SFTConfig, supervised_warmup
 from ..long_addition import WORKED_OPEN, make_long_addition_dataset, parse_worked, worked_addition
 from ..trainer import GRPOTrainer
-from .lab import mean_ci, paired_comparison
+from ..stats import mean_ci, paired_comparison
 
 __all__ = [
     "CURVE_KEYS",
