@@ -41,7 +41,8 @@ chapters vary by name instead (``grpo_loss(..., loss_type="dapo", beta=0.04)``:
 
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass
+from dataclasses import InitVar, dataclass, fields
+from typing import Any
 
 import torch
 
@@ -237,25 +238,21 @@ def grpo_loss(
     sampler_weights: torch.Tensor | None = None,
     sampler_logp: torch.Tensor | None = None,
     options: LossOptions | None = None,
-    loss_type: str = "grpo",
-    beta: float = 0.0,
-    clip_eps: float = 0.2,
-    clip_eps_high: float | None = None,
-    kl_kind: str = "k3",
-    max_completion_length: int | None = None,
-    importance_sampling_level: str = "token",
-    use_bias_correction_kl: bool = False,
     gradient_accumulation_steps: int = 1,
     num_items_in_batch: float | torch.Tensor | None = None,
+    **settings: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The GRPO loss (to minimise) and a dict of diagnostics.
 
     The settings are one :class:`LossOptions` (``options``: what the step passes,
     ``config.loss_options()``), whose fields document every setting; or, for the
     settings the chapters vary (:data:`NAMED_OPTIONS`), keywords of the same
-    names, which build a ``LossOptions`` (the others at their defaults). Passing
-    both is refused (unless the keywords keep their defaults, which are
-    ``LossOptions()``'s: a test holds them equal).
+    names, which build a ``LossOptions`` (the others at their defaults). Each
+    setting's name, default and check are ``LossOptions``' alone: none is
+    written here. A name that is not in :data:`NAMED_OPTIONS` is refused with a
+    ``TypeError`` that lists them; a setting passed beside ``options`` is
+    refused with a ``ValueError``, even one equal to the options' own value
+    (one way or the other: ``dataclasses.replace(options, beta=...)``).
 
     Args:
         logp: ``[N, T]`` log pi_theta of the sampled tokens, with gradient.
@@ -281,12 +278,15 @@ def grpo_loss(
             not from ``old_logp``, as TRL's does with vLLM (a NaN token counts
             as no drift, as in TRL); nothing else reads it.
         options: every setting as one :class:`LossOptions`.
-        loss_type, beta, clip_eps, clip_eps_high, kl_kind, max_completion_length,
-            importance_sampling_level, use_bias_correction_kl: the
-            :class:`LossOptions` fields of these names, instead of ``options``.
         gradient_accumulation_steps, num_items_in_batch: the normalisers for an
             update split into micro-batches (see :mod:`grpo_tutorial.objectives`);
-            TRL's names. The defaults give the loss of this batch alone.
+            TRL's names. The defaults give the loss of this batch alone. They
+            belong to the call (:func:`update_normalisers`), not to the settings.
+        **settings: instead of ``options``, the :class:`LossOptions` fields
+            named in :data:`NAMED_OPTIONS` (``loss_type``, ``beta``,
+            ``clip_eps``, ``clip_eps_high``, ``kl_kind``,
+            ``max_completion_length``, ``importance_sampling_level``,
+            ``use_bias_correction_kl``), by name.
 
     Returns:
         ``(loss, stats)``: stats are plain floats, measured over masked tokens:
@@ -299,15 +299,9 @@ def grpo_loss(
         the sum of the entropies over the tokens the bonus acts on and their
         count (adaptive entropy control measures the update's entropy with them).
     """
-    named = dict(loss_type=loss_type, beta=beta, clip_eps=clip_eps, clip_eps_high=clip_eps_high, kl_kind=kl_kind,
-                 max_completion_length=max_completion_length, importance_sampling_level=importance_sampling_level,
-                 use_bias_correction_kl=use_bias_correction_kl)
-    opts = _options(options, named)
+    opts = _options(options, settings)
     _check_inputs(logp, old_logp, advantages, mask, ref_logp, opts, truncated, entropies)
-    _check_sampler_weights(logp, sampler_weights)
-    if sampler_logp is not None:
-        require_tensor("sampler_logp", sampler_logp, dim=2, floating=True)
-        same_shape(logp=logp, sampler_logp=sampler_logp)
+    _check_sampler_inputs(logp, sampler_weights, sampler_logp)
     mask = mask.to(logp.dtype)
     # the loss's own mask: the rollout's mask minus truncated completions (never mutate the rollout's)
     loss_mask = truncation_mask(mask, truncated) if opts.mask_truncated_completions else mask  # [N, T]
@@ -315,17 +309,7 @@ def grpo_loss(
     adv = advantages.detach().to(logp.dtype)[:, None]  # [N, 1]
     log_ratio = masked_log_ratio(logp, old_logp, mask)  # [N, T]
     ratio = importance_weights(log_ratio, mask, opts.importance_sampling_level)  # [N, T]
-    vespo_weight = None
-    if opts.loss_type == "vespo":
-        vespo_weight = vespo_weights(
-            log_ratio, loss_mask, adv, opts.vespo_k_pos, opts.vespo_lambda_pos, opts.vespo_k_neg, opts.vespo_lambda_neg,
-            sampler_weights=None if sampler_weights is None else sampler_weights.detach().to(logp.dtype),
-        )  # [N, 1], detached
-    per_token = per_token_objective(
-        opts.loss_type, ratio, adv, logp, clip_eps=opts.clip_eps, clip_eps_high=opts.eps_high, delta=opts.delta,
-        sapo_temperature_pos=opts.sapo_temperature_pos, sapo_temperature_neg=opts.sapo_temperature_neg,
-        vespo_weight=vespo_weight,
-    )  # [N, T]
+    per_token = _objective(opts, ratio, adv, logp, log_ratio, loss_mask, sampler_weights)  # [N, T]
     if opts.off_policy_mask_threshold is not None:
         sampled = old_logp if sampler_logp is None else torch.where(torch.isnan(sampler_logp), logp.detach(), sampler_logp)
         per_token = per_token * off_policy_mask(adv, logp, sampled, loss_mask, opts.off_policy_mask_threshold)  # [N, T]
@@ -345,6 +329,43 @@ def grpo_loss(
     if opts.entropy_coef != 0.0:
         loss = loss - opts.entropy_coef * entropy_bonus(entropies, bonus_mask, gradient_accumulation_steps)
     return loss, _loss_stats(ratio, adv, advantages, mask, kl, opts, entropies, bonus_mask)
+
+
+def _options(options: LossOptions | None, settings: dict[str, Any]) -> LossOptions:
+    """The one :class:`LossOptions` of a :func:`grpo_loss` call: ``options``, or the settings given by name built into one."""
+    unknown = sorted(set(settings) - set(NAMED_OPTIONS))
+    if unknown:
+        others = [f.name for f in fields(LossOptions) if f.name not in NAMED_OPTIONS]
+        raise TypeError(
+            f"grpo_loss got unexpected keyword argument(s) {unknown}: the settings it takes by name are "
+            f"{list(NAMED_OPTIONS)}; the other settings of the loss, {others}, go in options=LossOptions(...)"
+        )
+    if options is None:
+        return LossOptions(**settings)
+    if not isinstance(options, LossOptions):
+        raise TypeError(f"options must be a LossOptions (e.g. config.loss_options()), got {type(options).__name__}")
+    if settings:
+        given = sorted(settings)
+        raise ValueError(
+            f"grpo_loss got options and also the keyword(s) {given}; pass the settings one way: "
+            f"dataclasses.replace(options, {given[0]}=...) or keywords alone"
+        )
+    return options
+
+
+def _objective(opts: LossOptions, ratio, adv, logp, log_ratio, loss_mask, sampler_weights) -> torch.Tensor:
+    """The per-token objective of ``opts.loss_type``, ``[N, T]``; VESPO's sequence weight is built for it here."""
+    vespo_weight = None
+    if opts.loss_type == "vespo":
+        vespo_weight = vespo_weights(
+            log_ratio, loss_mask, adv, opts.vespo_k_pos, opts.vespo_lambda_pos, opts.vespo_k_neg, opts.vespo_lambda_neg,
+            sampler_weights=None if sampler_weights is None else sampler_weights.detach().to(logp.dtype),
+        )  # [N, 1], detached
+    return per_token_objective(
+        opts.loss_type, ratio, adv, logp, clip_eps=opts.clip_eps, clip_eps_high=opts.eps_high, delta=opts.delta,
+        sapo_temperature_pos=opts.sapo_temperature_pos, sapo_temperature_neg=opts.sapo_temperature_neg,
+        vespo_weight=vespo_weight,
+    )  # [N, T]
 
 
 def _kl_term(logp, ref_logp, mask, ratio, opts: LossOptions) -> torch.Tensor:
@@ -399,14 +420,16 @@ def _check_inputs(logp, old_logp, advantages, mask, ref_logp, opts: LossOptions,
         raise ValueError("mask is all zeros: there are no completion tokens to train on")
 
 
-def _check_sampler_weights(logp: torch.Tensor, weights) -> None:
-    """``sampler_weights``: None, or a float tensor ``[N, T]`` or ``[N, 1]``."""
-    if weights is None:
-        return
-    require_tensor("sampler_weights", weights, dim=2, floating=True)
-    n, t = logp.shape
-    if tuple(weights.shape) not in ((n, t), (n, 1)):
-        raise ValueError(f"sampler_weights must have shape ({n}, {t}) or ({n}, 1), got {tuple(weights.shape)}")
+def _check_sampler_inputs(logp: torch.Tensor, weights, sampler_logp) -> None:
+    """``sampler_weights``: None, or a float tensor ``[N, T]`` or ``[N, 1]``; ``sampler_logp``: None, or ``[N, T]``."""
+    if weights is not None:
+        require_tensor("sampler_weights", weights, dim=2, floating=True)
+        n, t = logp.shape
+        if tuple(weights.shape) not in ((n, t), (n, 1)):
+            raise ValueError(f"sampler_weights must have shape ({n}, {t}) or ({n}, 1), got {tuple(weights.shape)}")
+    if sampler_logp is not None:
+        require_tensor("sampler_logp", sampler_logp, dim=2, floating=True)
+        same_shape(logp=logp, sampler_logp=sampler_logp)
 
 
 def update_normalisers(
@@ -422,24 +445,6 @@ def update_normalisers(
     """
     counted = truncation_mask(mask, truncated) if options.mask_truncated_completions else mask  # [N, T]
     return {"gradient_accumulation_steps": len(rows) // micro_size, "num_items_in_batch": counted[rows].sum()}
-
-
-_DEFAULTS = LossOptions()
-
-
-def _options(options: LossOptions | None, keywords: dict) -> LossOptions:
-    """The one :class:`LossOptions` of a call: ``options``, or the keywords built into one."""
-    if options is None:
-        return LossOptions(**keywords)
-    if not isinstance(options, LossOptions):
-        raise TypeError(f"options must be a LossOptions (e.g. config.loss_options()), got {type(options).__name__}")
-    given = sorted(name for name, value in keywords.items() if value != getattr(_DEFAULTS, name))
-    if given:
-        raise ValueError(
-            f"grpo_loss got options and also the keyword(s) {given}; pass the settings one way: "
-            f"dataclasses.replace(options, {given[0]}=...) or keywords alone"
-        )
-    return options
 
 
 def _check_option_tensors(logp: torch.Tensor, opts: LossOptions, truncated, entropies) -> None:

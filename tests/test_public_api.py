@@ -8,6 +8,7 @@ book in the same commit. Everything else in ``grpo_tutorial.__all__`` is exporte
 import inspect
 
 import grpo_tutorial
+from grpo_tutorial.loss import NAMED_OPTIONS, LossOptions
 
 CONTRACT = [
     "group_advantages", "token_logprobs", "completion_mask", "kl_estimate", "grpo_loss",
@@ -30,7 +31,10 @@ def test_contract_signatures():
     assert {k: sig.parameters[k].default for k in ("scale", "std", "eps")} == {"scale": "group", "std": "sample", "eps": 1e-4}
     sig = inspect.signature(grpo_tutorial.grpo_loss)
     assert list(sig.parameters)[:4] == ["logp", "old_logp", "advantages", "mask"]
-    defaults = {k: sig.parameters[k].default for k in ("ref_logp", "beta", "clip_eps", "clip_eps_high", "loss_type", "max_completion_length")}
+    named = ("beta", "clip_eps", "clip_eps_high", "loss_type", "max_completion_length")  # by name; defaults: LossOptions'
+    assert set(named) <= set(NAMED_OPTIONS)
+    assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
+    defaults = {"ref_logp": sig.parameters["ref_logp"].default, **{k: getattr(LossOptions(), k) for k in named}}
     assert defaults == {"ref_logp": None, "beta": 0.0, "clip_eps": 0.2, "clip_eps_high": None, "loss_type": "grpo", "max_completion_length": None}
     assert inspect.signature(grpo_tutorial.kl_estimate).parameters["kind"].default == "k3"
     reward_params = inspect.signature(grpo_tutorial.correctness_reward).parameters

@@ -340,7 +340,8 @@ def test_config_refuses_a_variant_flag_of_the_wrong_type_with_type_error(kwargs,
 
 def test_loss_options_are_one_frozen_object_shared_by_config_grpo_loss_and_trainer():
     """Every LossOptions field is a GRPOConfig field with LossOptions' default; grpo_loss's named
-    settings are LossOptions fields with the same defaults, and the rest come only in options."""
+    settings are LossOptions fields that take LossOptions' defaults (grpo_loss writes none of them),
+    and the rest come only in options."""
     import dataclasses
     import inspect
 
@@ -349,10 +350,7 @@ def test_loss_options_are_one_frozen_object_shared_by_config_grpo_loss_and_train
     option_names = [f.name for f in dataclasses.fields(LossOptions)]
     for name in option_names:
         default = getattr(LossOptions(), name)
-        if name in NAMED_OPTIONS:
-            assert keyword_defaults[name] == default, name
-        else:
-            assert name not in keyword_defaults, name  # declared once: in LossOptions only
+        assert name not in keyword_defaults, name  # declared once: in LossOptions only, the named ones too
         if name != "max_completion_length":
             assert config_defaults[name] == default, name
     assert set(NAMED_OPTIONS) <= set(option_names)
@@ -361,6 +359,10 @@ def test_loss_options_are_one_frozen_object_shared_by_config_grpo_loss_and_train
     by_default, _ = grpo_loss(logp, old, adv, mask)
     explicit, _ = grpo_loss(logp, old, adv, mask, options=LossOptions())
     assert torch.equal(by_default, explicit)
+    for name in NAMED_OPTIONS:  # a named setting left out is LossOptions' default of that name
+        given, _ = grpo_loss(logp, old, adv, mask, ref_logp=old - 0.2, **{name: getattr(LossOptions(), name)})
+        left_out, _ = grpo_loss(logp, old, adv, mask, ref_logp=old - 0.2)
+        assert torch.equal(given, left_out), name
     with pytest.raises(ValueError, match=r"got options and also the keyword\(s\) \['beta'\]"):
         grpo_loss(logp, old, adv, mask, options=LossOptions(), beta=0.1)
     options = GRPOConfig(loss_type="dapo", max_new_tokens=7, delta=1.5, entropy_coef=0.1).loss_options()
@@ -370,6 +372,44 @@ def test_loss_options_are_one_frozen_object_shared_by_config_grpo_loss_and_train
         options.beta = 1.0  # type: ignore[misc]
     with pytest.raises(TypeError, match="options must be a LossOptions"):
         grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), options={"delta": 2.0})
+
+
+def test_grpo_loss_declares_no_setting_of_its_own():
+    """The loss's settings are named, defaulted and checked in LossOptions only: grpo_loss's
+    signature has none of them (it takes the named ones through ``**settings``)."""
+    import inspect
+
+    parameters = inspect.signature(grpo_loss).parameters
+    option_names = {f.name for f in dataclasses.fields(LossOptions)}
+    assert option_names.isdisjoint(parameters), sorted(option_names & set(parameters))
+    assert [p.kind for p in parameters.values()].count(inspect.Parameter.VAR_KEYWORD) == 1
+    assert len(parameters) == 13  # 4 tensors, 5 optional tensors, options, 2 normalisers, **settings
+
+
+def test_grpo_loss_refuses_an_unknown_setting_and_names_the_ones_it_takes():
+    logp, old, adv, mask = torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3)
+    for name in ("betta", "delta", "owner"):  # a typo, a setting that goes in options, LossOptions' InitVar
+        with pytest.raises(TypeError) as error:
+            grpo_loss(logp, old, adv, mask, **{name: 0.5})
+        message = str(error.value)
+        assert f"unexpected keyword argument(s) [{name!r}]" in message
+        assert all(repr(named) in message for named in NAMED_OPTIONS)  # the valid names, listed
+        assert "'delta'" in message and "go in options=LossOptions(...)" in message  # where the others go
+    with pytest.raises(TypeError, match=r"\['betta', 'clip'\]"):  # every unknown name, sorted
+        grpo_loss(logp, old, adv, mask, clip=0.2, betta=0.1, beta=0.1)
+
+
+def test_grpo_loss_refuses_a_setting_beside_options_even_at_its_default():
+    """Options and a keyword: refused, whatever the keyword's value, so a keyword is never silently ignored."""
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -1.5]])
+    old, adv, mask, ref = logp + 0.1, torch.tensor([1.0, -1.0]), torch.ones(2, 2), logp - 0.3
+    for options, keywords in [
+        (LossOptions(beta=0.1), dict(beta=0.0)),  # LossOptions' default: the old code ignored it and kept 0.1
+        (LossOptions(), dict(loss_type="grpo")),  # the options' own value
+        (LossOptions(loss_type="dapo"), dict(clip_eps=0.3, beta=0.0)),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(f"got options and also the keyword(s) {sorted(keywords)}")):
+            grpo_loss(logp, old, adv, mask, ref_logp=ref, options=options, **keywords)
 
 
 @pytest.mark.parametrize(
