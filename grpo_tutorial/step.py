@@ -40,7 +40,7 @@ from .optim import finish_update, make_optimizer, trainable_parameters
 from .rewards import (
     check_unscorable, compute_rewards, extra_columns, judge_correct, reward_function_list, reward_function_means,
 )
-from .rollout import Rollout, generate_rollouts, keep_signal_groups
+from .rollout import Rollout, generate_rollouts, keep_signal_groups, pad_token_id, sampling_kwargs
 from .seeding import minibatches, sampling_seed
 from .tasks import check_rows
 
@@ -165,7 +165,7 @@ class GRPOStep:
             check_rows(extra, "more_rows()")
             rounds.append(self.sample_round(extra, state, len(rounds), clock))
         chosen = rounds[0] if len(rounds) == 1 else keep_signal_groups(rounds, cfg.group_size, cfg.prompts_per_step,
-                                                                       self.pad_id())
+                                                                       pad_token_id(self.tokenizer))
         return {**chosen, "groups_drawn": sum(len(r["zero_std"]) for r in rounds)}
 
     def sample_round(self, batch, state, round_: int, clock: StageClock) -> dict:
@@ -190,16 +190,8 @@ class GRPOStep:
 
     def generate(self, prompts: list, generator_seed: int) -> Rollout:
         """The default sampler: the policy itself, with the config's sampling settings."""
-        cfg = self.config
-        return generate_rollouts(
-            self.model, self.tokenizer, prompts, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature, top_p=cfg.top_p, do_sample=True, system_prompt=cfg.system_prompt,
-            use_chat_template=cfg.use_chat_template, generator_seed=generator_seed, onednn=cfg.onednn_generation,
-        )
-
-    def pad_id(self) -> int:
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        return self.tokenizer.eos_token_id if pad is None else pad
+        return generate_rollouts(self.model, self.tokenizer, prompts,
+                                 **sampling_kwargs(self.config, generator_seed=generator_seed))
 
     # ------------------------------------------------------------------ 3. advantages
     def advantages(self, sample: dict) -> torch.Tensor:

@@ -90,7 +90,7 @@ from grpo_tutorial.metrics import step_row
 from grpo_tutorial.models import disable_dropout
 from grpo_tutorial.optim import clip_and_step, make_optimizer, trainable_parameters
 from grpo_tutorial.rewards import compute_rewards, extra_columns, judge_correct, reward_function_means
-from grpo_tutorial.rollout import generate_rollouts
+from grpo_tutorial.rollout import generate_rollouts, sampling_kwargs
 from grpo_tutorial.seeding import MINIBATCHES, SAMPLING, next_batch, stream_generator, stream_seed
 from grpo_tutorial.tasks import check_rows
 
@@ -290,12 +290,8 @@ def gallery_step(
                 disable_dropout(m)
 
     # 1. sample: the rollout, seeded from the trainer's sampling stream
-    rollout = generate_rollouts(
-        model, tokenizer, [row["prompt"] for row in batch], group_size=G,
-        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-        do_sample=True, system_prompt=cfg.system_prompt, use_chat_template=cfg.use_chat_template,
-        generator_seed=stream_seed(cfg.seed, SAMPLING, step), onednn=cfg.onednn_generation,
-    )
+    rollout = generate_rollouts(model, tokenizer, [row["prompt"] for row in batch],
+                                **sampling_kwargs(cfg, generator_seed=stream_seed(cfg.seed, SAMPLING, step)))
     N = len(rollout)
 
     # 2. reward and 3. advantages (group-relative)
