@@ -21,7 +21,7 @@ from __future__ import annotations
 import inspect
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -34,7 +34,7 @@ from .speedups import (
 
 __all__ = [
     "Rollout", "completion_mask", "concat_groups", "encode_prompts", "generate_rollouts", "keep_signal_groups",
-    "merge_sampler_stats", "pad_token_id", "render_prompts", "sampling_kwargs",
+    "merge_sampler_stats", "more_rounds", "pad_token_id", "render_prompts", "sampling_kwargs",
 ]
 
 
@@ -621,3 +621,22 @@ def keep_signal_groups(rounds: Sequence[dict], group_size: int, size: int, pad_i
     if all(r["correct"] is not None for r in rounds):
         correct = [c for r, g in picked for c in r["correct"][g * G : (g + 1) * G]]
     return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct}
+
+
+def more_rounds(first: dict, draw: Callable[[int], dict], config: Any, pad_id: int) -> dict:
+    """DAPO's dynamic sampling: stages 1 and 2 again until the step has enough groups with a learning signal.
+
+    ``first`` is round 0's rollout and rewards (a dict as :func:`keep_signal_groups`
+    reads); ``draw(k)`` samples and rewards more prompts as round ``k``. Rounds are
+    drawn while fewer than ``config.prompts_per_step`` groups carry a signal, up to
+    ``config.max_sampling_rounds`` rounds in all. Returns the groups
+    :func:`keep_signal_groups` keeps (round 0 itself when one round was enough), with
+    ``groups_drawn``, the groups of every round.
+    """
+    rounds = [first]
+    while (len(rounds) < config.max_sampling_rounds
+           and sum(int((~r["zero_std"]).sum()) for r in rounds) < config.prompts_per_step):
+        rounds.append(draw(len(rounds)))
+    chosen = rounds[0] if len(rounds) == 1 else keep_signal_groups(rounds, config.group_size, config.prompts_per_step,
+                                                                   pad_id)
+    return {**chosen, "groups_drawn": sum(len(r["zero_std"]) for r in rounds)}
