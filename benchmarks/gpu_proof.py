@@ -96,7 +96,7 @@ TINY_ARCHITECTURE = dict(
 )
 #: The stages of one step that the record measures: the watcher's names (metrics.watch_stages) -> the record's.
 STAGES = {
-    "generate": "generation", "reward": "reward", "forward_seconds": "scoring_forward",
+    "sample": "generation", "reward": "reward", "forward_seconds": "scoring_forward",
     "backward_seconds": "backward", "optimizer_seconds": "optimizer_step",
 }
 CUDA_TESTS = ("tests/test_cuda.py", "tests/test_gpu_path.py")
@@ -278,7 +278,7 @@ def measure_step(trainer, batch: list[dict], cuda: bool) -> dict[str, Any]:
         # random weights seldom write an EOS: completions run to the budget (the worst case, on purpose)
         warnings.filterwarnings("ignore", message=".*hit max_new_tokens", category=GRPOWarning)
         row = trainer.train_step(batch)
-    seconds = {"generation": row["generate_seconds"], "reward": row["reward_seconds"],
+    seconds = {"generation": row["sample_seconds"], "reward": row["reward_seconds"],
                "scoring_forward": row["forward_seconds"], "backward": row["backward_seconds"],
                "optimizer_step": row["optimizer_seconds"]}
     stages = {stage: {"seconds": seconds[stage], **peaks.peaks.get(stage, {"peak_allocated": None,

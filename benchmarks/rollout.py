@@ -30,7 +30,8 @@ from typing import Any, Iterator
 
 import torch
 
-from grpo_tutorial.rollout import generate_rollouts, stop_token_ids
+from grpo_tutorial.config import GRPOConfig
+from grpo_tutorial.rollout import generate_rollouts, sampling_kwargs, stop_token_ids
 from grpo_tutorial.speedups import use_onednn
 from grpo_tutorial.tasks import make_arithmetic_dataset
 
@@ -68,24 +69,23 @@ def generated_tokens(rollout: Any) -> int:
     return int(rollout.completion_mask.sum())
 
 
-def batched_once(model: Any, tokenizer: Any, prompts: list[str], group_size: int, new_tokens: int, seed: int) -> tuple[float, int]:
-    """Seconds and tokens for all len(prompts) * group_size completions in one call."""
+def batched_once(model: Any, tokenizer: Any, prompts: list[str], config: GRPOConfig, seed: int) -> tuple[float, int]:
+    """Seconds and tokens for all len(prompts) * group_size completions in one call, sampled as ``config``'s run."""
     seconds, rollout = timed(
-        lambda: generate_rollouts(
-            model, tokenizer, prompts, group_size=group_size, max_new_tokens=new_tokens, generator_seed=seed
-        )
+        lambda: generate_rollouts(model, tokenizer, prompts, **sampling_kwargs(config, generator_seed=seed))
     )
     return seconds, generated_tokens(rollout)
 
 
-def naive_once(model: Any, tokenizer: Any, prompts: list[str], completions: int, new_tokens: int, seed: int) -> tuple[float, int]:
-    """Seconds and tokens for ``completions`` completions, one ``generate`` call each."""
+def naive_once(model: Any, tokenizer: Any, prompts: list[str], completions: int, config: GRPOConfig,
+               seed: int) -> tuple[float, int]:
+    """Seconds and tokens for ``completions`` completions, one ``generate`` call each (``config``'s settings)."""
     total_seconds, total_tokens = 0.0, 0
     for i in range(completions):
         prompt = prompts[i % len(prompts)]
         seconds, rollout = timed(
             lambda: generate_rollouts(
-                model, tokenizer, [prompt], group_size=1, max_new_tokens=new_tokens, generator_seed=seed + i
+                model, tokenizer, [prompt], **sampling_kwargs(config, group_size=1, generator_seed=seed + i)
             )
         )
         total_seconds += seconds
@@ -112,16 +112,17 @@ def run(
     style = "plain" if model_name == "tiny" else "question"
     prompts = [row["prompt"] for row in make_arithmetic_dataset(prompts_per_step, seed=0, digits=2, style=style)]
     batched_rates, naive_rates, batched_seconds, naive_seconds = [], [], [], []
+    config = GRPOConfig(group_size=group_size, max_new_tokens=new_tokens)  # both sides sample as this run would
     with fixed_length(model, tokenizer):
-        naive_once(model, tokenizer, prompts, 1, new_tokens, seed=99)  # warm-up: first-call overheads
+        naive_once(model, tokenizer, prompts, 1, config, seed=99)  # warm-up: first-call overheads
         for r in range(repeats):
-            seconds, tokens = batched_once(model, tokenizer, prompts, group_size, new_tokens, seed=r)
+            seconds, tokens = batched_once(model, tokenizer, prompts, config, seed=r)
             expected = len(prompts) * group_size * new_tokens
             if tokens != expected:
                 raise RuntimeError(f"batched rollout generated {tokens} tokens, expected {expected}")
             batched_seconds.append(seconds)
             batched_rates.append(tokens / seconds)
-            seconds, tokens = naive_once(model, tokenizer, prompts, naive_completions, new_tokens, seed=1000 * r)
+            seconds, tokens = naive_once(model, tokenizer, prompts, naive_completions, config, seed=1000 * r)
             naive_seconds.append(seconds)
             naive_rates.append(tokens / seconds)
     batched = summarize(batched_rates)

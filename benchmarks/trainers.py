@@ -217,11 +217,11 @@ def load(spec: MatchedSpec):
 
 
 #: Where each benchmark phase comes from in the package's history row (no patching:
-#: the trainer times its own stages).
+#: the trainer times its own stages): stages by their names (metrics.stage_seconds), pieces of stage 5 by theirs.
 HISTORY_PHASES = {
-    "generate": ("generate_seconds",),
-    "rewards": ("reward_seconds",),
-    "score_no_grad": ("score_seconds", "reference_seconds"),
+    "generate": ("sample",),
+    "rewards": ("reward",),
+    "score_no_grad": ("advantages", "score"),  # stage 3's microseconds: in this phase before issue 44 too
     "forward": ("forward_seconds",),
     "backward": ("backward_seconds",),
     "optimizer": ("optimizer_seconds",),
@@ -229,8 +229,11 @@ HISTORY_PHASES = {
 
 
 def history_phases(row: dict[str, float]) -> dict[str, float]:
-    """The benchmark's phases of one step, read from the package's history row."""
-    return {phase: sum(row[key] for key in keys) for phase, keys in HISTORY_PHASES.items()}
+    """The benchmark's phases of one step, read from the package's history row (older rows too)."""
+    from grpo_tutorial.metrics import stage_seconds
+
+    seconds = {**row, **stage_seconds(row)}
+    return {phase: sum(seconds[key] for key in keys) for phase, keys in HISTORY_PHASES.items()}
 
 
 def run_ours(spec: MatchedSpec, warmup: int, repeats: int) -> dict[str, Any]:

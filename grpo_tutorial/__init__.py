@@ -18,13 +18,16 @@ from .run.progress import quiet_tqdm_auto as _quiet_tqdm_auto
 # Imported once here with that warning silenced; no process-wide filter is set.
 _quiet_tqdm_auto()
 
-from .advantages import group_advantages
-from .kl import kl_estimate
-from .logprobs import completion_logprobs, token_entropy, token_logprobs
-from .loss import grpo_loss, sequence_logprob_loss
-from .models import build_tiny_policy
-from .plotting import plot_history
-from .pretrained import load_policy
+from .tasks import (
+    countdown_reward,
+    load_gsm8k,
+    make_arithmetic_dataset,
+    make_countdown_dataset,
+    train_test_split_arithmetic,
+    validate_dataset,
+)
+from .long_addition import make_long_addition_dataset, parse_worked, worked_addition
+from .rollout import Rollout, completion_mask, generate_rollouts
 from .rewards import (
     RewardFunctionError,
     answers_match,
@@ -36,36 +39,36 @@ from .rewards import (
     partial_credit_reward,
     soft_overlong_punishment,
 )
-from .rollout import Rollout, completion_mask, generate_rollouts
+from .advantages import group_advantages
+from .logprobs import completion_logprobs, token_entropy, token_logprobs
+from .kl import kl_estimate
+from .loss import grpo_loss, sequence_logprob_loss
+from .metrics import TIMING_KEYS
+from .models import build_tiny_policy
+from .pretrained import load_policy
 from .sft import SFTConfig, supervised_warmup
-from .tasks import (
-    countdown_reward,
-    load_gsm8k,
-    make_arithmetic_dataset,
-    make_countdown_dataset,
-    train_test_split_arithmetic,
-    validate_dataset,
-)
-from .long_addition import make_long_addition_dataset, parse_worked, worked_addition
 from .config import GRPOConfig
 from .presets import get_preset
 from .evaluation import evaluate_policy
-from .metrics import TIMING_KEYS
 from .warn import GRPOWarning
 from .trainer import GRPOTrainer
+from .plotting import plot_history
 
 __all__ = [
-    # stage 3: advantages
-    "group_advantages",
-    # stage 4, score: log-probs and masks
-    "token_logprobs",
-    "completion_logprobs",
+    # before stage 1: tasks, the step's prompts
+    "make_arithmetic_dataset",
+    "train_test_split_arithmetic",
+    "make_countdown_dataset",
+    "countdown_reward",
+    "make_long_addition_dataset",
+    "worked_addition",
+    "parse_worked",
+    "load_gsm8k",
+    "validate_dataset",
+    # stage 1, sample: rollouts and their completion mask
+    "generate_rollouts",
+    "Rollout",
     "completion_mask",
-    "token_entropy",
-    # stage 5, update: KL and loss
-    "kl_estimate",
-    "grpo_loss",
-    "sequence_logprob_loss",
     # stage 2, reward
     "extract_answer",
     "answers_match",
@@ -76,21 +79,21 @@ __all__ = [
     "combined_reward",
     "compute_rewards",
     "RewardFunctionError",
-    # tasks
-    "make_arithmetic_dataset",
-    "train_test_split_arithmetic",
-    "make_countdown_dataset",
-    "countdown_reward",
-    "make_long_addition_dataset",
-    "worked_addition",
-    "parse_worked",
-    "load_gsm8k",
-    "validate_dataset",
-    # models, rollout, training
+    # stage 3, advantages
+    "group_advantages",
+    # stage 4, score: log-probs
+    "token_logprobs",
+    "completion_logprobs",
+    "token_entropy",
+    # stage 5, update: KL and loss
+    "kl_estimate",
+    "grpo_loss",
+    "sequence_logprob_loss",
+    # after stage 5: the history row's timing fields
+    "TIMING_KEYS",
+    # models and training
     "load_policy",
     "build_tiny_policy",
-    "generate_rollouts",
-    "Rollout",
     "SFTConfig",
     "supervised_warmup",
     "GRPOConfig",
@@ -98,6 +101,5 @@ __all__ = [
     "GRPOTrainer",
     "evaluate_policy",
     "GRPOWarning",
-    "TIMING_KEYS",
     "plot_history",
 ]

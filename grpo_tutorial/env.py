@@ -215,9 +215,10 @@ def _kernel_probes():
     import torch
     import torch.nn.functional as F
 
+    from .config import GRPOConfig
     from .logprobs import completion_logprobs
     from .models import build_tiny_policy
-    from .rollout import generate_rollouts
+    from .rollout import generate_rollouts, sampling_kwargs
 
     g = torch.Generator().manual_seed(1234)
 
@@ -245,8 +246,8 @@ def _kernel_probes():
     # the package's own sampling and scoring: a batched generate with its KV cache, then the
     # full and the shared-prompt scoring passes of the sampled batch
     model.eval()
-    rollout = generate_rollouts(model, tokenizer, ["4+9=", "12+7=", "3+3="], group_size=2, max_new_tokens=6,
-                                generator_seed=7)
+    sampling = sampling_kwargs(GRPOConfig(group_size=2, max_new_tokens=6), generator_seed=7)  # as a run samples
+    rollout = generate_rollouts(model, tokenizer, ["4+9=", "12+7=", "3+3="], **sampling)
     yield rollout.completion_ids.float()
     width = rollout.completion_ids.shape[1]
     frozen = copy.deepcopy(model).requires_grad_(False)  # as the reference model is: another dispatch

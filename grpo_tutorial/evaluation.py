@@ -30,7 +30,7 @@ from .config import GRPOConfig
 from .fast_sampler import sampling_model, use_static_cache
 from .metrics import nanmean
 from .rewards import compute_rewards, correctness_reward, extra_columns, judge_correct
-from .rollout import encode_prompts, generate_rollouts
+from .rollout import encode_prompts, generate_rollouts, sampling_kwargs
 from .stats import proportion_se
 from .tasks import as_rows, validate_for_model
 
@@ -142,18 +142,9 @@ def _evaluate_chunk(
     """One greedy completion per row of ``chunk``, scored: its records, and whether every row could be judged.
 
     ``static``: (use a static KV cache, the prompt width to pad to)."""
-    rollout = generate_rollouts(
-        model,
-        tokenizer,
-        [row["prompt"] for row in chunk],
-        group_size=1,
-        max_new_tokens=config.max_new_tokens,
-        do_sample=False,
-        system_prompt=config.system_prompt,
-        use_chat_template=config.use_chat_template,
-        onednn=config.onednn_generation,
-        static_cache=static[0],
-        prompt_width=static[1],
+    rollout = generate_rollouts(  # greedy: one completion each, temperature and top_p unused
+        model, tokenizer, [row["prompt"] for row in chunk],
+        **sampling_kwargs(config, group_size=1, do_sample=False, static_cache=static[0], prompt_width=static[1]),
     )
     answers = [row.get("answer") for row in chunk]
     columns = extra_columns(chunk, 1)

@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from .rollout import Rollout, generate_rollouts
+from .rollout import Rollout, generate_rollouts, sampling_kwargs
 from .speedups import bucket_width
 from .warn import WarnOnce
 
@@ -258,11 +258,9 @@ class FastSampler:
     def rollout(self, model: torch.nn.Module, prompts: list, generator_seed: int, *, guard: Any = None) -> Rollout:
         """One ``generate`` call of ``model`` with the config's sampling settings, timed; ``guard``: a logits processor."""
         cfg = self.config
-        kwargs = dict(group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                      top_p=cfg.top_p, do_sample=True, system_prompt=cfg.system_prompt,
-                      use_chat_template=cfg.use_chat_template, generator_seed=generator_seed,
-                      onednn=cfg.onednn_generation if model.dtype == torch.float32 else None,
-                      logits_processor=() if guard is None else (guard,))
+        kwargs = sampling_kwargs(cfg, generator_seed=generator_seed,
+                                 onednn=cfg.onednn_generation if model.dtype == torch.float32 else None,
+                                 logits_processor=() if guard is None else (guard,))
         _synchronize()
         start = time.perf_counter()
         try:

@@ -15,10 +15,17 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from .advantages import zero_std_groups
+from .rewards import reward_function_means
+from .stages import STAGES
+
 __all__ = [
+    "STAGE_SECONDS",
     "StageClock",
     "TIMING_KEYS",
     "check_failure_modes",
+    "history_row",
+    "stage_seconds",
     "step_row",
     "timed",
     "watch_stages",
@@ -26,16 +33,22 @@ __all__ = [
 
 #: History fields that measure wall-clock time. They are the only fields allowed
 #: to differ between two runs with the same seed (or a run and its resumption).
-#: The ``*_seconds`` fields split ``step_seconds`` by stage; ``forward``, ``backward``
-#: and ``optimizer`` split ``update_seconds``. On a GPU, where kernels run
-#: asynchronously, each stage waits for its kernels before its clock stops.
-STAGE_SECONDS = ("generate_seconds", "reward_seconds", "score_seconds", "reference_seconds", "update_seconds")
+#: ``<stage>_seconds`` splits ``step_seconds`` by stage, one field per stage of
+#: :data:`~grpo_tutorial.stages.STAGES`, named as the stage; the pieces of a stage split
+#: it further: ``reference_seconds`` is the reference's part of ``score_seconds``, and
+#: ``forward``, ``backward`` and ``optimizer`` split ``update_seconds``. On a GPU, where
+#: kernels run asynchronously, each stage waits for its kernels before its clock stops.
+STAGE_SECONDS = tuple(f"{s.name}_seconds" for s in STAGES)
+SCORE_SECONDS = ("reference_seconds",)
 UPDATE_SECONDS = ("forward_seconds", "backward_seconds", "optimizer_seconds")
 #: A fast sampler's timings (:mod:`grpo_tutorial.fast_sampler`): ms per decoding step, the seconds of compiling calls.
 SAMPLER_SECONDS = ("sampler/decode_ms", "sampler/compile_seconds")
+#: Older histories' names (before issue 44): stage 1 was ``generate`` (and ``rollout_seconds`` its alias), and
+#: ``score_seconds`` left out the reference's ``reference_seconds`` and held stage 3's time.
+LEGACY_SECONDS = ("generate_seconds", "rollout_seconds")
 TIMING_KEYS = frozenset(
-    {"step_seconds", "rollout_seconds", "tokens_per_s", "other_seconds", *STAGE_SECONDS, *UPDATE_SECONDS,
-     *SAMPLER_SECONDS}
+    {"step_seconds", "tokens_per_s", "other_seconds", *STAGE_SECONDS, *SCORE_SECONDS, *UPDATE_SECONDS,
+     *SAMPLER_SECONDS, *LEGACY_SECONDS}
 )
 
 
@@ -55,10 +68,12 @@ def _stage_ended(name: str) -> None:
 def watch_stages(watcher: Callable[[str], None]) -> Iterator[None]:
     """Call ``watcher(name)`` each time a stage of a training step ends, inside the block.
 
-    The names are :class:`StageClock`'s laps (``"generate"``, ``"reward"``,
-    ``"score"``, ``"reference"``, ``"update"``) and, within ``"update"``, each
-    micro-batch's ``"forward_seconds"`` and ``"backward_seconds"`` and each
-    update's ``"optimizer_seconds"`` (:func:`timed`). On a GPU the call comes
+    The names are :class:`StageClock`'s laps, the stages' names (``"sample"``,
+    ``"reward"``, ``"advantages"``, ``"score"``, ``"update"``), and the pieces
+    :func:`timed` measures inside a stage: within ``"score"`` the reference's
+    ``"reference_seconds"``, within ``"update"`` each micro-batch's
+    ``"forward_seconds"`` and ``"backward_seconds"`` and each update's
+    ``"optimizer_seconds"``. On a GPU the call comes
     after the stage's kernels have finished, so a watcher can read the stage's
     peak memory (``benchmarks/gpu_proof.py`` does).
     """
@@ -72,7 +87,10 @@ def watch_stages(watcher: Callable[[str], None]) -> Iterator[None]:
 
 
 class StageClock:
-    """Wall-clock seconds per stage of one step (the ``*_seconds`` history fields)."""
+    """Wall-clock seconds per stage of one step (the ``<stage>_seconds`` history fields).
+
+    ``lap(name)`` ends the stage ``name`` (a name of :data:`~grpo_tutorial.stages.STAGES`);
+    a stage that runs again (dynamic sampling's rounds of stages 1 and 2) adds up."""
 
     def __init__(self) -> None:
         self.start = self.mark = time.perf_counter()
@@ -86,11 +104,25 @@ class StageClock:
 
     def done(self) -> dict[str, float]:
         total = time.perf_counter() - self.start
-        stages = {f"{k}_seconds": v for k, v in self.seconds.items()}
-        for name in ("generate", "reward", "score", "reference", "update"):
-            stages.setdefault(f"{name}_seconds", 0.0)
+        stages = {key: self.seconds.get(key.removesuffix("_seconds"), 0.0) for key in STAGE_SECONDS}
+        stages.update({f"{k}_seconds": v for k, v in self.seconds.items()})
         stages["other_seconds"] = max(0.0, total - sum(stages.values()))
-        return {"step_seconds": total, "rollout_seconds": stages["generate_seconds"], **stages}
+        return {"step_seconds": total, **stages}
+
+
+def stage_seconds(row: dict[str, Any]) -> dict[str, float]:
+    """Seconds per stage of one history row, by the stages' names (``{"sample": ..., ..., "update": ...}``).
+
+    It reads older histories too (before issue 44): their ``generate_seconds`` is
+    stage 1's, and their ``score_seconds`` (which held stage 3's few microseconds)
+    plus ``reference_seconds`` is stage 4's; stage 3 then reads 0.
+    """
+    if "generate_seconds" in row or "rollout_seconds" in row:  # an older row
+        sample = row.get("generate_seconds", row.get("rollout_seconds"))
+        score = row.get("score_seconds", 0.0) + row.get("reference_seconds", 0.0)
+        return {"sample": sample, "reward": row.get("reward_seconds", 0.0), "advantages": 0.0, "score": score,
+                "update": row.get("update_seconds", 0.0)}
+    return {s.name: row[f"{s.name}_seconds"] for s in STAGES}
 
 
 @contextmanager
@@ -168,8 +200,9 @@ def step_row(
     (means over the step's updates that were finite; NaN/inf only if none
     was); ``lr``; ``skipped_updates`` (cumulative); and the timing fields
     (:data:`TIMING_KEYS`): ``step_seconds``, ``tokens_per_s``, and seconds per
-    stage (``generate``, ``reward``, ``score``, ``reference``, ``update``,
-    ``other``; ``rollout_seconds`` = ``generate_seconds``). The trainer adds
+    stage (``sample``, ``reward``, ``advantages``, ``score``, ``update``, and
+    ``other``; read them with :func:`stage_seconds`) and per piece of a stage
+    (``reference``, ``forward``, ``backward``, ``optimizer``). The trainer adds
     ``groups_drawn`` (groups sampled this step: ``prompts_per_step``, more with
     dynamic sampling), with an entropy bonus ``entropy_coef`` and, with a
     sampler that is not the learner, the ``mismatch/...`` diagnostics
@@ -179,8 +212,7 @@ def step_row(
     could score; ``update_stats`` holds one ``grpo_loss`` stats dict per
     micro-batch (of every update of the step); ``losses`` and ``grad_norms``
     one value per optimizer update; ``entropy`` and ``mask`` are ``[N, T]``;
-    ``seconds`` holds ``step_seconds``, ``rollout_seconds`` and the per-stage
-    timings.
+    ``seconds`` holds ``step_seconds`` and the per-stage timings.
     """
     lengths = mask.sum(dim=1)  # [N]
     scored = rewards[~torch.isnan(rewards)]  # [K]
@@ -268,3 +300,29 @@ def check_failure_modes(
             f"step {step}: {row['frac_truncated']:.0%} of completions hit max_new_tokens="
             f"{max_new_tokens} without an EOS; raise max_new_tokens, or ask for shorter answers.",
         )
+
+
+def history_row(config: Any, sample: dict, update: dict, entropy: torch.Tensor, seconds: dict[str, float], state: Any,
+                history: Sequence[dict], entropy_coef: float | None = None) -> dict[str, Any]:
+    """A step's history row from what its stages returned (:class:`~grpo_tutorial.step.GRPOStep`'s), checked for
+    failure modes (warned through ``state.warn``).
+
+    ``sample``: stages 1-2's ``rollout``, ``rewards``, ``per_fn``, ``correct``, ``groups_drawn`` and the
+    ``mismatch`` fields; ``update``: stage 5's; ``entropy``: ``[N, Tc]``; ``entropy_coef``: the entropy
+    bonus's coefficient after the step's last update (logged with an entropy bonus, as TRL logs it).
+    """
+    rollout, rewards = sample["rollout"], sample["rewards"]
+    row = step_row(
+        step=state.step, rewards=rewards, per_function=reward_function_means(sample["per_fn"]),
+        correct=sample["correct"], update_stats=update["stats"], losses=update["losses"],
+        grad_norms=update["grad_norms"], entropy=entropy, mask=rollout.completion_mask,
+        zero_std=zero_std_groups(rewards, config.group_size), truncated=rollout.truncated, lr=update["lr"],
+        skipped_updates=state.skipped_updates, seconds=seconds,
+    )
+    row["groups_drawn"] = sample["groups_drawn"]
+    row.update(sample["mismatch"])  # a sampler that is not the learner: how far apart they are (mismatch.py)
+    if config.use_adaptive_entropy or config.entropy_coef != 0.0:
+        row["entropy_coef"] = entropy_coef
+    check_failure_modes(row, history, group_size=config.group_size, learning_rate=config.learning_rate,
+                        max_new_tokens=config.max_new_tokens, warn=state.warn)
+    return row

@@ -44,7 +44,7 @@ import torch
 from ._checks import check_choice, check_number, config_error, require_tensor, same_shape
 from .fast_sampler import FALLBACKS, FastSampler, NonFiniteGuard, build_fast_sampler, use_static_cache
 from .logprobs import score_rollout
-from .rollout import Rollout, generate_rollouts
+from .rollout import Rollout, generate_rollouts, sampling_kwargs
 
 __all__ = [
     "IS_MODES", "SAMPLERS", "SamplerCopy", "build_sampler", "loss_inputs", "mismatch_diagnostics",
@@ -348,12 +348,10 @@ class SamplerCopy:
         cfg = self.config
         if self.kind == "float16":
             return self._guarded(prompts, generator_seed)
-        rollout = generate_rollouts(
-            self.model, self.tokenizer, prompts, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature, top_p=cfg.top_p if self.kind == "top_p" else 1.0, do_sample=True,
-            system_prompt=cfg.system_prompt, use_chat_template=cfg.use_chat_template, generator_seed=generator_seed,
+        rollout = generate_rollouts(self.model, self.tokenizer, prompts, **sampling_kwargs(
+            cfg, generator_seed=generator_seed, top_p=cfg.top_p if self.kind == "top_p" else 1.0,
             onednn=None if self.kind == "bfloat16" else cfg.onednn_generation,  # None: off for a bfloat16 model
-        )
+        ))
         if self.kind == "top_p":
             logp = top_p_logprobs(self.model, rollout, temperature=cfg.temperature, top_p=float(cfg.top_p),
                                   chunk=cfg.micro_size)
@@ -374,11 +372,8 @@ class SamplerCopy:
             self.engine.warn("float16", "the float16 sampler copy gave non-finite logits or log-probs (a float16 "
                              "overflow); that rollout was made again by the float32 policy. The history's "
                              f"{FALLBACKS!r} counts each; if it is often 1, set GRPOConfig.sampler='policy'")
-            rollout = generate_rollouts(
-                self.policy, self.tokenizer, prompts, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature, do_sample=True, system_prompt=cfg.system_prompt,
-                use_chat_template=cfg.use_chat_template, generator_seed=generator_seed, onednn=cfg.onednn_generation,
-            )
+            rollout = generate_rollouts(self.policy, self.tokenizer, prompts,
+                                        **sampling_kwargs(cfg, generator_seed=generator_seed))
             logp = score_rollout(self.policy, rollout, temperature=cfg.temperature, chunk=cfg.micro_size)
             stats[FALLBACKS] = 1.0
         rollout.sampler_logprobs = logp.float() * rollout.completion_mask  # [N, Tc], 0 on padding

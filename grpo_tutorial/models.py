@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 
 from ._checks import check_int
 
 __all__ = [
+    "Policies",
     "TINY_CHARS",
     "TINY_SPECIALS",
     "build_char_tokenizer",
@@ -381,3 +384,34 @@ def frozen_reference(
     if without_dropout:
         disable_dropout(reference)
     return reference
+
+
+class Policies:
+    """The policy being trained and the frozen reference its KL term compares it with (the step's extension point,
+    :class:`~grpo_tutorial.step.GRPOStep`'s ``policies``).
+
+    This default holds a separate model as the reference (None without a KL
+    penalty); :class:`~grpo_tutorial.lora.AdapterPolicies` yields the policy with
+    its LoRA adapters switched off instead, so that no second copy is kept.
+    """
+
+    def __init__(self, policy: torch.nn.Module, reference: torch.nn.Module | None = None) -> None:
+        self.policy, self.reference_model = policy, reference
+
+    @classmethod
+    def default(cls, model: torch.nn.Module, ref_model: torch.nn.Module | None, config: Any) -> "Policies":
+        """The step's default: the reference only with a KL penalty, ``ref_model`` or a frozen copy of ``model``."""
+        if config.use_peft:  # LoRA's policies wrap the model first, as GRPOTrainer does
+            raise ValueError("config.use_peft needs policies=lora.adapter_policies(model, config) (GRPOTrainer's)")
+        ref = frozen_reference(model, ref_model, without_dropout=config.disable_dropout) if config.beta > 0 else None
+        return cls(model, ref)
+
+    @contextmanager
+    def reference(self) -> Iterator[torch.nn.Module]:
+        """The reference, for the length of a scoring pass."""
+        yield self.reference_model
+
+    def sync_reference(self) -> None:
+        """``ref_sync_every``: the reference becomes a copy of the policy (nothing to do without one)."""
+        if self.reference_model is not None:
+            self.reference_model.load_state_dict(self.policy.state_dict())

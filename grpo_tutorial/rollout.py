@@ -18,9 +18,10 @@ Nothing here loops over completions one at a time.
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -33,7 +34,7 @@ from .speedups import (
 
 __all__ = [
     "Rollout", "completion_mask", "concat_groups", "encode_prompts", "generate_rollouts", "keep_signal_groups",
-    "merge_sampler_stats", "render_prompts",
+    "merge_sampler_stats", "more_rounds", "pad_token_id", "render_prompts", "sampling_kwargs",
 ]
 
 
@@ -241,6 +242,12 @@ def _check_args(
             raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
 
 
+def pad_token_id(tokenizer: Any) -> int:
+    """The id prompts are left-padded and completions right-padded with: the tokenizer's pad token, else its EOS."""
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return tokenizer.eos_token_id if pad is None else pad
+
+
 def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
     """Every token id that ends a completion: the tokenizer's EOS and the model's.
 
@@ -296,13 +303,11 @@ def _generation_kwargs(
     the log-probs are computed under, so each is switched off explicitly (a value
     left as None would be filled in from the checkpoint's config).
     """
-    eos_id = tokenizer.eos_token_id
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
     kwargs: dict[str, Any] = dict(
         max_new_tokens=max_new_tokens,
         do_sample=do_sample,
         eos_token_id=stop_token_ids(model, tokenizer),
-        pad_token_id=pad_id,
+        pad_token_id=pad_token_id(tokenizer),
         use_cache=True,
         num_beams=1,
         num_return_sequences=1,
@@ -314,6 +319,28 @@ def _generation_kwargs(
         if getattr(getattr(model, "generation_config", None), "min_p", None) is not None:
             kwargs["min_p"] = 0.0
     return kwargs
+
+
+def sampling_kwargs(config: Any, **overrides: Any) -> dict[str, Any]:
+    """A run's sampling settings as :func:`generate_rollouts`' keyword arguments: how every run samples.
+
+    ``config`` is a :class:`~grpo_tutorial.config.GRPOConfig` (its group size,
+    token budget, temperature, ``top_p``, system prompt, chat template and
+    ``onednn_generation``), sampled (``do_sample=True``). Every caller that
+    samples as a run does goes through here, so a new sampling setting reaches all
+    of them; a caller that must differ says so in ``overrides`` (an evaluation:
+    ``group_size=1, do_sample=False``; a seed: ``generator_seed=...``), which
+    must be :func:`generate_rollouts`' own keywords.
+    """
+    unknown = sorted(set(overrides) - _ROLLOUT_KEYWORDS)
+    if unknown:
+        raise TypeError(f"sampling_kwargs() got {unknown}, which generate_rollouts() does not take")
+    kwargs: dict[str, Any] = dict(
+        group_size=config.group_size, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+        top_p=config.top_p, do_sample=True, system_prompt=config.system_prompt,
+        use_chat_template=config.use_chat_template, onednn=config.onednn_generation,
+    )
+    return {**kwargs, **overrides}
 
 
 def generate_rollouts(
@@ -388,8 +415,7 @@ def generate_rollouts(
     _check_prompt_tokens(model, tokenizer, prompts, token_rows, max_new_tokens)
 
     # 2. left-pad, so every prompt ends where its completion starts
-    eos_id = tokenizer.eos_token_id
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    pad_id = pad_token_id(tokenizer)
     natural = max(len(r) for r in token_rows)  # the plain call's width
     width = _static_width(model, natural, prompt_width, max_new_tokens) if static_cache else natural
     ids, mask = _left_pad(token_rows, pad_id, width)  # [B, Tp], [B, Tp]
@@ -432,6 +458,12 @@ def generate_rollouts(
         prompts=[p for p in prompts for _ in range(group_size)],
         group_size=group_size,
     )
+
+
+#: generate_rollouts' keyword arguments (what :func:`sampling_kwargs` may override).
+_ROLLOUT_KEYWORDS = frozenset(
+    name for name, p in inspect.signature(generate_rollouts).parameters.items() if p.kind is p.KEYWORD_ONLY
+)
 
 
 def _check_prompt_tokens(
@@ -589,3 +621,22 @@ def keep_signal_groups(rounds: Sequence[dict], group_size: int, size: int, pad_i
     if all(r["correct"] is not None for r in rounds):
         correct = [c for r, g in picked for c in r["correct"][g * G : (g + 1) * G]]
     return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct}
+
+
+def more_rounds(first: dict, draw: Callable[[int], dict], config: Any, pad_id: int) -> dict:
+    """DAPO's dynamic sampling: stages 1 and 2 again until the step has enough groups with a learning signal.
+
+    ``first`` is round 0's rollout and rewards (a dict as :func:`keep_signal_groups`
+    reads); ``draw(k)`` samples and rewards more prompts as round ``k``. Rounds are
+    drawn while fewer than ``config.prompts_per_step`` groups carry a signal, up to
+    ``config.max_sampling_rounds`` rounds in all. Returns the groups
+    :func:`keep_signal_groups` keeps (round 0 itself when one round was enough), with
+    ``groups_drawn``, the groups of every round.
+    """
+    rounds = [first]
+    while (len(rounds) < config.max_sampling_rounds
+           and sum(int((~r["zero_std"]).sum()) for r in rounds) < config.prompts_per_step):
+        rounds.append(draw(len(rounds)))
+    chosen = rounds[0] if len(rounds) == 1 else keep_signal_groups(rounds, config.group_size, config.prompts_per_step,
+                                                                   pad_id)
+    return {**chosen, "groups_drawn": sum(len(r["zero_std"]) for r in rounds)}

@@ -6,14 +6,15 @@ the order and the words of chapter 0's loop (``tests/test_stages.py`` checks the
 4. score (logprobs.py: the sampling policy's log-probs, skipped when the step is
 exactly on-policy, and the reference's), 5. update (loss.py, optim.py: mu passes
 over shuffled minibatches, one optimizer update each, accumulated over
-micro-batches); then the history row and its warnings (metrics.py). With
-``dynamic_sampling`` (DAPO) stages 1-2 run again on more prompts until enough
-groups carry a signal.
+micro-batches); then the history row and its warnings (metrics.py), with the
+seconds of each stage under its name (``sample_seconds`` ... ``update_seconds``).
+With ``dynamic_sampling`` (DAPO) stages 1 and 2 run again on more prompts until
+enough groups carry a signal (:func:`~grpo_tutorial.rollout.more_rounds`).
 
 It imports nothing from :mod:`grpo_tutorial.run`: the loop around the step, its
 checkpoints, history file and progress bar are
 :class:`~grpo_tutorial.trainer.GRPOTrainer`'s. Two extension points let new
-pieces plug in without growing the step: :class:`Policies` supplies the policy
+pieces plug in without growing the step: :class:`~grpo_tutorial.models.Policies` supplies the policy
 and its reference (:class:`~grpo_tutorial.lora.AdapterPolicies`: the policy
 with its LoRA adapters switched off, no copy), and ``sampler``, ``(prompts, seed) -> Rollout``,
 writes the completions (default: the policy itself, :meth:`GRPOStep.generate`; a sampler
@@ -23,8 +24,7 @@ that is not the learner, ``config.sampler``, is :mod:`grpo_tutorial.mismatch`'s)
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -32,15 +32,13 @@ from .advantages import group_advantages, normalize_then_sum, zero_std_groups
 from .config import GRPOConfig
 from .logprobs import rollout_logprobs, score_rollout
 from .loss import grpo_loss, update_normalisers
-from .metrics import StageClock, check_failure_modes, step_row, timed
+from .metrics import StageClock, history_row, timed
 from .mismatch import build_sampler, loss_inputs, sampler_correction
-from .models import disable_dropout, frozen_reference
+from .models import Policies, disable_dropout
 from .objectives import EntropyControl
 from .optim import finish_update, make_optimizer, trainable_parameters
-from .rewards import (
-    check_unscorable, compute_rewards, extra_columns, judge_correct, reward_function_list, reward_function_means,
-)
-from .rollout import Rollout, generate_rollouts, keep_signal_groups
+from .rewards import check_unscorable, compute_rewards, extra_columns, judge_correct, reward_function_list
+from .rollout import Rollout, generate_rollouts, more_rounds, pad_token_id, sampling_kwargs
 from .seeding import minibatches, sampling_seed
 from .tasks import check_rows
 
@@ -48,28 +46,6 @@ __all__ = ["GRPOStep", "Policies", "Sampler"]
 
 #: ``(prompts, generator_seed) -> Rollout``: what writes a step's completions (extension point).
 Sampler = Callable[[list, int], Rollout]
-
-
-class Policies:
-    """The policy being trained and the frozen reference its KL term compares it with (extension point).
-
-    This default holds a separate model as the reference (None without a KL
-    penalty); :class:`~grpo_tutorial.lora.AdapterPolicies` yields the policy with
-    its LoRA adapters switched off instead, so that no second copy is kept.
-    """
-
-    def __init__(self, policy: torch.nn.Module, reference: torch.nn.Module | None = None) -> None:
-        self.policy, self.reference_model = policy, reference
-
-    @contextmanager
-    def reference(self) -> Iterator[torch.nn.Module]:
-        """The reference, for the length of a scoring pass."""
-        yield self.reference_model
-
-    def sync_reference(self) -> None:
-        """``ref_sync_every``: the reference becomes a copy of the policy (nothing to do without one)."""
-        if self.reference_model is not None:
-            self.reference_model.load_state_dict(self.policy.state_dict())
 
 
 class GRPOStep:
@@ -100,13 +76,8 @@ class GRPOStep:
         self.tokenizer, self.config, self.accuracy_fn = tokenizer, config, accuracy_fn
         if config.disable_dropout:
             disable_dropout(model)
-        if policies is None:  # the reference only with a KL penalty: the given one, or a frozen copy of the policy
-            if config.use_peft:  # LoRA's policies wrap the model first, as GRPOTrainer does
-                raise ValueError("config.use_peft needs policies=lora.adapter_policies(model, config) (GRPOTrainer's)")
-            ref = frozen_reference(model, ref_model, without_dropout=config.disable_dropout) if config.beta > 0 else None
-            policies = Policies(model, ref)
-        self.policies = policies
-        self.sampler = build_sampler(sampler, policies.policy, tokenizer, config)  # None: the policy (generate)
+        self.policies = Policies.default(model, ref_model, config) if policies is None else policies
+        self.sampler = build_sampler(sampler, self.policies.policy, tokenizer, config)  # None: the policy (generate)
         self.entropy_control = EntropyControl.from_config(config)  # the entropy bonus's coefficient (adaptive: it moves)
         self.params = trainable_parameters(model)
         self.optimizer, self.scheduler = make_optimizer(self.params, config)
@@ -124,58 +95,50 @@ class GRPOStep:
         """One step on ``batch`` (rows with ``prompt`` and ``answer``); returns its history row."""
         check_rows(batch, "batch")
         cfg, clock = self.config, StageClock()
-        # 1. sample and 2. reward (with dynamic sampling: more rounds until enough groups have a signal)
-        sample = self.sample(batch, state, more_rows, clock)
-        rollout = sample["rollout"]
+        # 1. sample: all B*G completions in one generate call, N = B*G
+        rollout = self.sample(batch, state.step)
+        clock.lap("sample")
+        # 2. reward: [N] (NaN: no reward function could score the completion), and the groups without a signal
+        scored = self.reward(batch, rollout, state)
+        clock.lap("reward")
+        if cfg.dynamic_sampling and more_rows is not None:  # DAPO: 1 and 2 again, on more prompts, for more signal
+            scored = more_rounds(scored, lambda k: self.again(k, more_rows, state, clock), cfg,
+                                 pad_token_id(self.tokenizer))
+        rollout = scored["rollout"]
         # 3. advantages: each reward against its group (by default a z-score), [N]
-        advantages = self.advantages(sample).to(rollout.completion_ids.device)
-        # 4. score: the sampling policy's log-probs (unless the step is exactly on-policy) ...
-        on_policy = self.reuse_on_policy_logprobs and cfg.updates_per_step == 1 and rollout.sampler_logprobs is None
-        old_logp, entropy = (None, None) if on_policy else self.score(self.model, rollout, entropy=True)
-        # ... beside a sampler copy's own: the importance weights (with the correction) and the mismatch's size
-        weights, sample["mismatch"] = sampler_correction(old_logp, rollout, cfg)  # [N, T] or [N, 1], or None
+        advantages = self.advantages(scored).to(rollout.completion_ids.device)
+        clock.lap("advantages")
+        # 4. score: the sampling policy's log-probs (unless exactly on-policy), a sampler copy's, the reference's
+        scores = self.score(rollout)
         clock.lap("score")
-        # ... and the reference's, only with a KL penalty, [N, Tc]
-        with self.policies.reference() as reference:
-            ref_logp = None if reference is None else self.score(reference, rollout, entropy=False)
-        clock.lap("reference")
         # 5. update: mu passes over shuffled minibatches, one optimizer update each
-        update = self.update(rollout, old_logp, ref_logp, advantages, state, weights)
-        # the history's entropy: stage 4's pass, or on-policy the update's own pass (filled in accumulate)
-        entropy = update["entropy"] if entropy is None else entropy  # [N, Tc]
+        update = self.update(rollout, scores["old_logp"], scores["ref_logp"], advantages, state, scores["weights"])
         state.step += 1  # completed steps: the step that ran was number state.step
         if cfg.beta > 0 and cfg.ref_sync_every and state.step % cfg.ref_sync_every == 0:
             self.policies.sync_reference()
         clock.lap("update")
-        self.last_batch = (rollout.prompts, rollout.completions, sample["rewards"], sample["per_fn"], advantages)
-        # after the step: the history row, and warnings about failure modes
-        return self.history_row(sample, update, entropy, clock, state, history)
+        self.last_batch = (rollout.prompts, rollout.completions, scored["rewards"], scored["per_fn"], advantages)
+        # after the step: the history row (its entropy: stage 4's pass, or on-policy the update's own) and warnings
+        entropy = update["entropy"] if scores["entropy"] is None else scores["entropy"]  # [N, Tc]
+        seconds = {**clock.done(), **scores["seconds"], **update["seconds"]}
+        return history_row(cfg, {**scored, "mismatch": scores["mismatch"]}, update, entropy, seconds, state, history,
+                           entropy_coef=self.entropy_control.coef)
 
-    # ------------------------------------------------------------------ 1-2. sample and reward
-    def sample(self, batch, state, more_rows, clock: StageClock) -> dict:
-        """Stages 1-2, one round; with ``dynamic_sampling``, more rounds until the step has
-        ``prompts_per_step`` groups with a learning signal (or ``max_sampling_rounds``)."""
-        cfg = self.config
-        rounds = [self.sample_round(batch, state, 0, clock)]
-        while (
-            cfg.dynamic_sampling and more_rows is not None and len(rounds) < cfg.max_sampling_rounds
-            and sum(int((~r["zero_std"]).sum()) for r in rounds) < cfg.prompts_per_step
-        ):
-            extra = more_rows()
-            check_rows(extra, "more_rows()")
-            rounds.append(self.sample_round(extra, state, len(rounds), clock))
-        chosen = rounds[0] if len(rounds) == 1 else keep_signal_groups(rounds, cfg.group_size, cfg.prompts_per_step,
-                                                                       self.pad_id())
-        return {**chosen, "groups_drawn": sum(len(r["zero_std"]) for r in rounds)}
+    # ------------------------------------------------------------------ 1. sample
+    def sample(self, batch: Sequence[dict], step: int, round_: int = 0) -> Rollout:
+        """Stage 1: G completions for each prompt of ``batch``, written by the sampler (default: :meth:`generate`)."""
+        seed = sampling_seed(self.config.seed, step, round_)  # round 0: the SAMPLING stream; later ones: RESAMPLING
+        return (self.sampler or self.generate)([row["prompt"] for row in batch], seed)  # N = B*G completions
 
-    def sample_round(self, batch, state, round_: int, clock: StageClock) -> dict:
-        """Stages 1 and 2 for one sampling round: the rollout, its rewards and which groups carry no signal."""
+    def generate(self, prompts: list, generator_seed: int) -> Rollout:
+        """The default sampler: the policy itself, with the config's sampling settings."""
+        return generate_rollouts(self.model, self.tokenizer, prompts,
+                                 **sampling_kwargs(self.config, generator_seed=generator_seed))
+
+    # ------------------------------------------------------------------ 2. reward
+    def reward(self, batch: Sequence[dict], rollout: Rollout, state: Any) -> dict:
+        """Stage 2: the rollout's rewards ``[N]`` (and each function's), whether each is right, the zero-std groups."""
         cfg, G = self.config, self.config.group_size
-        seed = sampling_seed(cfg.seed, state.step, round_)  # round 0: the SAMPLING stream; later ones: RESAMPLING
-        # 1. sample: all B*G completions in one generate call
-        rollout = (self.sampler or self.generate)([row["prompt"] for row in batch], seed)  # N = B*G completions
-        clock.lap("generate")
-        # 2. reward: [N] (NaN: no reward function could score the completion)
         answers = [row.get("answer") for row in batch for _ in range(G)]
         columns = extra_columns(batch, G)
         rewards, per_fn = compute_rewards(
@@ -185,35 +148,46 @@ class GRPOStep:
         correct = judge_correct(self.accuracy_fn, rollout.prompts, rollout.completions, answers, columns)
         check_unscorable(rewards, state.warn)
         zero_std = zero_std_groups(rewards, G)  # [B]
+        return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct, "zero_std": zero_std,
+                "groups_drawn": len(zero_std)}
+
+    def again(self, round_: int, more_rows: Callable[[], list[dict]], state: Any, clock: StageClock) -> dict:
+        """Dynamic sampling's round ``round_``: stages 1 and 2 on ``more_rows()``."""
+        batch = more_rows()
+        check_rows(batch, "more_rows()")
+        rollout = self.sample(batch, state.step, round_)
+        clock.lap("sample")
+        scored = self.reward(batch, rollout, state)
         clock.lap("reward")
-        return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct, "zero_std": zero_std}
-
-    def generate(self, prompts: list, generator_seed: int) -> Rollout:
-        """The default sampler: the policy itself, with the config's sampling settings."""
-        cfg = self.config
-        return generate_rollouts(
-            self.model, self.tokenizer, prompts, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature, top_p=cfg.top_p, do_sample=True, system_prompt=cfg.system_prompt,
-            use_chat_template=cfg.use_chat_template, generator_seed=generator_seed, onednn=cfg.onednn_generation,
-        )
-
-    def pad_id(self) -> int:
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        return self.tokenizer.eos_token_id if pad is None else pad
+        return scored
 
     # ------------------------------------------------------------------ 3. advantages
-    def advantages(self, sample: dict) -> torch.Tensor:
+    def advantages(self, scored: dict) -> torch.Tensor:
         """Stage 3: group-relative advantages, [N] (GDPO: of each reward function, then of their weighted sum)."""
         cfg = self.config
         if cfg.multi_objective_aggregation == "normalize_then_sum":
-            per_function = torch.stack(list(sample["per_fn"].values()), dim=1)  # [N, K]
+            per_function = torch.stack(list(scored["per_fn"].values()), dim=1)  # [N, K]
             return normalize_then_sum(per_function, cfg.group_size, cfg.reward_weights, std=cfg.std)  # [N]
-        return group_advantages(sample["rewards"], cfg.group_size, scale=cfg.scale_rewards, std=cfg.std, nan="skip",
+        return group_advantages(scored["rewards"], cfg.group_size, scale=cfg.scale_rewards, std=cfg.std, nan="skip",
                                 baseline=cfg.advantage_baseline)  # [N]
 
     # ------------------------------------------------------------------ 4. score
-    def score(self, model: torch.nn.Module, rollout: Rollout, *, entropy: bool) -> Any:
-        """Stage 4: log-probs (and entropy) of all N completions, eval mode, no gradient."""
+    def score(self, rollout: Rollout) -> dict:
+        """Stage 4, no gradient: the sampling policy's log-probs and entropy (``old_logp``, ``entropy``, [N, Tc];
+        None when the step is exactly on-policy: the update's own pass gives them), a sampler copy's importance
+        ``weights`` and ``mismatch`` fields (:mod:`~grpo_tutorial.mismatch`), the reference's ``ref_logp``
+        (None without a KL penalty) and the seconds of that pass."""
+        cfg, seconds = self.config, {"reference_seconds": 0.0}
+        on_policy = self.reuse_on_policy_logprobs and cfg.updates_per_step == 1 and rollout.sampler_logprobs is None
+        old_logp, entropy = (None, None) if on_policy else self.logprobs(self.model, rollout, entropy=True)
+        weights, mismatch = sampler_correction(old_logp, rollout, cfg)  # [N, T] or [N, 1], or None
+        with timed(seconds, "reference_seconds"), self.policies.reference() as reference:
+            ref_logp = None if reference is None else self.logprobs(reference, rollout, entropy=False)  # [N, Tc]
+        return {"old_logp": old_logp, "entropy": entropy, "weights": weights, "mismatch": mismatch,
+                "ref_logp": ref_logp, "seconds": seconds}
+
+    def logprobs(self, model: torch.nn.Module, rollout: Rollout, *, entropy: bool) -> Any:
+        """Log-probs (and entropy) of all N completions under ``model``, eval mode, no gradient."""
         cfg = self.config
         return score_rollout(model, rollout, temperature=cfg.temperature, chunk=cfg.micro_size, return_entropy=entropy,
                              share_prompts=cfg.share_prompt_cache)
@@ -276,14 +250,11 @@ class GRPOStep:
         for start in range(0, len(rows), micro):
             part = rows[start : start + micro]  # [m]
             with timed(out["seconds"], "forward_seconds"):
-                scored = rollout_logprobs(
-                    self.model, rollout, part, temperature=cfg.temperature, return_entropy=with_entropy,
-                    entropy_grad=options.needs_entropy, share_prompts=cfg.share_prompt_cache,
-                )
-                logp, entropies = scored if with_entropy else (scored, None)  # [m, Tc] x2
+                logp, entropies = self.policy_logprobs(rollout, part, entropy=with_entropy,
+                                                       entropy_grad=options.needs_entropy)  # [m, Tc] x2
                 if old_logp is None:
                     out["entropy"][part] = entropies.detach().float()
-                loss, stats = grpo_loss(
+                loss, stats = self.loss(
                     logp, logp.detach() if old_logp is None else old_logp[part], advantages[part], mask[part],
                     options=options, ref_logp=None if ref_logp is None else ref_logp[part], truncated=truncated[part],
                     entropies=entropies if measure else None, **loss_inputs(rollout, weights, part),  # mismatch.py
@@ -299,21 +270,14 @@ class GRPOStep:
         self.entropy_control.measured(out["stats"][first:])  # adaptive: the update's entropy sets the next coefficient
         return total
 
-    # ------------------------------------------------------------------ after the step
-    def history_row(self, sample: dict, update: dict, entropy, clock: StageClock, state: Any, history) -> dict:
-        """The step's history row, checked for failure modes."""
-        cfg, rollout, rewards = self.config, sample["rollout"], sample["rewards"]
-        row = step_row(
-            step=state.step, rewards=rewards, per_function=reward_function_means(sample["per_fn"]),
-            correct=sample["correct"], update_stats=update["stats"], losses=update["losses"],
-            grad_norms=update["grad_norms"], entropy=entropy, mask=rollout.completion_mask,
-            zero_std=zero_std_groups(rewards, cfg.group_size), truncated=rollout.truncated, lr=update["lr"],
-            skipped_updates=state.skipped_updates, seconds={**clock.done(), **update["seconds"]},
-        )
-        row["groups_drawn"] = sample["groups_drawn"]
-        row.update(sample["mismatch"])  # a sampler that is not the learner: how far apart they are (mismatch.py)
-        if cfg.use_adaptive_entropy or cfg.entropy_coef != 0.0:
-            row["entropy_coef"] = self.entropy_control.coef  # after the step's last update, as TRL logs it
-        check_failure_modes(row, history, group_size=cfg.group_size, learning_rate=cfg.learning_rate,
-                            max_new_tokens=cfg.max_new_tokens, warn=state.warn)
-        return row
+    def policy_logprobs(self, rollout: Rollout, rows: torch.Tensor, *, entropy: bool, entropy_grad: bool) -> tuple:
+        """The gradient pass: the current policy's log-probs of ``rows`` ``[m, Tc]``, and their entropy (or None)."""
+        cfg = self.config
+        scored = rollout_logprobs(self.model, rollout, rows, temperature=cfg.temperature, return_entropy=entropy,
+                                  entropy_grad=entropy_grad, share_prompts=cfg.share_prompt_cache)
+        return scored if entropy else (scored, None)
+
+    def loss(self, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+             **inputs: Any) -> tuple[torch.Tensor, dict]:
+        """One micro-batch's loss and its statistics: :func:`~grpo_tutorial.loss.grpo_loss`."""
+        return grpo_loss(logp, old_logp, advantages, mask, **inputs)

@@ -38,7 +38,7 @@ def small_step(**changes):
         truncated=torch.tensor([False, False, True, False]),
         lr=1e-4,
         skipped_updates=1,
-        seconds={"step_seconds": 2.0, "rollout_seconds": 0.5, "generate_seconds": 0.5},
+        seconds={"step_seconds": 2.0, "sample_seconds": 0.5},
     )
     args.update(changes)
     return step_row(**args)
@@ -50,7 +50,7 @@ def test_step_row_field_by_field():
         "step", "reward_mean", "reward_std", "reward/correctness_reward", "accuracy", "kl", "clip_frac_low",
         "clip_frac_high", "clip_frac", "ratio_mean", "ratio_max", "entropy", "completion_len_mean",
         "completion_len_max", "frac_zero_std", "frac_truncated", "grad_norm", "loss", "lr", "skipped_updates",
-        "step_seconds", "rollout_seconds", "generate_seconds", "tokens_per_s",
+        "step_seconds", "sample_seconds", "tokens_per_s",
     ]
     expected = {
         "step": 3,
@@ -74,8 +74,7 @@ def test_step_row_field_by_field():
         "lr": 1e-4,
         "skipped_updates": 1.0,
         "step_seconds": 2.0,
-        "rollout_seconds": 0.5,
-        "generate_seconds": 0.5,
+        "sample_seconds": 0.5,
         "tokens_per_s": 9 / 2.0,  # every generated token, scored or not
     }
     assert row == pytest.approx(expected, rel=1e-6)
@@ -95,10 +94,57 @@ def test_step_row_when_nothing_is_there():
 
 def test_timing_keys_are_the_seconds_and_the_rate():
     assert TIMING_KEYS == {
-        "step_seconds", "rollout_seconds", "tokens_per_s", "other_seconds", "generate_seconds", "reward_seconds",
-        "score_seconds", "reference_seconds", "update_seconds", "forward_seconds", "backward_seconds",
+        "step_seconds", "tokens_per_s", "other_seconds", "sample_seconds", "reward_seconds", "advantages_seconds",
+        "score_seconds", "update_seconds", "reference_seconds", "forward_seconds", "backward_seconds",
         "optimizer_seconds", "sampler/decode_ms", "sampler/compile_seconds",
+        "generate_seconds", "rollout_seconds",  # older histories' names for stage 1 (issue 44)
     }
+
+
+def test_the_timing_keys_of_the_stages_are_the_stages_names_in_order():
+    """One set of names (issue 44): the history's per-stage seconds, the clock's laps and the stages."""
+    from grpo_tutorial.metrics import STAGE_SECONDS
+    from grpo_tutorial.stages import STAGES
+
+    assert STAGE_SECONDS == ("sample_seconds", "reward_seconds", "advantages_seconds", "score_seconds",
+                             "update_seconds")
+    assert [key.removesuffix("_seconds") for key in STAGE_SECONDS] == [s.name for s in STAGES]
+
+
+#: The timing fields of a history row as the step wrote them before issue 44 gave the stages' seconds the stages'
+#: names (StageClock.done() and the update's pieces at commit ba1c0d9).
+OLD_ROW = {
+    "step_seconds": 40.0, "rollout_seconds": 10.0, "generate_seconds": 10.0, "reward_seconds": 0.5,
+    "score_seconds": 4.0, "reference_seconds": 3.0, "update_seconds": 20.0, "other_seconds": 2.5,
+    "forward_seconds": 8.0, "backward_seconds": 11.0, "optimizer_seconds": 1.0,
+}
+
+
+def test_stage_seconds_reads_new_rows_and_old_histories():
+    from grpo_tutorial.metrics import stage_seconds
+
+    new = {"step_seconds": 40.0, "sample_seconds": 10.0, "reward_seconds": 0.5, "advantages_seconds": 0.25,
+           "score_seconds": 6.75, "reference_seconds": 3.0, "update_seconds": 20.0, "other_seconds": 2.5}
+    assert stage_seconds(new) == {"sample": 10.0, "reward": 0.5, "advantages": 0.25, "score": 6.75, "update": 20.0}
+    # an older row: stage 1 was "generate"; its score_seconds left the reference out (and held stage 3's time)
+    assert stage_seconds(OLD_ROW) == {"sample": 10.0, "reward": 0.5, "advantages": 0.0, "score": 7.0, "update": 20.0}
+    assert sum(stage_seconds(OLD_ROW).values()) + OLD_ROW["other_seconds"] == OLD_ROW["step_seconds"]
+
+
+def test_the_committed_old_histories_still_read():
+    """The committed SmolLM2 histories are older still (only ``rollout_seconds``): every row reads, stage by stage."""
+    from grpo_tutorial.data import read_data
+    from grpo_tutorial.metrics import stage_seconds
+    from grpo_tutorial.stages import STAGES
+
+    for name in ("smollm2_history.jsonl", "smollm2_history_seed1.jsonl", "smollm2_history_seed2.jsonl"):
+        rows = read_data(name)
+        assert rows and "rollout_seconds" in rows[0] and "sample_seconds" not in rows[0]  # an old history indeed
+        for row in rows:
+            seconds = stage_seconds(row)
+            assert list(seconds) == [s.name for s in STAGES]
+            assert seconds["sample"] == row["rollout_seconds"] > 0
+            assert seconds["sample"] <= row["step_seconds"]
 
 
 # ---------------------------------------------------------------------------
@@ -166,18 +212,17 @@ def ticks(monkeypatch):
 
 
 def test_stage_clock_adds_laps_by_name_and_fills_the_rest(ticks):
-    ticks.extend([10.0, 11.0, 11.5, 14.0, 15.0])  # start; generate; reward; generate again; done
+    ticks.extend([10.0, 11.0, 11.5, 14.0, 15.0])  # start; sample; reward; sample again; done
     clock = StageClock()
-    clock.lap("generate")
+    clock.lap("sample")
     clock.lap("reward")
-    clock.lap("generate")
+    clock.lap("sample")
     assert clock.done() == {
         "step_seconds": 5.0,
-        "rollout_seconds": 3.5,  # = generate_seconds
-        "generate_seconds": 3.5,  # 1.0 + 2.5
+        "sample_seconds": 3.5,  # 1.0 + 2.5
         "reward_seconds": 0.5,
+        "advantages_seconds": 0.0,
         "score_seconds": 0.0,
-        "reference_seconds": 0.0,
         "update_seconds": 0.0,
         "other_seconds": 1.0,  # 5.0 - 4.0 between the laps and done()
     }
@@ -198,14 +243,14 @@ def test_watchers_hear_each_lap_and_nest():
     outer, inner = [], []
     clock = StageClock()
     with watch_stages(outer.append):
-        clock.lap("generate")
+        clock.lap("sample")
         with watch_stages(inner.append):
             clock.lap("reward")
             with timed({"forward_seconds": 0.0}, "forward_seconds"):
                 pass
         clock.lap("score")
     clock.lap("update")
-    assert outer == ["generate", "reward", "forward_seconds", "score"]
+    assert outer == ["sample", "reward", "forward_seconds", "score"]
     assert inner == ["reward", "forward_seconds"]
 
 
@@ -214,7 +259,7 @@ def test_a_watcher_leaves_even_when_the_block_raises():
     with pytest.raises(KeyError):
         with watch_stages(heard.append):
             raise KeyError("boom")
-    StageClock().lap("generate")
+    StageClock().lap("sample")
     assert heard == []
 
 

@@ -64,7 +64,7 @@ def test_the_top_p_ratio_of_every_sampled_token_is_its_nucleus_mass(tiny_policy)
     trainer = _trainer(tiny_policy, sampler="top_p", top_p=0.8)
     rows = make_arithmetic_dataset(8, seed=0)
     rollout = trainer.grpo_step.sampler([r["prompt"] for r in rows[:4]], 123)
-    logp = trainer.grpo_step.score(trainer.model, rollout, entropy=False)  # [N, Tc]
+    logp = trainer.grpo_step.logprobs(trainer.model, rollout, entropy=False)  # [N, Tc]
     mask = rollout.completion_mask.bool()
     ratio = (logp - rollout.sampler_logprobs).exp()[mask]
     mass = nucleus_mass(trainer.model, rollout, temperature=1.0, top_p=0.8)[mask]

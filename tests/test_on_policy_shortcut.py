@@ -96,14 +96,14 @@ class _CountScoring:
 
     def __init__(self, trainer: GRPOTrainer):
         self.policy_passes = 0
-        real = trainer.grpo_step.score
+        real = trainer.grpo_step.logprobs
 
         def counting(model, rollout, *, entropy):
             if model is trainer.model:
                 self.policy_passes += 1
             return real(model, rollout, entropy=entropy)
 
-        trainer.grpo_step.score = counting
+        trainer.grpo_step.logprobs = counting
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,7 @@ def test_old_logprobs_are_scored_exactly_when_the_step_is_not_on_policy(override
         warnings.simplefilter("ignore")
         row = trainer.train_step(make_arithmetic_dataset(8, seed=2, digits=1)[:4])
     assert counter.policy_passes == (1 if explicit else 0)
-    # no scoring pass is booked on-policy: stage 3's few tensor ops are all that lie between the laps
+    # no scoring pass is booked on-policy: stage 4 then only checks that there is no sampler copy and no reference
     # (relative to the update, so that a loaded machine's scheduling jitter does not decide it)
     assert (row["score_seconds"] > 0) if explicit else (row["score_seconds"] < 0.1 * row["update_seconds"])
 

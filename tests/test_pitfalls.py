@@ -282,7 +282,7 @@ REFUSED_VALUES = {
     "minibatch_size": 4, "micro_batch_size": 4, "top_entropy_quantile": 0.5, "entropy_coef": 0.1,
     "use_adaptive_entropy": True, "dynamic_sampling": True, "multi_objective_aggregation": "normalize_then_sum",
     "ref_sync_every": 2, "log_completions": True, "use_peft": True, "sampler": "bfloat16",
-    "vllm_importance_sampling_correction": True, "static_cache": True,
+    "vllm_importance_sampling_correction": True,
 }
 
 
@@ -340,6 +340,7 @@ IMPLEMENTED_CASES = {
     "sampling": dict(temperature=0.7, seed=5, group_size=2, prompts_per_step=6, disable_dropout=False),
     "prompting": dict(use_chat_template=False, system_prompt=None, num_iterations=3),
     "weights": dict(reward_weights=[1.0, 0.5]),
+    "static_cache_off": dict(static_cache=False),  # the policy's own sampler, as on a CPU (True: a GPU's)
     "extra_column": dict(),
 }
 #: Implemented fields whose only legal value is the default (top_p must be 1.0 to train).
@@ -391,6 +392,31 @@ def test_train_with_bug_checks_steps_and_dataset(warm):
 
 def test_all_bugs_are_listed():
     assert BUGS == ("none", "no_grad", "ref_as_old", "sequence_ratio", "no_eos_mask", "old_logp_recomputed")
+
+
+#: GRPOStep's methods, by the stage whose work they do (issue 44: the gallery's bugs override one stage each).
+STEP_METHODS = {
+    1: {"sample", "generate"}, 2: {"reward"}, 3: {"advantages"}, 4: {"score", "logprobs"},
+    5: {"update", "accumulate", "policy_logprobs", "loss"},
+}
+
+
+def test_the_clean_gallery_step_is_the_trainers_and_each_bug_overrides_one_stage():
+    from grpo_tutorial.chapters.pitfalls import GALLERY_BUGS, GalleryStep
+    from grpo_tutorial.step import GRPOStep
+
+    assert tuple(GALLERY_BUGS) == BUGS and GALLERY_BUGS["none"] is GalleryStep
+    assert issubclass(GalleryStep, GRPOStep) and "__call__" not in vars(GalleryStep)  # the trainer's step itself
+    stages = {}
+    for bug, cls in GALLERY_BUGS.items():
+        if bug == "none":
+            continue
+        assert cls.__bases__ == (GalleryStep,), bug
+        overridden = {name for name in vars(cls) if not name.startswith("__")}
+        stages[bug] = {n for n, methods in STEP_METHODS.items() if overridden & methods}
+        assert overridden <= set().union(*STEP_METHODS.values()), (bug, overridden)
+    assert stages == {"no_grad": {5}, "ref_as_old": {4}, "sequence_ratio": {5}, "no_eos_mask": {5},
+                      "old_logp_recomputed": {4}}
 
 
 # -------------------------------------------------------------- right padding

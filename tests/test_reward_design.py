@@ -190,7 +190,7 @@ def test_sample_audit_counts_what_the_rollout_wrote(small_policy):
     model, tok = small_policy
     rows = make_arithmetic_dataset(3, 0, digits=1)
     checks = [correctness_reward, contains_monitor("+", name="plus"), number_format_reward]
-    audit = sample_audit(model, tok, rows, checks, samples=4, max_new_tokens=3, seed=5, top=3)
+    audit = sample_audit(model, tok, rows, checks, GRPOConfig(group_size=4, max_new_tokens=3), seed=5, top=3)
     assert audit["n"] == 12
     rollout = generate_rollouts(model, tok, [r["prompt"] for r in rows], group_size=4, max_new_tokens=3, generator_seed=5)
     texts = rollout.completions
@@ -205,7 +205,7 @@ def test_sample_audit_counts_what_the_rollout_wrote(small_policy):
     assert [c for _, c in audit["common"]] == sorted(counts.values(), reverse=True)[: len(audit["common"])]
     # seeded: the same audit twice, and the global RNG untouched
     state = torch.get_rng_state()
-    again = sample_audit(model, tok, rows, checks, samples=4, max_new_tokens=3, seed=5, top=3)
+    again = sample_audit(model, tok, rows, checks, GRPOConfig(group_size=4, max_new_tokens=3), seed=5, top=3)
     assert again == audit
     assert torch.equal(state, torch.get_rng_state())
 
@@ -213,13 +213,14 @@ def test_sample_audit_counts_what_the_rollout_wrote(small_policy):
 def test_sample_audit_errors(small_policy):
     model, tok = small_policy
     rows = make_arithmetic_dataset(2, 0, digits=1)
+    cfg = GRPOConfig(group_size=2, max_new_tokens=2)
     with pytest.raises(ValueError, match="rows must be a non-empty list"):
-        sample_audit(model, tok, [], [correctness_reward], samples=2, max_new_tokens=2)
+        sample_audit(model, tok, [], [correctness_reward], cfg)
     with pytest.raises(ValueError, match=r"rows\[0\] must be a dict with 'prompt' and 'answer'"):
-        sample_audit(model, tok, [{"prompt": "1+1="}], [correctness_reward], samples=2, max_new_tokens=2)
+        sample_audit(model, tok, [{"prompt": "1+1="}], [correctness_reward], cfg)
     with pytest.raises(TypeError, match="checks must be a non-empty list"):
-        sample_audit(model, tok, rows, [], samples=2, max_new_tokens=2)
+        sample_audit(model, tok, rows, [], cfg)
     with pytest.raises(ValueError, match="distinct names"):
-        sample_audit(model, tok, rows, [contains_monitor("+", "m"), contains_monitor("=", "m")], samples=2, max_new_tokens=2)
+        sample_audit(model, tok, rows, [contains_monitor("+", "m"), contains_monitor("=", "m")], cfg)
     with pytest.raises(ValueError, match="top must be an int >= 0"):
-        sample_audit(model, tok, rows, [correctness_reward], samples=2, max_new_tokens=2, top=-1)
+        sample_audit(model, tok, rows, [correctness_reward], cfg, top=-1)

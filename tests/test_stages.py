@@ -284,3 +284,28 @@ def test_every_link_to_the_vocabulary_resolves():
             for m in re.findall(r"\{ref\}`([^`]*)`", c.source) if VOCABULARY_LABEL in m]
     assert len(refs) >= len(LINK_TO_VOCABULARY)
     assert all(re.fullmatch(rf"(?:[^<]+<)?{VOCABULARY_LABEL}>?", r) for r in refs), refs
+
+
+def test_the_packages_public_names_are_grouped_by_stage_in_order():
+    """``grpo_tutorial.__all__`` lists the stages' names under ``# stage N, name`` comments, in stage order, and
+    each name under a stage comes from one of that stage's modules (issue 44: ``completion_mask`` is stage 1's)."""
+    import grpo_tutorial
+
+    source = (PACKAGE / "__init__.py").read_text()
+    block = source[source.index("__all__ = ["):]
+    groups: list[tuple[int, str, list[str]]] = []
+    for line in block.splitlines()[1:]:
+        comment = re.match(r"\s*# stage (\d+), (\w+)", line)
+        if comment:
+            groups.append((int(comment[1]), comment[2], []))
+        elif re.match(r"\s*#", line):
+            groups.append((0, "", []))  # a group that is no stage (tasks, models, training)
+        elif groups and (name := re.match(r'\s*"(\w+)",', line)):
+            groups[-1][2].append(name[1])
+    staged = [(number, name) for number, name, _ in groups if number]
+    assert staged == EXPECTED, staged
+    for number, _, names in groups:
+        if number:
+            modules = {f"grpo_tutorial.{m}" for m in STAGES[number - 1].modules}
+            assert names and {getattr(grpo_tutorial, n).__module__ for n in names} <= modules, (number, names)
+    assert [n for _, _, names in groups for n in names] == list(grpo_tutorial.__all__)

@@ -136,9 +136,11 @@ def test_watch_stages_hears_each_stage_of_a_step_in_order_and_only_inside_the_bl
     with watch_stages(heard.append):
         trainer.train_step(batch)
     micro_batch = ["forward_seconds", "backward_seconds"]  # 4 completions, 2 at a time, one update
-    assert heard == ["generate", "reward", "score", "reference", *micro_batch, *micro_batch, "optimizer_seconds", "update"]
+    # the stages by their names, in order, each piece (the reference's part of stage 4, the update's) before its stage
+    assert heard == ["sample", "reward", "advantages", "reference_seconds", "score", *micro_batch, *micro_batch,
+                     "optimizer_seconds", "update"]
     trainer.train_step(batch)
-    assert len(heard) == 10  # the watcher is gone after the block
+    assert len(heard) == 11  # the watcher is gone after the block
     with pytest.raises(TypeError, match="watcher must be a function"):
         with watch_stages("generate"):
             pass

@@ -65,7 +65,7 @@ from .._checks import check_flag, check_int
 from ..answers import answers_match, completion_to_text, extract_answer, last_boxed, last_number
 from ..rewards import compute_rewards, correctness_reward
 from ..fast_sampler import use_static_cache
-from ..rollout import generate_rollouts
+from ..rollout import generate_rollouts, sampling_kwargs
 from ..tasks import DatasetUnavailableError, gsm8k_rows, load_gsm8k, train_test_split_arithmetic
 from ..run import dataset_fingerprint, disk_errors, find_checkpoint, read_meta
 from ..run.disk import write_durably
@@ -280,11 +280,8 @@ def probe_groups(model: Any, tokenizer: Any, config: GRPOConfig, rows: Sequence[
     fns = _reward_fns(config, reward_fns)
     G = config.group_size
     start = time.perf_counter()
-    rollout = generate_rollouts(
-        model, tokenizer, [row["prompt"] for row in rows], group_size=G, max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature, system_prompt=config.system_prompt,
-        use_chat_template=config.use_chat_template, generator_seed=seed,
-        static_cache=use_static_cache(config, model))  # as the run samples (a GPU: static, compiled)
+    rollout = generate_rollouts(model, tokenizer, [row["prompt"] for row in rows], **sampling_kwargs(
+        config, generator_seed=seed, static_cache=use_static_cache(config, model)))  # as the run samples (a GPU: static)
     seconds = time.perf_counter() - start
     answers = [row["answer"] for row in rows for _ in range(G)]
     total, _ = compute_rewards(fns, config.reward_weights, rollout.prompts, rollout.completions, answers,

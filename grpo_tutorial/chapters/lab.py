@@ -34,7 +34,7 @@ from .recipes import TinyAdditionRecipe
 from .sweep import recipe_threads, seed_start
 from ..evaluation import evaluate_policy
 from ..rewards import answers_match, correctness_reward, extract_answer
-from ..rollout import generate_rollouts
+from ..rollout import generate_rollouts, sampling_kwargs
 from ..sft import encode_sft_batch
 from ..stats import mean_ci, paired_comparison, standard_error, t_quantile
 from ..trainer import GRPOConfig, GRPOTrainer
@@ -208,17 +208,14 @@ class LabSettings:
 
 
 def correct_counts(
-    model, tokenizer, rows: Sequence[dict], *, n: int, max_new_tokens: int, seed: int, batch: int = 16,
-    temperature: float = 1.0,
+    model, tokenizer, rows: Sequence[dict], config: GRPOConfig, *, n: int, seed: int, batch: int = 16,
 ) -> list[int]:
-    """For each row, how many of ``n`` sampled completions (temperature 1) are correct."""
+    """For each row, how many of ``n`` completions, sampled as the run ``config`` samples, are correct."""
     counts: list[int] = []
     for start in range(0, len(rows), batch):
         chunk = list(rows[start : start + batch])
-        rollout = generate_rollouts(
-            model, tokenizer, [r["prompt"] for r in chunk], group_size=n, max_new_tokens=max_new_tokens,
-            temperature=temperature, generator_seed=seed * 1_000_003 + start,
-        )
+        rollout = generate_rollouts(model, tokenizer, [r["prompt"] for r in chunk],
+                                    **sampling_kwargs(config, group_size=n, generator_seed=seed * 1_000_003 + start))
         for j, row in enumerate(chunk):
             texts = rollout.completions[j * n : (j + 1) * n]
             counts.append(sum(answers_match(extract_answer(t), row["answer"]) for t in texts))
@@ -285,11 +282,8 @@ class RejectionSamplingFT:
         recipe, cfg, model = self.recipe, self.config, self.model
         t0 = time.perf_counter()
         step = self.step + 1
-        rollout = generate_rollouts(
-            model, self.tokenizer, [r["prompt"] for r in rows], group_size=recipe.grpo.group_size,
-            max_new_tokens=recipe.grpo.max_new_tokens, temperature=recipe.grpo.temperature,
-            generator_seed=self.seed * 1_000_003 + step, onednn=cfg.onednn_generation,
-        )
+        rollout = generate_rollouts(model, self.tokenizer, [r["prompt"] for r in rows],
+                                    **sampling_kwargs(cfg, generator_seed=self.seed * 1_000_003 + step))
         kept = []
         for i, text in enumerate(rollout.completions):
             row = rows[i // recipe.grpo.group_size]
@@ -415,10 +409,8 @@ def run_seed(
         data, model, tokenizer, sft = seed_start(recipe, seed)
         passk_rows = data["test"][: settings.passk_problems]
         t0 = time.perf_counter()
-        counts_before = correct_counts(
-            model, tokenizer, passk_rows, n=settings.passk_n, max_new_tokens=recipe.grpo.max_new_tokens,
-            seed=seed, batch=settings.passk_batch, temperature=recipe.grpo.temperature,
-        )
+        counts_before = correct_counts(model, tokenizer, passk_rows, recipe.grpo_config(seed), n=settings.passk_n,
+                                       seed=seed, batch=settings.passk_batch)
         passk_seconds = time.perf_counter() - t0
         methods: dict[str, dict] = {}
         counts_after = None
@@ -440,11 +432,8 @@ def run_seed(
             }
             if method == "grpo":
                 t0 = time.perf_counter()
-                counts_after = correct_counts(
-                    result["model"], tokenizer, passk_rows, n=settings.passk_n,
-                    max_new_tokens=recipe.grpo.max_new_tokens, seed=seed, batch=settings.passk_batch,
-                    temperature=recipe.grpo.temperature,
-                )
+                counts_after = correct_counts(result["model"], tokenizer, passk_rows, recipe.grpo_config(seed),
+                                              n=settings.passk_n, seed=seed, batch=settings.passk_batch)
                 passk_seconds += time.perf_counter() - t0
             if on_method is not None:
                 on_method(method, methods[method])

@@ -201,7 +201,7 @@ def measure_mismatch(trainer: GRPOTrainer, rows: Sequence[dict], *, batches: int
     for i in range(batches):
         prompts = [rows[(i * b + j) % len(rows)]["prompt"] for j in range(b)]
         rollout = sampler(prompts, 10_000_000 + 1000 * seed + i)  # a seed no training step draws
-        logp = step.score(step.model, rollout, entropy=False)  # [N, Tc]
+        logp = step.logprobs(step.model, rollout, entropy=False)  # [N, Tc]
         mu = rollout.sampler_logprobs.to(logp.device, logp.dtype)  # [N, Tc]
         mask = rollout.completion_mask.bool()  # [N, Tc]
         diff = (logp - mu).double()  # [N, Tc]

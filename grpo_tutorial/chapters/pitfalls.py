@@ -7,36 +7,27 @@ Two halves.
 batch receives under each ``loss_type``. That is where the ``grpo``, ``dapo``
 and ``dr_grpo`` losses differ.
 
-**The bug gallery.** :func:`gallery_step` is one GRPO step written out in a page
-of code, the same step as :meth:`GRPOTrainer.train_step
-<grpo_tutorial.trainer.GRPOTrainer.train_step>` (a test checks that, with
+**The bug gallery.** :func:`gallery_step` is the trainer's own step,
+:class:`~grpo_tutorial.step.GRPOStep` (what :meth:`GRPOTrainer.train_step
+<grpo_tutorial.trainer.GRPOTrainer.train_step>` runs; a test checks that, with
 ``bug="none"``, both give the same history row and the same weights). Its
-``bug`` argument switches on one **deliberately wrong** variant at a time, each
-a mistake that real implementations make.
+``bug`` argument plants one **deliberately wrong** variant at a time, each a
+mistake that real implementations make, as a subclass of the step that
+overrides the one stage the bug breaks (:data:`GALLERY_BUGS`): stage 4's old
+log-probs (``ref_as_old``, ``old_logp_recomputed``), stage 5's gradient pass or
+loss (``no_grad``, ``sequence_ratio``, ``no_eos_mask``). The correct step is the trainer's by construction, and each
+bug is a few lines beside the stage it replaces, the wrong line next to the call
+of the right one. :class:`GalleryStep`, the base of them all, changes no number:
+it keeps what the gallery's row adds (:data:`EXTRA_KEYS`).
 
-Why a written-out copy and not the trainer's step with one seam per bug: each
-bug lives *between* the stages (which tensor is passed as ``old_logp``, whether
-the forward pass runs under ``no_grad``, which mask reaches the loss), and a
-reader of chapter 10 should see the wrong line next to the right one on one
-page. Seams for these bugs inside the step (``GRPOStep`` in ``step.py``) would put
-switches that no real run wants into the core. So the page stays, and the duplication is
-limited to the order of the calls: every stage is the core function itself
-(``generate_rollouts``, ``compute_rewards``, ``group_advantages``,
-``score_rollout`` and ``rollout_logprobs``, ``grpo_loss`` with the config's
-``LossOptions``, ``clip_and_step``; the seed streams of
-:mod:`grpo_tutorial.seeding`; :func:`train_with_bug` draws its batches with
-``next_batch`` and builds the optimizer with ``optim.make_optimizer``), and
-tests tie the page to the real step for every setting it takes, so a change to
-the trainer that the page does not follow fails a test.
-
-The page makes one update per pass over the whole batch. A setting it does not
-implement is refused with an error that names the field
-(:data:`GALLERY_REFUSES`): minibatches and micro-batches, the entropy options,
-dynamic sampling, GDPO's aggregation, reference syncing, logged completions,
-LoRA, and a sampler that is not the learner with its correction.
-Every other field of :class:`~grpo_tutorial.config.GRPOConfig` either acts here
-as in the trainer (:data:`GALLERY_IMPLEMENTS`) or only concerns the loop around
-a step (:data:`GALLERY_IGNORES`: logging, checkpoints, evaluation).
+The gallery keeps the trainer's settings except a few (:data:`GALLERY_REFUSES`,
+each refused with an error that names the field): minibatches and
+micro-batches, the entropy options, dynamic sampling, GDPO's aggregation,
+reference syncing, logged completions, LoRA, and a sampler that is not the
+learner with its correction. Every other field of
+:class:`~grpo_tutorial.config.GRPOConfig` either acts as in the trainer
+(:data:`GALLERY_IMPLEMENTS`; tests compare the two for each) or only concerns the
+loop around a step (:data:`GALLERY_IGNORES`: logging, checkpoints, evaluation).
 
 The bugs:
 
@@ -64,38 +55,33 @@ Padding the prompts on the wrong side is a bug of generation, not of the step:
 :func:`captured_logs` catches the warning ``transformers`` prints about it.
 
 Every row :func:`gallery_step` returns is the trainer's history row
-(:func:`~grpo_tutorial.metrics.step_row`, with lengths and entropy read from the
-loss mask), plus the first-pass statistics (``ratio_first_mean``, ``ratio_first_max``,
-``clip_frac_first``), ``grad_after_eos`` (how many padding positions after an
-EOS received gradient) and ``loss_has_grad_fn``.
+(:func:`~grpo_tutorial.metrics.history_row`; with ``no_eos_mask`` its lengths and
+entropy read the all-ones mask), plus :data:`EXTRA_KEYS`: the first update's
+statistics (``ratio_first_mean``, ``ratio_first_max``, ``clip_frac_first``),
+``grad_after_eos`` (how many padding positions after an EOS received gradient) and
+``loss_has_grad_fn``. The gallery issues none of the trainer's failure-mode warnings.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
-import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from grpo_tutorial._checks import one_of, require_tensor
-from grpo_tutorial.advantages import group_advantages, zero_std_groups
 from grpo_tutorial.config import GRPOConfig
-from grpo_tutorial.logprobs import rollout_logprobs, score_rollout
 from grpo_tutorial.loss import LOSS_TYPES, grpo_loss
-from grpo_tutorial.metrics import step_row
-from grpo_tutorial.models import disable_dropout
-from grpo_tutorial.optim import clip_and_step, make_optimizer, trainable_parameters
-from grpo_tutorial.rewards import compute_rewards, extra_columns, judge_correct, reward_function_means
-from grpo_tutorial.rollout import generate_rollouts
-from grpo_tutorial.seeding import MINIBATCHES, SAMPLING, next_batch, stream_generator, stream_seed
-from grpo_tutorial.tasks import check_rows
+from grpo_tutorial.models import Policies, disable_dropout
+from grpo_tutorial.seeding import next_batch
+from grpo_tutorial.step import GRPOStep
 
 __all__ = [
     "BUGS",
+    "EXTRA_KEYS",
+    "GALLERY_BUGS",
     "GALLERY_IGNORES",
     "GALLERY_IMPLEMENTS",
     "GALLERY_REFUSES",
@@ -109,6 +95,8 @@ __all__ = [
 
 #: The values of ``bug`` that :func:`gallery_step` accepts; "none" is the correct step.
 BUGS = ("none", "no_grad", "ref_as_old", "sequence_ratio", "no_eos_mask", "old_logp_recomputed")
+#: What the gallery's row adds to the trainer's history row.
+EXTRA_KEYS = ("ratio_first_mean", "ratio_first_max", "clip_frac_first", "grad_after_eos", "loss_has_grad_fn")
 
 
 # ---------------------------------------------------------------------------
@@ -182,7 +170,6 @@ GALLERY_REFUSES: dict[str, str] = {
     "use_peft": "False (the gallery trains every weight; LoRA adapters live in GRPOTrainer)",
     "sampler": "'policy' (the gallery samples with the policy itself; sampler copies live in GRPOTrainer)",
     "vllm_importance_sampling_correction": "False (the correction needs a sampler copy's log-probs; use GRPOTrainer)",
-    "static_cache": "None (the gallery samples with the dynamic KV cache; the static one lives in GRPOTrainer)",
 }
 #: Fields that change nothing in one step: they drive the loop, the files and the evaluation around it.
 GALLERY_IGNORES = frozenset({
@@ -244,6 +231,145 @@ def sequence_level_inputs(
     return _masked_sum(logp, mask), _masked_sum(old_logp, mask), ones
 
 
+class GalleryStep(GRPOStep):
+    """The trainer's step (:class:`~grpo_tutorial.step.GRPOStep`), instrumented for the gallery's row.
+
+    It changes no number of the step: it refuses a completion no reward function
+    scored (stage 2), and keeps the gradient of the update's log-probs and its first
+    update's statistics (stage 5), for the row's :data:`EXTRA_KEYS`. Each bug of
+    :data:`BUGS` is a subclass that overrides the one stage it breaks
+    (:data:`GALLERY_BUGS`).
+    """
+
+    def __init__(self, model, tokenizer, reward_fns, config: GRPOConfig, ref_model=None) -> None:
+        super().__init__(model, tokenizer, reward_fns, config, policies=Policies(model, ref_model))
+        #: Stage 4 scores the old log-probs even when the step is on-policy (mu = 1), as the trainer does with this
+        #: switch off: two bugs replace them, and a bug invisible at step 1 must leave step 1's numbers as they are.
+        self.reuse_on_policy_logprobs = False
+        self.passes: list[tuple[torch.Tensor, torch.Tensor]] = []  # (log-probs [m, Tc], their rows) of the update
+        self.grad_fn = True  # every micro-batch's loss had a grad_fn
+        self.extra: dict[str, float] = {}  # the last step's EXTRA_KEYS
+
+    def reward(self, batch, rollout, state) -> dict:
+        scored = super().reward(batch, rollout, state)
+        if torch.isnan(scored["rewards"]).any():
+            raise ValueError("a completion got no reward (every function returned None); the gallery step needs one each")
+        return scored
+
+    def policy_logprobs(self, rollout, rows, *, entropy, entropy_grad) -> tuple:
+        logp, entropies = super().policy_logprobs(rollout, rows, entropy=entropy, entropy_grad=entropy_grad)
+        if logp.requires_grad:
+            logp.retain_grad()  # only to count which positions get gradient
+        self.passes.append((logp, rows))
+        return logp, entropies
+
+    def update(self, rollout, old_logp, ref_logp, advantages, state, weights=None) -> dict:
+        self.passes, self.grad_fn = [], True
+        out = super().update(rollout, old_logp, ref_logp, advantages, state, weights)
+        after_eos = rollout.completion_mask == 0  # [N, Tc]: after the first EOS
+        first = out["stats"][0]
+        self.extra = {
+            "ratio_first_mean": first["ratio_mean"],
+            "ratio_first_max": first["ratio_max"],
+            "clip_frac_first": first["clip_frac"],
+            "grad_after_eos": float(sum(int((logp.grad[after_eos[rows]] != 0).sum())
+                                        for logp, rows in self.passes if logp.grad is not None)),
+            "loss_has_grad_fn": float(self.grad_fn),
+        }
+        return out
+
+    def history(self, batch: Sequence[dict], state: Any) -> dict:
+        """One step: the trainer's history row, and the gallery's :data:`EXTRA_KEYS`."""
+        row = self(batch, state, [])
+        return {**row, **self.extra}
+
+
+class NoGrad(GalleryStep):
+    """Stage 5 broken: the gradient pass runs under ``no_grad``, and the loss is "fixed" to need a gradient."""
+
+    def policy_logprobs(self, rollout, rows, *, entropy, entropy_grad) -> tuple:
+        with torch.no_grad():  # WRONG: the new log-probs need their gradient
+            return super().policy_logprobs(rollout, rows, entropy=entropy, entropy_grad=entropy_grad)
+
+    def loss(self, logp, old_logp, advantages, mask, **inputs) -> tuple:
+        loss, stats = super().loss(logp, old_logp, advantages, mask, **inputs)
+        if loss.grad_fn is None:
+            self.grad_fn = False
+            loss = loss.requires_grad_(True)  # WRONG: the forum "fix" that silences backward()'s error
+        return loss, stats
+
+
+class RefAsOld(GalleryStep):
+    """Stage 4 broken: the reference's log-probs stand in for the sampling policy's."""
+
+    def score(self, rollout) -> dict:
+        scores = super().score(rollout)
+        scores["old_logp"] = scores["ref_logp"]  # WRONG: the reference did not sample this batch
+        return scores
+
+
+class SequenceRatio(GalleryStep):
+    """Stage 5 broken: the loss gets one log-prob per completion (their sum), so one ratio per sequence."""
+
+    def loss(self, logp, old_logp, advantages, mask, **inputs) -> tuple:
+        ref = inputs.get("ref_logp")
+        inputs["ref_logp"] = None if ref is None else _masked_sum(ref, mask)  # [m, 1]
+        inputs.pop("num_items_in_batch", None)  # the token count: here the mask of ones counts the completions
+        new, old, ones = sequence_level_inputs(logp, old_logp, mask)  # WRONG: [m, 1] x3
+        return super().loss(new, old, advantages, ones, **inputs)
+
+
+class NoEosMask(GalleryStep):
+    """Stage 5 broken: the loss's mask is all ones, so the padding after each EOS is trained on; the history row
+    measures lengths and entropy with the same mask."""
+
+    def loss(self, logp, old_logp, advantages, mask, **inputs) -> tuple:
+        inputs.pop("num_items_in_batch", None)  # the tokens the loss counts: those of its own mask
+        return super().loss(logp, old_logp, advantages, torch.ones_like(mask), **inputs)  # WRONG: padding counts
+
+    def update(self, rollout, old_logp, ref_logp, advantages, state, weights=None) -> dict:
+        out = super().update(rollout, old_logp, ref_logp, advantages, state, weights)
+        rollout.completion_mask = torch.ones_like(rollout.completion_mask)  # WRONG, for the row: the same mask
+        return out
+
+
+class OldLogpRecomputed(GalleryStep):
+    """Stage 4 broken: no old log-probs are kept, so every pass of the update takes its own (ratio 1 throughout)."""
+
+    def score(self, rollout) -> dict:
+        scores = super().score(rollout)
+        scores["old_logp"] = None  # WRONG: the update recomputes them from the current weights at every pass
+        return scores
+
+
+#: Each bug of :data:`BUGS`: the step that plants it, an override of the one stage it breaks.
+GALLERY_BUGS: dict[str, type[GalleryStep]] = {
+    "none": GalleryStep, "no_grad": NoGrad, "ref_as_old": RefAsOld, "sequence_ratio": SequenceRatio,
+    "no_eos_mask": NoEosMask, "old_logp_recomputed": OldLogpRecomputed,
+}
+
+
+def _gallery(model, tokenizer, reward_fns, config: GRPOConfig, bug: str, ref_model) -> GalleryStep:
+    """The checked arguments' step: the trainer's, with ``bug`` planted."""
+    one_of("bug", bug, BUGS)
+    _check_step_config(config)
+    if (bug == "ref_as_old" or config.beta > 0) and ref_model is None:
+        raise ValueError(f"bug={bug!r} with beta={config.beta} needs ref_model (a frozen copy of the start policy)")
+    if config.disable_dropout and ref_model is not None:  # as the trainer does with its own reference
+        disable_dropout(ref_model)
+    return GALLERY_BUGS[bug](model, tokenizer, reward_fns, config, ref_model)
+
+
+class _State:
+    """Where the gallery's run stands (as the trainer's RunState): steps taken, updates skipped, no warnings."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.skipped_updates = step, 0
+
+    def warn(self, kind: str, message: str) -> None:
+        """The gallery shows its rows; the failure-mode warnings its bugs would trip stay quiet."""
+
+
 def gallery_step(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -259,9 +385,10 @@ def gallery_step(
 ) -> dict:
     """One GRPO step on ``batch``, correct (``bug="none"``) or with one bug switched on.
 
-    Same stages, seeds and numbers as ``GRPOTrainer.train_step`` for a trainer
-    at step ``step`` (one update per pass over the whole batch; the settings it
-    refuses are in :data:`GALLERY_REFUSES`). See the module docstring for the bugs.
+    The step is the trainer's, :class:`~grpo_tutorial.step.GRPOStep`, for a trainer
+    at step ``step`` (the settings it refuses are in :data:`GALLERY_REFUSES`), with
+    ``bug`` planted as an override of the one stage it breaks (:data:`GALLERY_BUGS`;
+    the module docstring describes them).
 
     Args:
         model: the policy, updated in place.
@@ -279,114 +406,11 @@ def gallery_step(
         A history row (see the module docstring for its keys).
     """
     one_of("bug", bug, BUGS)
-    _check_step_config(config)
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
-    if (bug == "ref_as_old" or config.beta > 0) and ref_model is None:
-        raise ValueError(f"bug={bug!r} with beta={config.beta} needs ref_model (a frozen copy of the start policy)")
-    check_rows(batch, "batch")  # the trainer's own check: the same bad batch raises the same error
-    cfg, G, started = config, config.group_size, time.perf_counter()
-    if cfg.disable_dropout:  # as the trainer does when it is built
-        for m in (model, ref_model):
-            if m is not None:
-                disable_dropout(m)
-
-    # 1. sample: the rollout, seeded from the trainer's sampling stream
-    rollout = generate_rollouts(
-        model, tokenizer, [row["prompt"] for row in batch], group_size=G,
-        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-        do_sample=True, system_prompt=cfg.system_prompt, use_chat_template=cfg.use_chat_template,
-        generator_seed=stream_seed(cfg.seed, SAMPLING, step), onednn=cfg.onednn_generation,
-    )
-    N = len(rollout)
-
-    # 2. reward and 3. advantages (group-relative)
-    answers = [row.get("answer") for row in batch for _ in range(G)]
-    columns = extra_columns(batch, G)
-    rewards, per_fn = compute_rewards(
-        reward_fns, cfg.reward_weights, rollout.prompts, rollout.completions, answers,
-        completion_ids=rollout.completion_id_lists(), **columns,
-    )  # [N]
-    if torch.isnan(rewards).any():
-        raise ValueError("a completion got no reward (every function returned None); the gallery step needs one each")
-    advantages = group_advantages(
-        rewards, G, scale=cfg.scale_rewards, std=cfg.std, baseline=cfg.advantage_baseline
-    )  # [N]
-
-    # 4. score: old (and reference) log-probs, no gradient (prompts encoded once if share_prompt_cache)
-    real_mask = rollout.completion_mask  # [N, Tc]: 1 up to and including the first EOS
-    score = dict(temperature=cfg.temperature, share_prompts=cfg.share_prompt_cache)
-    old_logp, entropy = score_rollout(model, rollout, return_entropy=True, **score)  # [N, Tc] x2
-    ref_logp = None if ref_model is None else score_rollout(ref_model, rollout, **score)  # [N, Tc]
-    if bug == "ref_as_old":
-        old_logp = ref_logp  # WRONG: the reference did not sample this batch
-    loss_mask = torch.ones_like(real_mask) if bug == "no_eos_mask" else real_mask  # WRONG if all ones
-
-    # 5. update: mu passes over the whole batch, in the trainer's shuffled order
-    options = cfg.loss_options()  # every loss setting, as the trainer passes them
-    shuffle = stream_generator(cfg.seed, MINIBATCHES, step)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    stats: list[dict] = []
-    losses: list[float] = []
-    norms: list[float] = []
-    grad_after_eos = 0
-    has_grad_fn = True
-    was_training = model.training
-    model.train()
-    try:
-        for _ in range(cfg.num_iterations):
-            rows = torch.randperm(N, generator=shuffle)  # [N]
-            if bug == "no_grad":
-                with torch.no_grad():  # WRONG: the new log-probs need their gradient
-                    logp = rollout_logprobs(model, rollout, rows, **score)  # [N, Tc]
-            else:
-                logp = rollout_logprobs(model, rollout, rows, **score)  # [N, Tc]
-                logp.retain_grad()  # only to count which positions get gradient
-            old = logp.detach() if bug == "old_logp_recomputed" else old_logp[rows]  # WRONG if recomputed
-            ref = None if ref_logp is None else ref_logp[rows]
-            mask = loss_mask[rows]  # [N, Tc]
-            if bug == "sequence_ratio":  # WRONG: one ratio per completion
-                ref = None if ref is None else _masked_sum(ref, mask)  # [N, 1]
-                new_in, old_in, mask = sequence_level_inputs(logp, old, mask)  # [N, 1] x3
-            else:
-                new_in, old_in = logp, old
-            loss, s = grpo_loss(
-                new_in, old_in, advantages[rows], mask, options=options, ref_logp=ref, truncated=rollout.truncated[rows]
-            )
-            stats.append(s)
-            losses.append(float(loss.detach()))
-            if loss.grad_fn is None:
-                has_grad_fn = False
-                loss = loss.requires_grad_(True)  # WRONG: the forum "fix" that silences the error
-            optimizer.zero_grad(set_to_none=True)
-            if not torch.isfinite(loss):
-                norms.append(math.nan)
-                continue
-            loss.backward()
-            if logp.grad is not None:
-                after_eos = real_mask[rows] == 0  # [N, Tc]
-                grad_after_eos += int((logp.grad[after_eos] != 0).sum())
-            norms.append(clip_and_step(params, optimizer, scheduler, cfg.max_grad_norm))
-    finally:
-        model.train(was_training)
-
-    # after stage 5: the trainer's own history row; lengths and entropy read the loss mask (all ones with no_eos_mask)
-    row = step_row(
-        step=step + 1, rewards=rewards, per_function=reward_function_means(per_fn),
-        correct=judge_correct(None, rollout.prompts, rollout.completions, answers, columns),
-        update_stats=stats, losses=losses, grad_norms=norms, entropy=entropy, mask=loss_mask,
-        zero_std=zero_std_groups(rewards, G), truncated=rollout.truncated,
-        lr=float(optimizer.param_groups[0]["lr"]), skipped_updates=sum(not math.isfinite(n) for n in norms),
-        seconds={"step_seconds": time.perf_counter() - started},
-    )
-    row.update({
-        "ratio_first_mean": stats[0]["ratio_mean"],
-        "ratio_first_max": stats[0]["ratio_max"],
-        "clip_frac_first": stats[0]["clip_frac"],
-        "grad_after_eos": float(grad_after_eos),
-        "loss_has_grad_fn": float(has_grad_fn),
-    })
-    return row
+    grpo = _gallery(model, tokenizer, reward_fns, config, bug, ref_model)
+    grpo.optimizer, grpo.scheduler = optimizer, scheduler
+    return grpo.history(batch, _State(step))
 
 
 def train_with_bug(
@@ -400,10 +424,10 @@ def train_with_bug(
     bug: str = "none",
     ref_model: torch.nn.Module | None = None,
 ) -> list[dict]:
-    """Run :func:`gallery_step` ``steps`` times; return the history rows.
+    """Run the gallery's step ``steps`` times; return the history rows.
 
-    Batches come from the trainer's data stream (``next_batch``) and the
-    optimizer from ``optim.make_optimizer``, so with ``bug="none"`` the run is
+    Batches come from the trainer's data stream (``next_batch``) and the step
+    builds its optimizer as the trainer's does, so with ``bug="none"`` the run is
     the one ``GRPOTrainer(model, tokenizer, reward_fns, config).train(dataset, steps)``
     makes.
     """
@@ -413,16 +437,12 @@ def train_with_bug(
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     if isinstance(dataset, (str, dict)) or not isinstance(dataset, Sequence) or len(dataset) == 0:
         raise ValueError(f"dataset must be a non-empty list of rows, got {type(dataset).__name__}")
-    if config.disable_dropout:  # before the optimizer, as the trainer does
-        disable_dropout(model)
-    optimizer, scheduler = make_optimizer(trainable_parameters(model), config)
-    epoch = index = 0
+    grpo = _gallery(model, tokenizer, reward_fns, config, bug, ref_model)
+    state, epoch, index = _State(0), 0, 0
     history = []
-    for step in range(steps):
+    for _ in range(steps):
         batch, epoch, index = next_batch(dataset, config.prompts_per_step, config.seed, epoch, index)
-        history.append(gallery_step(
-            model, tokenizer, reward_fns, batch, config, optimizer, scheduler, step=step, bug=bug, ref_model=ref_model,
-        ))
+        history.append(grpo.history(batch, state))
     return history
 
 

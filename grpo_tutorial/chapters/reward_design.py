@@ -29,7 +29,7 @@ from typing import Any
 from grpo_tutorial._checks import check_int
 from grpo_tutorial.answers import completion_texts
 from grpo_tutorial.rewards import RewardFn, compute_rewards, reward_function_means, reward_function_name
-from grpo_tutorial.rollout import generate_rollouts
+from grpo_tutorial.rollout import generate_rollouts, sampling_kwargs
 
 __all__ = ["applies_to", "contains_monitor", "number_format_reward", "sample_audit"]
 
@@ -150,17 +150,16 @@ def sample_audit(
     tokenizer: Any,
     rows: Sequence[Mapping],
     checks: Sequence[Callable],
+    config: Any,
     *,
-    samples: int,
-    max_new_tokens: int,
-    temperature: float = 1.0,
     seed: int = 0,
     top: int = 5,
 ) -> dict:
-    """Sample ``samples`` completions per prompt and run every check on them.
+    """Sample ``config.group_size`` completions per prompt, as a run of ``config`` samples, and run every check on them.
 
-    One batched ``generate`` call (``generate_rollouts`` with
-    ``group_size=samples``, seeded, so the global RNG is left alone). Each check
+    One batched ``generate`` call (``generate_rollouts`` with the run's sampling
+    settings, :func:`~grpo_tutorial.rollout.sampling_kwargs`; seeded, so the
+    global RNG is left alone). Each check
     is a reward function (TRL signature); its mean over all completions is
     reported, skipping ``None``.
 
@@ -168,8 +167,8 @@ def sample_audit(
         rows: dataset rows with ``"prompt"`` and ``"answer"``.
         checks: reward functions or monitors, e.g. ``[correctness_reward,
             contains_monitor("+")]``; their names must differ.
-        samples: completions per prompt (>= 1).
-        max_new_tokens, temperature: sampling settings.
+        config: the run's :class:`~grpo_tutorial.config.GRPOConfig` (group size,
+            token budget, temperature, ...).
         seed: sampling seed.
         top: how many of the most common completions to return.
 
@@ -188,16 +187,9 @@ def sample_audit(
     if len(set(names)) != len(names):
         raise ValueError(f"checks must have distinct names, got {names}")
     check_int(None, "top", top, 0)
-    rollout = generate_rollouts(
-        model,
-        tokenizer,
-        [row["prompt"] for row in rows],
-        group_size=samples,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        generator_seed=seed,
-    )
-    answers = [row["answer"] for row in rows for _ in range(samples)]
+    rollout = generate_rollouts(model, tokenizer, [row["prompt"] for row in rows],
+                                **sampling_kwargs(config, generator_seed=seed))
+    answers = [row["answer"] for row in rows for _ in range(config.group_size)]
     _, per_fn = compute_rewards(list(checks), None, rollout.prompts, rollout.completions, answers)
     return {
         "means": reward_function_means(per_fn),

@@ -41,7 +41,7 @@ from ..evaluation import evaluate_policy
 from ..models import build_tiny_policy
 from ..presets import get_preset
 from ..rewards import correctness_reward, soft_overlong_punishment
-from ..rollout import generate_rollouts
+from ..rollout import generate_rollouts, sampling_kwargs
 from ..sft import SFTConfig, supervised_warmup
 from ..long_addition import WORKED_OPEN, make_long_addition_dataset, parse_worked, worked_addition
 from ..trainer import GRPOTrainer
@@ -325,7 +325,8 @@ def worked_accuracy(model, tokenizer, rows: Sequence[dict], config: GRPOConfig) 
 def heldout_stats(model, tokenizer, rows: Sequence[dict], config: GRPOConfig, seed: int) -> dict[str, float]:
     """One sampled completion per held-out problem, as the policy answers in training.
 
-    Sampling uses the run's temperature and budget, with its own seeded generator
+    Sampling uses the run's sampling settings (:func:`~grpo_tutorial.rollout.sampling_kwargs`), one completion
+    per problem, with its own seeded generator
     (the global random state is left as it was, so measuring does not change the
     run). A completion is right if the correctness reward says so; its style is what
     :func:`~grpo_tutorial.long_addition.parse_worked` reads. Returns the keys of
@@ -337,11 +338,8 @@ def heldout_stats(model, tokenizer, rows: Sequence[dict], config: GRPOConfig, se
     truncated: list[bool] = []
     for start in range(0, len(rows), config.eval_batch_size):
         chunk = rows[start:start + config.eval_batch_size]
-        rollout = generate_rollouts(
-            model, tokenizer, [row["prompt"] for row in chunk], group_size=1,
-            max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-            generator_seed=seed + start, onednn=config.onednn_generation,
-        )
+        rollout = generate_rollouts(model, tokenizer, [row["prompt"] for row in chunk],
+                                    **sampling_kwargs(config, group_size=1, generator_seed=seed + start))
         texts += rollout.completions
         lengths += rollout.completion_lengths.tolist()
         truncated += rollout.truncated.tolist()
