@@ -82,6 +82,7 @@ PROMPT_TOKENS = 150  # chapter 9's assumption for a GSM8K prompt with its system
 GiB = 2**30
 #: The cap on this process's allocator: what a T4 leaves PyTorch (defined with chapter 9's other T4 figures).
 from grpo_tutorial.chapters.gsm8k import T4_CAP_BYTES, T4_CONTEXT_BYTES, T4_TOTAL_BYTES  # noqa: E402,F401
+from grpo_tutorial.chapters.gpu_estimates import stage_names  # noqa: E402
 #: Qwen2.5-0.5B-Instruct's architecture (its config.json on the Hugging Face hub).
 QWEN_ARCHITECTURE = dict(
     vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
@@ -94,10 +95,12 @@ TINY_ARCHITECTURE = dict(
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, rope_theta=1_000_000.0,
     rms_norm_eps=1e-6, tie_word_embeddings=True,
 )
-#: The stages of one step that the record measures: the watcher's names (metrics.watch_stages) -> the record's.
+#: The stages of one step that the record measures: the watcher's names (metrics.watch_stages) -> the record's,
+#: which are the history's timing keys less "_seconds" (records made before issue 44 named three otherwise:
+#: grpo_tutorial.chapters.gpu_estimates.STAGES_BEFORE, through which the chapter reads them).
 STAGES = {
-    "sample": "generation", "reward": "reward", "forward_seconds": "scoring_forward",
-    "backward_seconds": "backward", "optimizer_seconds": "optimizer_step",
+    "sample": "sample", "reward": "reward", "forward_seconds": "forward",
+    "backward_seconds": "backward", "optimizer_seconds": "optimizer",
 }
 CUDA_TESTS = ("tests/test_cuda.py", "tests/test_gpu_path.py")
 #: What the tiny recipe took on an H100 (90 s in the record of 2026-11-28), kept free of the sampler table's budget.
@@ -278,9 +281,7 @@ def measure_step(trainer, batch: list[dict], cuda: bool) -> dict[str, Any]:
         # random weights seldom write an EOS: completions run to the budget (the worst case, on purpose)
         warnings.filterwarnings("ignore", message=".*hit max_new_tokens", category=GRPOWarning)
         row = trainer.train_step(batch)
-    seconds = {"generation": row["sample_seconds"], "reward": row["reward_seconds"],
-               "scoring_forward": row["forward_seconds"], "backward": row["backward_seconds"],
-               "optimizer_step": row["optimizer_seconds"]}
+    seconds = {stage: row[f"{stage}_seconds"] for stage in STAGES.values()}
     stages = {stage: {"seconds": seconds[stage], **peaks.peaks.get(stage, {"peak_allocated": None,
                                                                           "peak_reserved": None})}
               for stage in STAGES.values()}
@@ -634,15 +635,15 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     lines.append(f"qwen step, full fine-tuning: {full['status']}")
     if full["status"] == "measured":
         gib = (lambda b: "-" if b is None else f"{b / GiB:6.2f}")
-        for stage, s in {**full["step"]["stages"], "checkpoint_save": full["checkpoint"]}.items():
+        for stage, s in {**stage_names(full["step"])["stages"], "checkpoint_save": full["checkpoint"]}.items():
             lines.append(f"  {stage:<16} {s['seconds']:7.2f} s  peak allocated {gib(s['peak_allocated'])} GiB, "
                          f"reserved {gib(s['peak_reserved'])} GiB")
         lines.append(f"  step {full['step']['step_seconds']:.2f} s, cap {gib(record['memory_cap']['bytes'])} GiB")
     lora = record["qwen_step"]["modes"].get("lora", {})
     if lora.get("status") == "measured":
-        step = lora["step"]
+        step = stage_names(lora["step"])
         lines.append(f"qwen step, LoRA ({lora.get('sampler', 'lora')}): {step['step_seconds']:.2f} s, generation "
-                     f"{step['stages']['generation']['seconds']:.2f} s, peak reserved "
+                     f"{step['stages']['sample']['seconds']:.2f} s, peak reserved "
                      f"{(step['peak_reserved'] or 0) / GiB:.2f} GiB")
     for name, row in record["qwen_step"].get("samplers", {}).items():
         if row.get("status") == "measured":

@@ -22,6 +22,7 @@ from grpo_tutorial.chapters.gsm8k import (
     lora_trainable_params,
     measured_sampler,
     session_estimate,
+    stage_names,
     t4_memory_estimate,
     t4_run_estimate,
     t4_step_estimate,
@@ -139,7 +140,7 @@ def test_the_run_estimate_at_the_records_own_shapes_gives_back_what_was_measured
     """Carried to the record's own shapes (each mode at the record's budget) and its own GPU, the model returns that
     mode's measured phases; carried to a T4, its training matches t4_step_estimate's two ends."""
     record = read_data("gpu_proof.json")
-    shapes, entry = record["qwen_step"]["shapes"], record["qwen_step"]["modes"][mode]["step"]
+    shapes, entry = record["qwen_step"]["shapes"], stage_names(record["qwen_step"]["modes"][mode]["step"])
     preset = GSM8K_PRESET if mode == "lora" else GSM8K_FULL_PRESET
     same = get_preset(preset, max_new_tokens=shapes["max_new_tokens"], eval_batch_size=shapes["completions"])
     sampler = measured_sampler(record, same)
@@ -159,7 +160,7 @@ def test_the_run_estimate_at_the_records_own_shapes_gives_back_what_was_measured
     memory = t4_memory_estimate(record, same, sampler=sampler)
     backward = entry["stages"]["backward"]["peak_allocated"]
     assert memory["training"] == pytest.approx(backward)
-    assert memory["generation"] == pytest.approx(entry["stages"]["generation"]["peak_allocated"])
+    assert memory["generation"] == pytest.approx(entry["stages"]["sample"]["peak_allocated"])
     assert memory["peak_reserved"] == pytest.approx(entry["peak_reserved"] * backward / entry["peak_allocated"])
 
 
@@ -171,7 +172,8 @@ def test_each_mode_reads_its_own_step_and_the_default_session_fits_an_hour_and_a
     lora, full = get_preset(GSM8K_PRESET), get_preset(GSM8K_FULL_PRESET)
     with_lora = t4_run_estimate(record, lora, sampler="lora")
     without = t4_run_estimate(record, full, sampler="plain")
-    generation = {m: record["qwen_step"]["modes"][m]["step"]["stages"]["generation"]["seconds"] for m in ("lora", "full")}
+    generation = {m: stage_names(record["qwen_step"]["modes"][m]["step"])["stages"]["sample"]["seconds"]
+                  for m in ("lora", "full")}
     assert generation["lora"] > 1.5 * generation["full"]  # measured: unmerged adapters beside every linear layer
     assert with_lora["generation"][0] > 1.5 * without["generation"][0]  # and the estimates follow each its own
     assert with_lora["trainable"] == lora_trainable_params(record["qwen_step"]["model"]["architecture"], 32)

@@ -31,6 +31,7 @@ from grpo_tutorial.chapters.gsm8k import (
     measured_sampler,
     published_peaks,
     session_estimate,
+    stage_names,
     t4_memory_estimate,
     t4_run_estimate,
     t4_step_estimate,
@@ -45,6 +46,31 @@ OLD_RECORD = Path(__file__).parent / "fixtures" / "gpu_proof_26a4037.json"
 SINCE_ISSUE_43 = ("qwen_step.samplers", "qwen_step.modes.*.sampler", "qwen_step.modes.*.warmup_step.decode_ms",
                   "qwen_step.modes.*.warmup_step.compile_seconds", "qwen_step.modes.*.step.decode_ms",
                   "qwen_step.modes.*.step.compile_seconds")
+
+
+def named_today(record: dict) -> dict:
+    """``record`` with every mode's steps' stages under today's names (records made before issue 44 name three
+    stages otherwise: gpu_estimates.STAGES_BEFORE)."""
+    record = copy.deepcopy(record)
+    for entry in record["qwen_step"]["modes"].values():
+        for key in ("step", "warmup_step"):
+            if key in entry:
+                entry[key] = stage_names(entry[key])
+    return record
+
+
+def test_the_committed_record_reads_under_the_stage_names_the_dry_run_writes(dry_run):
+    committed = read_data("gpu_proof.json")
+    old_names = set(committed["qwen_step"]["modes"]["full"]["step"]["stages"])
+    assert old_names == {"generation", "reward", "scoring_forward", "backward", "optimizer_step"}  # before issue 44
+    for record in (committed, dry_run):
+        for entry in named_today(record)["qwen_step"]["modes"].values():
+            if entry.get("status") == "measured":
+                assert set(entry["step"]["stages"]) == set(gpu_proof.STAGES.values())
+    renamed = named_today(committed)["qwen_step"]["modes"]["full"]["step"]["stages"]
+    stages = committed["qwen_step"]["modes"]["full"]["step"]["stages"]
+    assert renamed["sample"] == stages["generation"] and renamed["forward"] == stages["scoring_forward"]
+    assert renamed["optimizer"] == stages["optimizer_step"] and renamed["backward"] == stages["backward"]
 
 
 def shape(value):
@@ -79,7 +105,7 @@ def dry_run(gpu_proof_dry_run):
 
 
 def test_the_dry_run_writes_every_field_of_the_committed_record(dry_run):
-    committed = read_data("gpu_proof.json")
+    committed = named_today(read_data("gpu_proof.json"))
     wanted, got = shape(dry_run), shape(committed)
     wanted["qwen_step"]["samplers"] = {name: None for name in wanted["qwen_step"]["samplers"]}  # rows: below
     if "samplers" not in committed["qwen_step"]:
@@ -96,7 +122,7 @@ def test_the_dry_run_writes_every_field_of_the_committed_record(dry_run):
 
 
 def test_the_record_committed_before_it_differs_only_by_lora_and_issue_43s_fields(dry_run):
-    old = json.loads(OLD_RECORD.read_text())
+    old = named_today(json.loads(OLD_RECORD.read_text()))
     assert old["qwen_step"]["modes"]["lora"]["status"] == "not measured" and "full_preset" not in old["qwen_step"]
     wanted = without(shape(dry_run), [*SINCE_ISSUE_43, "qwen_step.full_preset", "qwen_step.modes.lora"])
     assert without(shape(old), ["qwen_step.modes.lora"]) == wanted
@@ -109,7 +135,7 @@ def test_the_dry_run_measures_every_stage_it_can_on_a_cpu(dry_run):
     for step in (full["warmup_step"], full["step"]):
         assert set(step["stages"]) == set(gpu_proof.STAGES.values())
         assert all(s["seconds"] >= 0 for s in step["stages"].values())
-        assert step["stages"]["generation"]["seconds"] > 0 and step["stages"]["backward"]["seconds"] > 0
+        assert step["stages"]["sample"]["seconds"] > 0 and step["stages"]["backward"]["seconds"] > 0
         assert all(s["peak_allocated"] is None for s in step["stages"].values())  # no CUDA allocator on a CPU
     assert full["checkpoint"]["bytes_on_disk"] > 12 * full["trainable_parameters"]  # float32 weights + Adam's 2 moments
     lora = dry_run["qwen_step"]["modes"]["lora"]
@@ -195,11 +221,11 @@ def test_published_peaks_pick_the_first_matching_gpu():
 @pytest.mark.parametrize("mode", ["full", "lora"])
 def test_t4_step_estimate_scales_each_phase_by_the_ratio_of_the_two_rooflines(mode):
     record = read_data("gpu_proof.json")
-    stages = {k: v["seconds"] for k, v in record["qwen_step"]["modes"][mode]["step"]["stages"].items()}
+    stages = {k: v["seconds"] for k, v in stage_names(record["qwen_step"]["modes"][mode]["step"])["stages"].items()}
     got = t4_step_estimate(record, mode)
     gen, train = got["phases"]["generation"], got["phases"]["training"]
-    assert gen["measured"] == stages["generation"]
-    assert train["measured"] == pytest.approx(stages["scoring_forward"] + stages["backward"])
+    assert gen["measured"] == stages["sample"]
+    assert train["measured"] == pytest.approx(stages["forward"] + stages["backward"])
     for phase in (gen, train):
         assert phase["share_of_bound"] == pytest.approx(phase["bound_here"] / phase["measured"])
         assert phase["t4_scaled"] == pytest.approx(phase["measured"] * phase["t4_bound"] / phase["bound_here"])

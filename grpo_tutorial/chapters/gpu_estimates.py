@@ -28,6 +28,7 @@ __all__ = [
     "MissingMeasurement",
     "SAMPLER_LABELS",
     "SETUP_MINUTES",
+    "STAGES_BEFORE",
     "T4_BANDWIDTH",
     "T4_CAP_BYTES",
     "T4_CONTEXT_BYTES",
@@ -44,6 +45,7 @@ __all__ = [
     "published_peaks",
     "sampler_name",
     "session_estimate",
+    "stage_names",
     "step_mode",
     "t4_memory_estimate",
     "t4_run_estimate",
@@ -324,12 +326,26 @@ def gpu_sampler(config: GRPOConfig) -> str:
     return name
 
 
+#: A GPU record's stages are named as the history's timing keys, less ``_seconds`` (``sample``, ``reward``,
+#: ``forward``, ``backward``, ``optimizer``: stage 1, stage 2 and stage 5's three parts); records made before
+#: issue 44 (the committed one among them) name three of them otherwise, and read under these names.
+STAGES_BEFORE = {"generation": "sample", "scoring_forward": "forward", "optimizer_step": "optimizer"}
+
+
+def stage_names(step: dict) -> dict:
+    """``step`` (a record's measured step) with its stages under today's names, whichever names it was written with."""
+    if "stages" not in step:
+        return step
+    return {**step, "stages": {STAGES_BEFORE.get(name, name): stage for name, stage in step["stages"].items()}}
+
+
 def measured_mode(record: dict, config: GRPOConfig) -> dict:
     """The record's measured step for ``config``'s mode (:func:`step_mode`), or :class:`MissingMeasurement`.
 
     A dry run (made on a CPU) measured no GPU, and a mode that is absent or was not
     measured (a record made before LoRA could be measured, an out-of-memory step)
     cannot stand for the other one: a LoRA step samples and trains at other speeds.
+    Its steps' stages read under today's names (:func:`stage_names`).
     """
     mode, made = step_mode(config), f"made at {str(record.get('package_commit'))[:10]} on {record['device']['name']}"
     if record.get("dry_run") or record["device"].get("type") != "cuda":
@@ -343,7 +359,7 @@ def measured_mode(record: dict, config: GRPOConfig) -> dict:
             f"the GPU record ({made}) has no measured {mode!r} step (status {status!r}{error}), and the estimate of a "
             f"{'LoRA' if mode == 'lora' else 'full fine-tuning'} run reads that mode only, never another's. Run "
             "`make gpu-proof` on a CUDA GPU to measure it")
-    return entry
+    return {**entry, **{key: stage_names(entry[key]) for key in ("step", "warmup_step") if key in entry}}
 
 
 def measured_sampler(record: dict, config: GRPOConfig) -> str:
@@ -375,8 +391,8 @@ def _generation_source(record: dict, config: GRPOConfig, sampler: str | None, pr
     weight_bytes = 2 if name.startswith("float16") else 4
     if not prefix and name == measured_sampler(record, config):
         step = entry["step"]
-        generation = step["stages"]["generation"]["seconds"]
-        warm = entry.get("warmup_step", {}).get("stages", {}).get("generation", {}).get("seconds", generation)
+        generation = step["stages"]["sample"]["seconds"]
+        warm = entry.get("warmup_step", {}).get("stages", {}).get("sample", {}).get("seconds", generation)
         return {"name": name, "seconds": generation, "tokens": round(step["completion_tokens_mean"]),
                 "prompts": shapes["prompts"], "group_size": shapes["group_size"], "weight_bytes": weight_bytes,
                 "compile_seconds": max(0.0, warm - generation) if name.endswith("_static") else 0.0,
@@ -421,7 +437,7 @@ def t4_step_estimate(record: dict, mode: str = "full") -> dict:
         raise ValueError(f"mode must be 'full' or 'lora', got {mode!r}")
     entry = measured_mode(record, GRPOConfig(use_peft=mode == "lora"))
     arch, shapes = record["qwen_step"]["model"]["architecture"], record["qwen_step"]["shapes"]
-    stages = {name: stage["seconds"] for name, stage in entry["step"]["stages"].items()}
+    stages = {name: stage["seconds"] for name, stage in stage_names(entry["step"])["stages"].items()}
     here_flops, here_bandwidth = published_peaks(record["device"]["name"])
     shape = dict(
         num_params=record["qwen_step"]["model"]["parameters"], vocab_size=arch["vocab_size"],
@@ -432,7 +448,7 @@ def t4_step_estimate(record: dict, mode: str = "full") -> dict:
     )
     here = estimate_step_seconds(**shape, peak_flops=here_flops, bandwidth=here_bandwidth)
     t4 = estimate_step_seconds(**shape)
-    measured = {"generation": stages["generation"], "training": stages["scoring_forward"] + stages["backward"]}
+    measured = {"generation": stages["sample"], "training": stages["forward"] + stages["backward"]}
     bounds = {"generation": "generate_seconds", "training": "train_seconds"}
     phases = {}
     for phase, seconds in measured.items():
@@ -441,7 +457,7 @@ def t4_step_estimate(record: dict, mode: str = "full") -> dict:
             "measured": seconds, "bound_here": here[key], "share_of_bound": here[key] / seconds,
             "t4_bound": t4[key], "t4_scaled": seconds * t4[key] / here[key], "t4_low": max(seconds, t4[key]),
         }
-    other = stages["reward"] + stages["optimizer_step"] * here_bandwidth / T4_BANDWIDTH
+    other = stages["reward"] + stages["optimizer"] * here_bandwidth / T4_BANDWIDTH
     return {
         "phases": phases,
         "other": other,
@@ -524,7 +540,7 @@ def t4_run_estimate(record: dict, config: GRPOConfig, *, prompt_tokens: int | No
         eval_source = gen_source  # no evaluation batch measured: the same per-token time at another row count
     arch, shapes = record["qwen_step"]["model"]["architecture"], record["qwen_step"]["shapes"]
     n_params = record["qwen_step"]["model"]["parameters"]
-    stages = {name: stage["seconds"] for name, stage in entry["step"]["stages"].items()}
+    stages = {name: stage["seconds"] for name, stage in stage_names(entry["step"])["stages"].items()}
     here_flops, here_bw = published_peaks(record["device"]["name"])
     prompt_tokens = shapes["prompt_tokens"] if prompt_tokens is None else prompt_tokens
     model = dict(num_params=n_params, vocab_size=arch["vocab_size"], hidden_size=arch["hidden_size"],
@@ -537,7 +553,7 @@ def t4_run_estimate(record: dict, config: GRPOConfig, *, prompt_tokens: int | No
                   completion_tokens=config.max_new_tokens, num_iterations=config.num_iterations,
                   minibatches=minibatches, reference_model=config.beta > 0, lora=config.use_peft)
     here0 = estimate_step_seconds(**model, **measured, peak_flops=here_flops, bandwidth=here_bw)
-    train0 = stages["scoring_forward"] + stages["backward"]
+    train0 = stages["forward"] + stages["backward"]
     share = here0["train_seconds"] / train0
 
     def overhead(source: dict) -> float:
@@ -561,7 +577,7 @@ def t4_run_estimate(record: dict, config: GRPOConfig, *, prompt_tokens: int | No
     tokens_ratio = (config.batch_completions * config.max_new_tokens) / (
         shapes["prompts"] * shapes["group_size"] * measured_c)
     other = (stages["reward"] * tokens_ratio
-             + stages["optimizer_step"] * (trainable / n_params) * here_bw / T4_BANDWIDTH)
+             + stages["optimizer"] * (trainable / n_params) * here_bw / T4_BANDWIDTH)
     gen = generation(config.prompts_per_step, config.group_size, gen_source)
     compile_seconds = gen_source["compile_seconds"]
     return {
@@ -668,7 +684,7 @@ def t4_memory_estimate(record: dict, config: GRPOConfig, *, prompt_tokens: int |
 
     activations0 = step["stages"]["backward"]["peak_allocated"] - state(measured_trainable)
     wanted_sampler = gpu_sampler(config) if sampler is None else sampler
-    generation0 = (step["stages"]["generation"]["peak_allocated"] - kept(measured_trainable)
+    generation0 = (step["stages"]["sample"]["peak_allocated"] - kept(measured_trainable)
                    - copy_bytes(measured_sampler(record, config)))
     tokens = prompt_tokens + config.max_new_tokens
     micro = config.micro_batch_size or config.batch_completions
