@@ -65,6 +65,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("tests/test_presets.py", "assert cfg.beta == 0.0"): SETTING,
     ("tests/test_pretrained.py", 'assert json.loads((folder / "grpo_tutorial_source.json").read_text())["max_logit_diff_vs_gguf"] == 0.0'): "the cached copy holds the GGUF's dequantized weights, run on one machine: " + SAME_BITS,
     ("tests/test_trainer.py", 'assert row["frac_zero_std"] == 1.0 and row["reward_std"] == 0.0'): "equal rewards: " + SAME_BITS,
+    ("tests/test_stats.py", "assert proportion_se(0.0, 10) == 0.0 and proportion_se(1.0, 10) == 0.0"):
+        "p (1 - p) with p = 0 or 1 is an exact 0, and its square root 0: " + TIMES_ZERO,
     ("tests/test_trainer.py", 'assert row["loss"] == 0.0'): "every advantage is exactly 0: " + TIMES_ZERO,
     ("tests/test_trainer.py", 'assert row["frac_zero_std"] == 0.0'): COUNT,
     ("tests/test_trainer_contract.py", 'assert all(m.attention_dropout == 0.0 for m in model.modules() if hasattr(m, "attention_dropout"))'): SETTING,
