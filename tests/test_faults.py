@@ -408,6 +408,10 @@ ALLOWED = {
     ("chapters/colab.py", "mount_drive"): "Drive declined, timed out or absent: printed, and the run goes to the "
                                           "runtime's disk, which its plan says is lost with the runtime",
     ("chapters/colab.py", "free_bytes"): "the free space cannot be read: None, and the quota check says so",
+    ("calculator.py", "work"): "a tool call's worker thread hands the tool's exception to call_with_time_limit, "
+                               "which raises it in the caller",
+    ("calculator.py", "run_tool_call"): "TRL's rule: a tool that raises gives the model an {'error': ...} result, "
+                                        "counted as a failure (run_tool_call returns failed=True)",
 }
 BROAD = {"OSError", "IOError", "EnvironmentError", "Exception", "BaseException", "PermissionError",
          "FileNotFoundError", "BlockingIOError", "FileExistsError", "IsADirectoryError"}
