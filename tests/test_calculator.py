@@ -116,6 +116,18 @@ def test_hostile_input_is_a_calculator_error_and_fast(what):
     assert time.perf_counter() - start < FAST, what
 
 
+@pytest.mark.parametrize("what", ["deep nesting", "deep unary minus", "huge literal", "product past the bound"])
+def test_each_bound_holds_without_the_length_bound(what, monkeypatch):
+    """The length bound stops every hostile input above first; lifted, nesting, digits and value still stop them
+    (no RecursionError from 10,000 parentheses, no 10,000-digit number)."""
+    monkeypatch.setattr(calc, "MAX_LENGTH", 10**6)
+    long = {"product past the bound": "*".join(["99999999999"] * 1000)}
+    start = time.perf_counter()
+    with pytest.raises(CalculatorError, match="too deeply nested|number too long|number too large"):
+        calculator(long.get(what, HOSTILE[what]))
+    assert time.perf_counter() - start < FAST, what
+
+
 def test_the_module_runs_nothing_it_reads():
     """No call of eval, exec, compile (the builtin: re.compile is a method) or __import__, no ast, no builtins."""
     tree = ast.parse(inspect.getsource(calc))
