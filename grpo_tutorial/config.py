@@ -149,6 +149,15 @@ class GRPOConfig:
         sampler_staleness: k, the optimizer updates by which the ``"stale"``
             sampler lags the policy (>= 1; it keeps k snapshots of the
             weights). Only with ``sampler="stale"``.
+        max_tool_calling_iterations: with tools (``GRPOTrainer(tools=[...])``,
+            :mod:`grpo_tutorial.tools`), the rounds of tool calls a completion may
+            make; at the limit the completion ends with its last call unanswered.
+            TRL's name and meaning; None (TRL's default): no limit.
+        tool_time_limit: seconds one tool call may take before it is answered
+            with an error result (a failure). Ours: TRL has no time limit. None: none.
+        mask_tool_tokens: train on the policy's tokens only, ``completion_mask *
+            tool_mask``, as TRL always does (True). False is chapter 16's control
+            (the tool's tokens in the loss), not a setting for real runs. Ours.
         vllm_importance_sampling_correction: multiply each token's loss by
             the importance weight pi_old / mu of the sampler mu, truncated or
             masked as ``vllm_importance_sampling_mode`` says
@@ -311,6 +320,9 @@ class GRPOConfig:
     static_cache: bool | None = None
     sampler: str = "policy"
     sampler_staleness: int = 1
+    max_tool_calling_iterations: int | None = None
+    tool_time_limit: float | None = 10.0
+    mask_tool_tokens: bool = True
     vllm_importance_sampling_correction: bool = False
     vllm_importance_sampling_mode: str = "sequence_mask"
     vllm_importance_sampling_clip_min: float | None = None
@@ -462,6 +474,11 @@ class GRPOConfig:
                                ": a group whose rewards are all equal has std 0, so dividing a batch-centred "
                                "reward by it would blow up (REINFORCE++ uses scale_rewards='batch')")
         check_int(o, "max_sampling_rounds", self.max_sampling_rounds, 1)
+        check_int(o, "max_tool_calling_iterations", self.max_tool_calling_iterations, 0, optional=True,
+                  hint=" (None = no limit, TRL's default)")
+        check_number(o, "tool_time_limit", self.tool_time_limit, lambda v: 0 < v < float("inf"),
+                     "None or a number of seconds > 0", optional=True)
+        check_flag(o, "mask_tool_tokens", self.mask_tool_tokens)
 
     def _check_report_to(self) -> None:
         """``report_to``: a name of :data:`REPORT_TO`, or a list of them as transformers takes (stored as one name)."""

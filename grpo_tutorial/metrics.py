@@ -28,6 +28,7 @@ __all__ = [
     "stage_seconds",
     "step_row",
     "timed",
+    "tool_metrics",
     "watch_stages",
 ]
 
@@ -315,14 +316,34 @@ def history_row(config: Any, sample: dict, update: dict, entropy: torch.Tensor, 
     row = step_row(
         step=state.step, rewards=rewards, per_function=reward_function_means(sample["per_fn"]),
         correct=sample["correct"], update_stats=update["stats"], losses=update["losses"],
-        grad_norms=update["grad_norms"], entropy=entropy, mask=rollout.completion_mask,
+        grad_norms=update["grad_norms"], entropy=entropy, mask=rollout.loss_mask,  # the policy's tokens
         zero_std=zero_std_groups(rewards, config.group_size), truncated=rollout.truncated, lr=update["lr"],
         skipped_updates=state.skipped_updates, seconds=seconds,
     )
     row["groups_drawn"] = sample["groups_drawn"]
+    row.update(tool_metrics(rollout))  # with tools: the calls, failures and share (tools.py)
     row.update(sample["mismatch"])  # a sampler that is not the learner: how far apart they are (mismatch.py)
     if config.use_adaptive_entropy or config.entropy_coef != 0.0:
         row["entropy_coef"] = entropy_coef
     check_failure_modes(row, history, group_size=config.group_size, learning_rate=config.learning_rate,
                         max_new_tokens=config.max_new_tokens, warn=state.warn)
     return row
+
+
+def tool_metrics(rollout: Any) -> dict[str, float]:
+    """The history's tool fields: calls and failures this step, and TRL's frequencies.
+
+    ``tool_call_count`` and ``tool_failure_count`` (sums over the step's completions),
+    ``tool_call_share`` (the share of completions that called a tool at least once),
+    ``tool_call_frequency`` (calls per completion, TRL's ``tools/call_frequency``) and
+    ``tool_failure_frequency`` (failures per call, TRL's ``tools/failure_frequency``; 0 without calls).
+    """
+    if rollout.tool_calls is None:
+        return {}
+    calls, failed = rollout.tool_calls.float(), rollout.tool_failures.float()
+    total = float(calls.sum())
+    return {
+        "tool_call_count": total, "tool_failure_count": float(failed.sum()),
+        "tool_call_share": int((calls > 0).sum()) / len(calls), "tool_call_frequency": total / len(calls),
+        "tool_failure_frequency": float(failed.sum()) / total if total else 0.0,
+    }

@@ -33,6 +33,7 @@ from ._checks import check_int
 __all__ = [
     "Policies",
     "TINY_CHARS",
+    "TINY_TOOL_CHARS",
     "TINY_SPECIALS",
     "build_char_tokenizer",
     "build_tiny_policy",
@@ -48,6 +49,10 @@ __all__ = [
 #: The characters of the tiny tokenizer's default vocabulary: digits, the
 #: arithmetic symbols ``+ - * = ( )`` and the space (17 characters).
 TINY_CHARS = "0123456789+-*=() "
+#: Chapter 16's vocabulary: :data:`TINY_CHARS` and the calculator's call syntax ``<< >>`` and its error ``?``
+#: (:class:`~grpo_tutorial.tools.InlineCalls`), appended so every earlier character keeps its id.
+#: The other chapters build their models with :data:`TINY_CHARS`, so their records do not move.
+TINY_TOOL_CHARS = TINY_CHARS + "<>?"
 #: The tiny tokenizer's special tokens, with ids 0, 1, 2, 3 in this order.
 TINY_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 

@@ -64,6 +64,10 @@ class Rollout:
             measured while it wrote this rollout, for the history row
             (``sampler/decode_ms``, ``sampler/compile_seconds``,
             ``sampler/fallbacks``); None for the plain ``generate`` call.
+        tool_mask: [N, Tc] float, 0 on the tokens a tool wrote, 1 elsewhere (padding
+            included, as TRL pads it); None without tools (:mod:`grpo_tutorial.tools`).
+        tool_calls, tool_failures: [N] long, the tool calls each row made and how
+            many of them failed; None without tools.
     """
 
     prompt_ids: torch.Tensor
@@ -77,6 +81,15 @@ class Rollout:
     group_size: int
     sampler_logprobs: torch.Tensor | None = None
     sampler_stats: dict[str, float] | None = None
+    tool_mask: torch.Tensor | None = None
+    tool_calls: torch.Tensor | None = None
+    tool_failures: torch.Tensor | None = None
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """[N, Tc] the tokens the policy wrote: ``completion_mask * tool_mask`` (TRL's), the completion mask
+        without tools. The loss, its KL term and its normalisers count these; the tool's tokens are only read."""
+        return self.completion_mask if self.tool_mask is None else self.completion_mask * self.tool_mask
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -360,6 +373,7 @@ def generate_rollouts(
     static_cache: bool = False,
     prompt_width: int = 0,
     logits_processor: Sequence[Any] = (),
+    stopping_criteria: Sequence[Any] = (),
 ) -> Rollout:
     """Sample ``group_size`` completions for each prompt in ONE ``generate`` call.
 
@@ -396,6 +410,9 @@ def generate_rollouts(
         logits_processor: extra ``transformers`` logits processors for
             ``generate`` (the float16 sampler's non-finite guard,
             :class:`~grpo_tutorial.fast_sampler.NonFiniteGuard`).
+        stopping_criteria: extra ``transformers`` stopping criteria, per row
+            (:mod:`grpo_tutorial.tools` stops a row at a tool call; the rest of the
+            row is padding, which the caller cuts off).
 
     Returns:
         A :class:`Rollout` with N = B*G rows, ordered group by group.
@@ -436,6 +453,10 @@ def generate_rollouts(
         from transformers import LogitsProcessorList
 
         kwargs["logits_processor"] = LogitsProcessorList(logits_processor)
+    if stopping_criteria:
+        from transformers import StoppingCriteriaList
+
+        kwargs["stopping_criteria"] = StoppingCriteriaList(stopping_criteria)
     seed = generator_seed if do_sample else None  # greedy decoding draws nothing: no RNG to seed
     sequences = _generate(  # [N, Tp+Tc]
         model, prompt_ids, prompt_mask, kwargs, prompts=(ids, mask), group_size=group_size, seed=seed, onednn=onednn,
@@ -582,6 +603,9 @@ def concat_groups(parts: Sequence[tuple[Rollout, Sequence[int]]], pad_id: int) -
         group_size=G,
         sampler_logprobs=None if any(r.sampler_logprobs is None for r, _ in rows) else cat(
             lambda r: pad(r.sampler_logprobs, tc, 0.0, False)),  # [N, Tc]
+        **({} if any(r.tool_mask is None for r, _ in rows) else dict(
+            tool_mask=cat(lambda r: pad(r.tool_mask, tc, 1.0, False)),  # [N, Tc]
+            tool_calls=cat(lambda r: r.tool_calls), tool_failures=cat(lambda r: r.tool_failures))),  # [N] x2
     )
 
 

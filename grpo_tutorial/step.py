@@ -39,6 +39,7 @@ from .objectives import EntropyControl
 from .optim import finish_update, make_optimizer, trainable_parameters
 from .rewards import check_unscorable, compute_rewards, extra_columns, judge_correct, reward_function_list
 from .rollout import Rollout, generate_rollouts, more_rounds, pad_token_id, sampling_kwargs
+from .tools import generate_tool_rollouts, tool_box
 from .seeding import minibatches, sampling_seed
 from .tasks import check_rows
 
@@ -60,7 +61,7 @@ class GRPOStep:
 
     def __init__(self, model, tokenizer, reward_fns, config: GRPOConfig | None = None, ref_model=None, *,
                  accuracy_fn: Callable | None = None, sampler: Sampler | None = None,
-                 policies: Policies | None = None) -> None:
+                 policies: Policies | None = None, tools: Sequence[Callable] | None = None) -> None:
         config = GRPOConfig() if config is None else config
         if not isinstance(config, GRPOConfig):
             raise TypeError(f"config must be a GRPOConfig, got {type(config).__name__}")
@@ -78,6 +79,7 @@ class GRPOStep:
             disable_dropout(model)
         self.policies = Policies.default(model, ref_model, config) if policies is None else policies
         self.sampler = build_sampler(sampler, self.policies.policy, tokenizer, config)  # None: the policy (generate)
+        self.toolbox = tool_box(tools, tokenizer, config, self.sampler)  # None: no tools
         self.entropy_control = EntropyControl.from_config(config)  # the entropy bonus's coefficient (adaptive: it moves)
         self.params = trainable_parameters(model)
         self.optimizer, self.scheduler = make_optimizer(self.params, config)
@@ -131,9 +133,11 @@ class GRPOStep:
         return (self.sampler or self.generate)([row["prompt"] for row in batch], seed)  # N = B*G completions
 
     def generate(self, prompts: list, generator_seed: int) -> Rollout:
-        """The default sampler: the policy itself, with the config's sampling settings."""
-        return generate_rollouts(self.model, self.tokenizer, prompts,
-                                 **sampling_kwargs(self.config, generator_seed=generator_seed))
+        """The default sampler: the policy itself, with the config's sampling settings (and the tools, if any)."""
+        kwargs = sampling_kwargs(self.config, generator_seed=generator_seed)
+        if self.toolbox is not None:
+            return generate_tool_rollouts(self.model, self.tokenizer, prompts, self.toolbox, **kwargs)
+        return generate_rollouts(self.model, self.tokenizer, prompts, **kwargs)
 
     # ------------------------------------------------------------------ 2. reward
     def reward(self, batch: Sequence[dict], rollout: Rollout, state: Any) -> dict:
@@ -204,7 +208,7 @@ class GRPOStep:
         importance weights (:mod:`~grpo_tutorial.mismatch`); a sampler's ``sync()`` runs after every update.
         """
         cfg, mask = self.config, rollout.completion_mask
-        out: dict[str, Any] = {"stats": [], "losses": [], "grad_norms": [], "entropy": None}
+        out: dict[str, Any] = {"stats": [], "losses": [], "grad_norms": [], "entropy": None}  # entropy: every token
         out["seconds"] = {"forward_seconds": 0.0, "backward_seconds": 0.0, "optimizer_seconds": 0.0}
         out["lr"] = float(self.optimizer.param_groups[0]["lr"])
         if old_logp is None:  # filled by each micro-batch's pass; NaN: a row no pass reached (skipped update)
@@ -240,7 +244,7 @@ class GRPOStep:
         current policy's, from this gradient pass, with its gradient (as TRL).
         """
         cfg, micro, first = self.config, self.config.micro_size, len(out["stats"])  # this update's stats start at first
-        mask = rollout.completion_mask
+        mask = rollout.loss_mask if cfg.mask_tool_tokens else rollout.completion_mask  # the policy's tokens (tools.py)
         options = self.entropy_control.loss_options(cfg.loss_options())  # the loss's settings, this update's coef
         measure = options.needs_entropy or cfg.use_adaptive_entropy  # grpo_loss gets (and sums) the entropies
         with_entropy = old_logp is None or measure  # the scoring pass returns the entropies

@@ -90,6 +90,11 @@ class GRPOTrainer:
             Countdown, whose answer is an expression, not a number.
         sampler: what writes each step's completions, ``(prompts, seed) ->
             Rollout`` (default: the policy itself; see :mod:`grpo_tutorial.step`).
+        tools: plain Python functions the policy may call between turns
+            (TRL's ``tools=``; :mod:`grpo_tutorial.tools`): a chat model calls them
+            through its chat template, a model without one writes ``<<expression=``
+            to the one tool (the calculator, :func:`~grpo_tutorial.calculator.calculator`).
+            The tool's tokens are masked out of the loss.
 
     Attributes:
         grpo_step: the step (:class:`~grpo_tutorial.step.GRPOStep`): the policies,
@@ -117,11 +122,13 @@ class GRPOTrainer:
         *,
         accuracy_fn: Callable | None = None,
         sampler: Sampler | None = None,
+        tools: Sequence[Callable] | None = None,
     ) -> None:
         given = GRPOConfig() if config is None else config
         policies = adapter_policies(model, given, ref_model) if isinstance(given, GRPOConfig) else None  # LoRA
         self.grpo_step = GRPOStep(model if policies is None else policies.policy, tokenizer, reward_fns, config,
-                                  ref_model, accuracy_fn=accuracy_fn, sampler=sampler, policies=policies)
+                                  ref_model, accuracy_fn=accuracy_fn, sampler=sampler, policies=policies,
+                                  tools=tools)
         check_reporting(self.config.report_to, self.config.output_dir)  # no output_dir or no TensorBoard: now
         self.state = RunState()
         self.history: list[dict] = []

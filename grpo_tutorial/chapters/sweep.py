@@ -13,24 +13,33 @@ settings and in what they keep of a run beyond the common fields, so both run he
 - :func:`run_sweep_seed`: one seed, every setting (or those named in ``only``) from one warm start;
 - :func:`runs_by_setting` and :func:`setting_summary`: the seeds' runs of each setting, and what both chapters'
   summaries say of them (final accuracy and gain with their t intervals, the held-out curve's band).
+
+Chapters 13 and 16 compare *variants* (a setting and, for some, another reward or tool) from one warm start per
+seed, each measured by a chapter's own held-out statistics; they share :func:`train_with_curve` (train, measuring
+every ``eval_every`` steps) and :func:`summarize_variants` (each statistic's band across seeds, and the final
+values paired by seed against the baseline variant).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import time
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from ..evaluation import evaluate_policy
-from ..stats import mean_ci, standard_error
+from ..stats import mean_ci, paired_comparison, standard_error
 from ..rewards import correctness_reward
 from ..trainer import GRPOConfig, GRPOTrainer
 from .recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, paired_gain, warm_start
 
-__all__ = ["recipe_threads", "run_setting", "run_sweep_seed", "runs_by_setting", "seed_start", "setting_summary"]
+__all__ = [
+    "recipe_threads", "run_setting", "run_sweep_seed", "runs_by_setting", "seed_start", "setting_summary",
+    "summarize_variants", "train_with_curve",
+]
 
 #: ``describe(trainer, first, final, curve) -> dict``: what a chapter keeps of a finished run beyond the common
 #: fields (``first`` and ``final`` are the evaluations before and after training, ``curve`` the held-out curve).
@@ -156,3 +165,45 @@ def setting_summary(runs: dict[int, dict], confidence: float) -> dict:
         "heldout_se": [standard_error([c[i] for c in curves]) for i in range(len(curves[0]))],
         "per_seed_final": {str(s): run["final_accuracy"] for s, run in runs.items()},
     }
+
+
+def train_with_curve(trainer: GRPOTrainer, rows: Sequence[dict], steps: int, every: int, point: Callable[[], dict],
+                     *, progress: bool = False) -> tuple[list[dict], float]:
+    """Train ``trainer`` on ``rows`` to ``steps`` steps, calling ``point()`` at the start and every ``every`` steps
+    (0: at the end only). Returns the points and the seconds spent training (the measuring left out)."""
+    curve = [point()]
+    seconds = 0.0
+    chunk = every or steps
+    while trainer.step < steps:
+        t0 = time.perf_counter()
+        trainer.train(rows, min(steps, trainer.step + chunk), progress=progress)
+        seconds += time.perf_counter() - t0
+        curve.append(point())
+    return curve, seconds
+
+
+def summarize_variants(seeds: Sequence[dict], variants: Sequence[str], keys: Sequence[str],
+                       baseline: str) -> dict[str, Any]:
+    """Across seeds, per variant (those every seed ran, in the order of ``variants``): each of ``keys`` at every
+    point of the curve (mean and 95% t interval; a seed whose value is NaN there is left out), and the final values'
+    paired difference against ``baseline`` (the same seed's warm start on both sides)."""
+    names = [v for v in variants if all(v in s["variants"] for s in seeds)]
+    out: dict[str, Any] = {}
+    for v in names:
+        curves = [s["variants"][v]["curve"] for s in seeds]
+        steps = [p["step"] for p in curves[0]]
+        entry: dict[str, Any] = {"steps": steps}
+        for key in keys:
+            finite = [[c[i][key] for c in curves if math.isfinite(c[i][key])] for i in range(len(steps))]
+            entry[key] = [mean_ci(values) if values else None for values in finite]
+        if v != baseline and baseline in names:
+            entry["vs_" + baseline] = {}
+            for key in keys:
+                final = {s["seed"]: (s["variants"][v]["curve"][-1][key], s["variants"][baseline]["curve"][-1][key])
+                         for s in seeds}
+                final = {seed: pair for seed, pair in final.items() if all(map(math.isfinite, pair))}
+                if final:
+                    entry["vs_" + baseline][key] = paired_comparison({k: a for k, (a, _) in final.items()},
+                                                                     {k: b for k, (_, b) in final.items()})
+        out[v] = entry
+    return out

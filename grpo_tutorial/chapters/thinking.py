@@ -45,7 +45,7 @@ from ..rollout import generate_rollouts, sampling_kwargs
 from ..sft import SFTConfig, supervised_warmup
 from ..long_addition import WORKED_OPEN, make_long_addition_dataset, parse_worked, worked_addition
 from ..trainer import GRPOTrainer
-from ..stats import mean_ci, paired_comparison
+from .sweep import summarize_variants, train_with_curve
 
 __all__ = [
     "CURVE_KEYS",
@@ -412,14 +412,8 @@ def run_variant(variant: str, start_model, tokenizer, data: dict[str, list[dict]
     def point() -> dict:
         return {"step": trainer.step, **heldout_stats(model, tokenizer, data["test"], config, eval_seed)}
 
-    curve = [point()]
-    seconds = 0.0
-    chunk = recipe.eval_every or recipe.grpo_steps
-    while trainer.step < recipe.grpo_steps:
-        t0 = time.perf_counter()
-        trainer.train(data["train"], min(recipe.grpo_steps, trainer.step + chunk), progress=progress)
-        seconds += time.perf_counter() - t0
-        curve.append(point())
+    curve, seconds = train_with_curve(trainer, data["train"], recipe.grpo_steps, recipe.eval_every, point,
+                                      progress=progress)
     timing = ("seconds", "tokens_per_s", "lr")
     history = [{k: v for k, v in row.items() if not k.endswith(timing)} for row in trainer.history]
     return {"variant": variant, "seed": seed, "curve": curve, "history": history, "seconds": seconds,
@@ -429,23 +423,4 @@ def run_variant(variant: str, start_model, tokenizer, data: dict[str, list[dict]
 def summarize_thinking(seeds: Sequence[dict], baseline: str = "grpo") -> dict[str, Any]:
     """Across seeds, per variant: every curve key at every step (mean and 95% t interval), and the
     final values' paired difference against ``baseline`` (the same seed's warm start on both sides)."""
-    variants = [v for v in VARIANTS if all(v in s["variants"] for s in seeds)]
-    out: dict[str, Any] = {}
-    for v in variants:
-        curves = [s["variants"][v]["curve"] for s in seeds]
-        steps = [p["step"] for p in curves[0]]
-        entry: dict[str, Any] = {"steps": steps}
-        for key in CURVE_KEYS:  # a seed where a style or outcome had no completion (NaN) is left out
-            finite = [[c[i][key] for c in curves if math.isfinite(c[i][key])] for i in range(len(steps))]
-            entry[key] = [mean_ci(values) if values else None for values in finite]
-        if v != baseline and baseline in variants:
-            entry["vs_" + baseline] = {}
-            for key in CURVE_KEYS:
-                final = {s["seed"]: (s["variants"][v]["curve"][-1][key], s["variants"][baseline]["curve"][-1][key])
-                         for s in seeds}
-                final = {seed: pair for seed, pair in final.items() if all(map(math.isfinite, pair))}
-                if final:
-                    entry["vs_" + baseline][key] = paired_comparison({k: a for k, (a, _) in final.items()},
-                                                                     {k: b for k, (_, b) in final.items()})
-        out[v] = entry
-    return out
+    return summarize_variants(seeds, list(VARIANTS), CURVE_KEYS, baseline)

@@ -1,0 +1,351 @@
+"""Stage 1 with tools: rollouts that stop at a tool call, run the tool, and go on (TRL's ``tools=``).
+
+A rollout with tools is several turns of one completion. The policy writes until
+it calls a tool; the tool runs and its result is appended to the row; the policy
+goes on from there; and so on, up to ``max_tool_calling_iterations`` rounds of
+calls (TRL's name and meaning: None, no limit). Every round is ONE batched
+``generate`` call over the rows still running, as in TRL's ``_tool_call_loop``.
+
+The idea to get right is the **tool mask**. The tool's tokens were not sampled by
+the policy: they have no probability under the sampler, so no ratio, and training
+on them would teach the policy to *predict* the tool's answer instead of calling
+it. :class:`~grpo_tutorial.rollout.Rollout` carries ``tool_mask`` (``[N, Tc]``,
+0 on the tool's tokens, 1 elsewhere, as TRL builds it) and the step trains on
+``completion_mask * tool_mask`` (:attr:`~grpo_tutorial.rollout.Rollout.loss_mask`):
+the loss, the KL term and every normaliser count the policy's tokens only. The
+policy still *reads* the tool's tokens (they are in the attention mask).
+
+Two ways to write a call (a *call syntax*):
+
+* :class:`InlineCalls`, for models without a chat template (chapter 16's tiny
+  model): GSM8K's calculator annotations. The model writes ``<<48/2=``, the row
+  stops there, the tool writes ``24>>`` and the model goes on (``24<eos>``). The
+  call sits in the middle of the completion, so only the tool's result is masked.
+* :class:`ChatCalls`, for chat models whose template supports tools (TRL's route):
+  the assistant's turn ends (EOS) with a tool call, which TRL's response parser
+  reads; the tool's message, in the chat template's wrapper, is appended and masked,
+  and the assistant writes its next turn.
+
+How each failure is handled. TRL's rules: a tool that raises, an unknown tool
+name, or an unsupported call type gives a result ``{"error": ...}`` that the model
+sees, and counts as a failure; a malformed call is left as plain text and ends the
+turn; at the iteration limit the loop stops with the last call unanswered; a result
+that would push the completion past its token budget is rolled back (the row ends
+with its call unanswered). Our additions, where TRL has no rule: a call past its
+time limit (``tool_time_limit``) gives an error result and counts as a failure
+(:func:`~grpo_tutorial.calculator.run_tool_call`). Nothing a tool or the model does
+raises out of the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ._checks import check_int, check_number
+from .calculator import run_tool_call
+from .rollout import (
+    Rollout, _generate, _generation_kwargs, _left_pad, _uses_chat_template, generate_rollouts, pad_token_id,
+    stop_token_ids,
+)
+
+__all__ = ["ChatCalls", "InlineCalls", "ToolBox", "generate_tool_rollouts", "tool_box"]
+
+
+@dataclass(frozen=True)
+class InlineCalls:
+    """A call written inside the completion: ``<<expression=``; the tool answers ``result>>``.
+
+    This is how GSM8K's solutions annotate their arithmetic (``<<48/2=24>>``). The one
+    tool takes the expression as its only argument; an error result is written as
+    ``error`` (``"?>>"``), since a character model cannot spell the error message.
+    """
+
+    open: str = "<<"
+    ask: str = "="
+    close: str = ">>"
+    error: str = "?"
+
+    def stop_ids(self, tokenizer: Any) -> list[int]:
+        """The token ids after which a row may be asking: those whose text ends with ``ask``."""
+        vocab = tokenizer.get_vocab()
+        return sorted(i for tok, i in vocab.items() if tokenizer.decode([i]).endswith(self.ask))
+
+    def pending(self, text: str) -> str | None:
+        """The expression of the call ``text`` ends with (``"12*34"`` for ``"...<<12*34="``), else None.
+
+        ``text`` is the whole row, prompt included, so that a prompt may open the call."""
+        start = text.rfind(self.open)
+        if start < 0 or not text.endswith(self.ask):
+            return None
+        body = text[start + len(self.open): len(text) - len(self.ask)]
+        return None if self.close in body or self.open in body else body
+
+    def calls(self, tokenizer: Any, prefix_ids: list[int], turn_ids: list[int], ended: bool,
+              tools: dict[str, Callable]) -> list[dict] | None:
+        """The calls a stopped turn asks for (one at most), in TRL's form; None: the turn asked for none."""
+        if ended:  # the model wrote its EOS: the completion is over
+            return None
+        expression = self.pending(tokenizer.decode(prefix_ids + turn_ids, skip_special_tokens=True))
+        if expression is None:
+            return None
+        name = next(iter(tools))
+        return [{"type": "function", "function": {"name": name, "arguments": {_argument(tools[name]): expression}}}]
+
+    def suffix_ids(self, tokenizer: Any, results: list[tuple[str, Any]]) -> list[int]:
+        """The tokens the tool writes: its result (or ``error``) and ``close``."""
+        (_, result), = results
+        text = self.error if isinstance(result, dict) and "error" in result else str(result)
+        return tokenizer(text + self.close, add_special_tokens=False)["input_ids"]
+
+    def check(self, tools: dict[str, Callable]) -> None:
+        if len(tools) != 1:
+            raise ValueError(f"InlineCalls writes calls to one tool (the calculator); got {len(tools)} tools: "
+                             f"{sorted(tools)}. Use a chat model and ChatCalls for several tools")
+
+
+def _argument(fn: Callable) -> str:
+    """The name of a one-argument tool's parameter (the calculator's ``expression``)."""
+    import inspect
+
+    params = [p for p in inspect.signature(fn).parameters.values() if p.default is p.empty]
+    if len(params) != 1:
+        raise ValueError(f"an inline tool takes one required argument; {fn.__name__} takes {[p.name for p in params]}")
+    return params[0].name
+
+
+class ChatCalls:
+    """TRL's route for chat models: a tool call ends the assistant's turn, and the tool answers in a message.
+
+    The calls are read by TRL's response parser (``trl.chat_template_utils.parse_response``),
+    and the tool's message is rendered by the chat template, exactly as TRL's
+    ``GRPOTrainer._get_tool_suffix_ids`` renders it. Needs ``trl`` (an optional extra)
+    and a template that passes TRL's ``supports_tool_calling``.
+    """
+
+    def __init__(self, tokenizer: Any, tools: Sequence[Callable]) -> None:
+        from .chat_tools import chat_call_helpers  # imports trl
+
+        self.tools = list(tools)
+        self._parse, self._suffix = chat_call_helpers(tokenizer, self.tools)
+
+    def stop_ids(self, tokenizer: Any) -> list[int]:
+        return []  # a call ends the turn: the row stops at its EOS
+
+    def calls(self, tokenizer: Any, prefix_ids: list[int], turn_ids: list[int], ended: bool,
+              tools: dict[str, Callable]) -> list[dict] | None:
+        if not ended or not turn_ids:  # cut off by the budget: no complete call
+            return None
+        return self._parse(prefix_ids, turn_ids) or None
+
+    def suffix_ids(self, tokenizer: Any, results: list[tuple[str, Any]]) -> list[int]:
+        return self._suffix(results)
+
+    def check(self, tools: dict[str, Callable]) -> None:
+        pass
+
+
+class _StopAtCall:
+    """A ``generate`` stopping criterion: a row stops when it has just written a call (per row, as HF allows)."""
+
+    def __init__(self, syntax: Any, tokenizer: Any) -> None:
+        self.syntax, self.tokenizer, self.start = syntax, tokenizer, None  # start: the prompts' width
+        # a call is read in the whole row (a prompt may open it: "347*56=<<", as chapter 16's probe does)
+        self.ids = torch.tensor(syntax.stop_ids(tokenizer), dtype=torch.long)
+        self.stopped_at: dict[int, int] = {}  # row -> its length when it stopped
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kwargs: Any) -> torch.Tensor:
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        if self.start is None:  # called first after the first new token
+            self.start = input_ids.shape[1] - 1
+        if not len(self.ids):
+            return done
+        last = input_ids[:, -1]
+        for row in torch.nonzero(torch.isin(last, self.ids.to(last.device))).flatten().tolist():
+            if row in self.stopped_at:
+                continue
+            text = self.tokenizer.decode(input_ids[row].tolist(), skip_special_tokens=True)
+            if self.syntax.pending(text) is not None:
+                self.stopped_at[row] = input_ids.shape[1] - self.start
+                done[row] = True
+        return done
+
+
+@dataclass
+class ToolBox:
+    """The tools of a run and how they are called: TRL's ``tools=`` and ``max_tool_calling_iterations``.
+
+    Attributes:
+        tools: plain Python functions (TRL's form: type hints and a docstring with ``Args:``).
+        syntax: :class:`InlineCalls` or :class:`ChatCalls`.
+        max_tool_calling_iterations: rounds of calls at most (None: no limit; TRL's name).
+        time_limit: seconds each call may take (ours; TRL has no limit; None: no limit).
+    """
+
+    tools: dict[str, Callable]
+    syntax: Any
+    max_tool_calling_iterations: int | None = None
+    time_limit: float | None = 10.0
+
+    @classmethod
+    def build(cls, tools: Sequence[Callable], tokenizer: Any, *, chat: bool,
+              max_tool_calling_iterations: int | None = None, time_limit: float | None = 10.0) -> "ToolBox":
+        """A tool box for ``tools``: :class:`ChatCalls` for a chat model (``chat``), else :class:`InlineCalls`."""
+        if callable(tools) or isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+            raise TypeError(f"tools must be a list of functions, as TRL takes them; got {type(tools).__name__}")
+        if not tools or not all(callable(t) for t in tools):
+            raise TypeError(f"tools must be a non-empty list of functions; got {tools!r}")
+        named = {getattr(t, "__name__", type(t).__name__): t for t in tools}
+        if len(named) != len(tools):
+            raise ValueError(f"two tools share a name: {[getattr(t, '__name__', '?') for t in tools]}")
+        check_int("ToolBox", "max_tool_calling_iterations", max_tool_calling_iterations, 0, optional=True)
+        check_number("ToolBox", "time_limit", time_limit, lambda v: 0 < v < float("inf"), "None or a number > 0",
+                     optional=True)
+        syntax = ChatCalls(tokenizer, tools) if chat else InlineCalls()
+        syntax.check(named)
+        return cls(named, syntax, max_tool_calling_iterations, time_limit)
+
+
+def tool_box(tools: Sequence[Callable] | None, tokenizer: Any, config: Any, sampler: Any = None) -> ToolBox | None:
+    """The step's :class:`ToolBox` for ``tools`` under ``config`` (None without tools).
+
+    The tools need the policy as the sampler: a sampler that is not the learner
+    (``config.sampler``, a ``sampler=`` function) writes whole completions its own way,
+    so it is refused with tools.
+    """
+    if tools is None:
+        return None
+    if sampler is not None:
+        raise ValueError("tools= needs the policy as its sampler; a sampler that is not the learner (config.sampler "
+                         "other than 'policy', or a sampler= function) cannot pause for a tool call")
+    chat = _uses_chat_template(tokenizer, config.use_chat_template)
+    return ToolBox.build(tools, tokenizer, chat=chat, max_tool_calling_iterations=config.max_tool_calling_iterations,
+                         time_limit=config.tool_time_limit)
+
+
+def generate_tool_rollouts(model: Any, tokenizer: Any, prompts: Sequence[Any], toolbox: ToolBox, *,
+                           group_size: int, max_new_tokens: int, generator_seed: int | None = None,
+                           **sampling: Any) -> Rollout:
+    """G completions per prompt, each free to call the tools: :func:`~grpo_tutorial.rollout.generate_rollouts`
+    for the first turn (all B*G rows in one call), then one batched call per round over the rows a tool answered.
+
+    ``max_new_tokens`` is the budget of the whole completion, the tool's tokens included (TRL's
+    ``max_completion_length``). ``sampling``: the rest of :func:`generate_rollouts`' settings.
+    Returns a :class:`~grpo_tutorial.rollout.Rollout` with ``tool_mask``, ``tool_calls`` and
+    ``tool_failures`` (``[N]``, calls made and failed per row).
+    """
+    syntax = toolbox.syntax
+    stopper = _StopAtCall(syntax, tokenizer)
+    first = generate_rollouts(model, tokenizer, prompts, group_size=group_size, max_new_tokens=max_new_tokens,
+                              generator_seed=generator_seed, stopping_criteria=[stopper], **sampling)
+    stopper_lengths = stopper.stopped_at  # rows that stopped at a call, and their lengths
+    lengths = first.completion_lengths.long().tolist()
+    ids = first.completion_ids.cpu().tolist()
+    N, stops = len(ids), set(stop_token_ids(model, tokenizer))
+    prompt_rows = [row[m.bool()].tolist() for row, m in zip(first.prompt_ids.cpu(), first.prompt_mask.cpu())]
+    completion = [ids[i][: stopper_lengths.get(i, lengths[i])] for i in range(N)]
+    tool_mask = [[1] * len(c) for c in completion]
+    calls_made, failures = [0] * N, [0] * N
+    turn_start = [0] * N
+    device = first.completion_ids.device
+
+    def asked(i: int) -> list[dict] | None:
+        turn = completion[i][turn_start[i]:]
+        ended = bool(turn) and turn[-1] in stops
+        return syntax.calls(tokenizer, prompt_rows[i] + completion[i][: turn_start[i]], turn, ended, toolbox.tools)
+
+    pending = {i: c for i in range(N) if (c := asked(i))}
+    limit = toolbox.max_tool_calling_iterations
+    rounds = 0
+    while pending and (limit is None or rounds < limit):
+        suffixes: dict[int, list[int]] = {}
+        for i, calls in pending.items():  # run the tools: TRL's rules, and our time limit
+            results = []
+            for call in calls:
+                name, result, failed = _run(toolbox, call)
+                calls_made[i] += 1
+                failures[i] += int(failed)
+                results.append((name, result))
+            suffix = syntax.suffix_ids(tokenizer, results)
+            if len(completion[i]) + len(suffix) <= max_new_tokens:  # else rolled back: the call stays unanswered
+                suffixes[i] = suffix
+        for i, suffix in suffixes.items():
+            completion[i] += suffix
+            tool_mask[i] += [0] * len(suffix)
+            turn_start[i] = len(completion[i])
+        going = [i for i in suffixes if len(completion[i]) < max_new_tokens]
+        rounds += 1
+        if going:
+            new = _continue(model, tokenizer, syntax, [prompt_rows[i] + completion[i] for i in going],
+                            max(max_new_tokens - len(completion[i]) for i in going),
+                            None if generator_seed is None else generator_seed + 100_003 * rounds, sampling)
+            for i, turn in zip(going, new):
+                turn = turn[: max_new_tokens - len(completion[i])]  # each row's own budget
+                completion[i] += turn
+                tool_mask[i] += [1] * len(turn)
+        pending = {i: c for i in going if (c := asked(i))}
+
+    return _assemble(first, tokenizer, completion, tool_mask, calls_made, failures, stops, device)
+
+
+def _run(toolbox: ToolBox, call: dict) -> tuple[str, Any, bool]:
+    """One call: ``(tool name, result, failed)``. TRL's rule for a call type other than ``"function"``
+    (an error result, a failure); the rest is :func:`~grpo_tutorial.calculator.run_tool_call`'s."""
+    if call.get("type") != "function":
+        return call.get("name", "unknown"), {"error": f"Unsupported tool call type: {call.get('type')}"}, True
+    function = call.get("function") or {}
+    name = function.get("name", "unknown")
+    result, failed = run_tool_call(toolbox.tools, name, function.get("arguments"), toolbox.time_limit)
+    return name, result, failed
+
+
+def _continue(model: Any, tokenizer: Any, syntax: Any, rows: list[list[int]], max_new: int, seed: int | None,
+              sampling: dict[str, Any]) -> list[list[int]]:
+    """One batched ``generate`` call that continues ``rows`` (token ids, no re-tokenization); each row's new turn."""
+    pad = pad_token_id(tokenizer)
+    ids, mask = _left_pad(rows, pad)  # [n, T], [n, T]
+    device = next(model.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
+    stopper = _StopAtCall(syntax, tokenizer)
+    kwargs = _generation_kwargs(model, tokenizer, max_new_tokens=max_new,
+                                temperature=sampling.get("temperature", 1.0), top_p=sampling.get("top_p", 1.0),
+                                do_sample=sampling.get("do_sample", True))
+    from transformers import LogitsProcessorList, StoppingCriteriaList
+
+    kwargs["stopping_criteria"] = StoppingCriteriaList([stopper])
+    if sampling.get("logits_processor"):
+        kwargs["logits_processor"] = LogitsProcessorList(sampling["logits_processor"])
+    do_sample = sampling.get("do_sample", True)
+    out = _generate(model, ids, mask, kwargs, prompts=(ids, mask), group_size=1, seed=seed if do_sample else None,
+                    onednn=sampling.get("onednn"))[:, ids.shape[1]:].cpu()  # [n, Tnew]
+    stops = set(stop_token_ids(model, tokenizer))
+    turns = []
+    for r, row in enumerate(out.tolist()):
+        end = stopper.stopped_at.get(r, len(row))
+        cut = next((k + 1 for k, t in enumerate(row[:end]) if t in stops), end)
+        turns.append(row[:cut])
+    return turns
+
+
+def _assemble(first: Rollout, tokenizer: Any, completion: list[list[int]], tool_mask: list[list[int]],
+              calls: list[int], failures: list[int], stops: set[int], device: torch.device) -> Rollout:
+    """The rows as one :class:`Rollout`: completions right-padded, ``completion_mask`` 1 on every kept token."""
+    pad = pad_token_id(tokenizer)
+    width = max(1, max(len(c) for c in completion))
+    ids = torch.full((len(completion), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(completion), width))
+    tmask = torch.ones((len(completion), width))  # padded with 1, as TRL pads it (the completion mask is 0 there)
+    for i, (row, tm) in enumerate(zip(completion, tool_mask)):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = 1.0
+        tmask[i, : len(tm)] = torch.tensor(tm, dtype=torch.float32)
+    truncated = torch.tensor([not row or row[-1] not in stops for row in completion])  # TRL's rule: no EOS at the end
+    return Rollout(
+        prompt_ids=first.prompt_ids, prompt_mask=first.prompt_mask, completion_ids=ids.to(device),
+        completion_mask=mask.to(device), completions=tokenizer.batch_decode(completion, skip_special_tokens=True),
+        truncated=truncated.to(device), prompt_index=first.prompt_index, prompts=first.prompts,
+        group_size=first.group_size, tool_mask=tmask.to(device),
+        tool_calls=torch.tensor(calls, device=device), tool_failures=torch.tensor(failures, device=device),
+    )
