@@ -220,7 +220,7 @@ def test_without_a_cache_folder_nothing_is_cached(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the cache was used")
 
-    monkeypatch.setattr(recipes, "_cached_warm_start", refuse)
+    monkeypatch.setattr(recipes, "cached_warm_start", refuse)
     monkeypatch.setattr(recipes, "supervised_warmup", lambda *args, **kwargs: [])
     recipe = TinyAdditionRecipe.quick()
     model, tokenizer = build_recipe_model(recipe, 0)

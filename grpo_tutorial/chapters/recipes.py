@@ -379,7 +379,7 @@ def warm_start(
     """
     folder = cache if cache is not None else os.environ.get(WARM_START_CACHE)
     if folder:
-        return _cached_warm_start(Path(folder), model, tokenizer, data, recipe, seed, progress)
+        return cached_warm_start(warm_start, folder, model, tokenizer, data, recipe, seed, progress)
     checks: list[tuple[int, float]] = []
     grpo = recipe.grpo_config(seed)
 
@@ -412,7 +412,8 @@ def warm_start(
 WARM_START_CACHE = "GRPO_WARM_START_CACHE"
 
 
-def warm_start_key(model, tokenizer, data: dict[str, list[dict]], recipe: TinyAdditionRecipe, seed: int) -> str:
+def warm_start_key(model, tokenizer, data: dict[str, list[dict]], recipe: TinyAdditionRecipe, seed: int,
+                   maker: str = "") -> str:
     """What decides a warm start's bits, hashed: the recipe (but the GRPO phase's length), the seed, the
     model's initial weights, the tokenizer's vocabulary, the training and probe rows, the package's source, torch's version, its
     thread count and the kernels (:func:`~grpo_tutorial.env.kernel_fingerprint`, and the variables that pick them)."""
@@ -423,7 +424,7 @@ def warm_start_key(model, tokenizer, data: dict[str, list[dict]], recipe: TinyAd
     threads = torch.get_num_threads()
     kernels = {name: os.environ.get(name) for name in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS",
                                                          "ONEDNN_MAX_CPU_ISA")}
-    digest.update(json.dumps([fields, seed, torch.__version__, threads, kernels, kernel_fingerprint(threads),
+    digest.update(json.dumps([maker, fields, seed, torch.__version__, threads, kernels, kernel_fingerprint(threads),
                               sorted(tokenizer.get_vocab().items()), data["train"], data["probe"]], sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
@@ -435,13 +436,17 @@ def warm_start_key(model, tokenizer, data: dict[str, list[dict]], recipe: TinyAd
     return digest.hexdigest()[:20]
 
 
-def _cached_warm_start(folder: Path, model, tokenizer, data, recipe, seed: int, progress: bool) -> dict:
-    """:func:`warm_start` through the cache in ``folder``: made under a file lock by the first process that asks,
-    loaded by the others (pytest-xdist's workers and the notebooks' kernels run at the same time)."""
+def cached_warm_start(make, folder: str | os.PathLike, model, tokenizer, data, recipe, seed: int,
+                      progress: bool) -> dict:
+    """A chapter's warm start ``make(model, tokenizer, data, recipe, seed, progress=..., cache="")`` through the
+    cache in ``folder``: made under a file lock by the first process that asks, loaded by the others
+    (pytest-xdist's workers and the notebooks' kernels run at the same time). The key is :func:`warm_start_key`'s,
+    with the making function's name (chapters 8 and 16 keep theirs apart)."""
     from filelock import FileLock
 
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    key = warm_start_key(model, tokenizer, data, recipe, seed)
+    key = warm_start_key(model, tokenizer, data, recipe, seed, f"{make.__module__}.{make.__qualname__}")
     saved = folder / f"warm_start_{key}.pt"
     with FileLock(str(folder / f"warm_start_{key}.lock")):
         if saved.exists():
@@ -449,7 +454,7 @@ def _cached_warm_start(folder: Path, model, tokenizer, data, recipe, seed: int, 
             model.load_state_dict(state["weights"])
             torch.set_rng_state(state["rng"])
             return state["info"]
-        info = warm_start(model, tokenizer, data, recipe, seed, progress=progress, cache="")
+        info = make(model, tokenizer, data, recipe, seed, progress=progress, cache="")
         torch.save({"weights": model.state_dict(), "info": info, "rng": torch.get_rng_state()}, saved)
     return info
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 import random
 import re
 import time
@@ -43,6 +44,7 @@ from ..rollout import generate_rollouts, sampling_kwargs
 from ..sft import SFTConfig, supervised_warmup
 from ..tools import InlineCalls, ToolBox, generate_tool_rollouts
 from ..trainer import GRPOTrainer
+from .recipes import WARM_START_CACHE, cached_warm_start
 from .sweep import summarize_variants, train_with_curve
 
 __all__ = [
@@ -320,11 +322,17 @@ def heldout_stats(model, tokenizer, rows: Sequence[dict], config: GRPOConfig, se
 
 
 def warm_start(model, tokenizer, data: dict[str, list[dict]], recipe: ToolRecipe, seed: int, *,
-               progress: bool = True) -> dict:
+               progress: bool = True, cache: str | None = None) -> dict:
     """Supervised steps on the guess/call mix until the probe, started with ``<<``, reaches ``recipe.sft_target``.
 
     Returns ``steps``, ``seconds``, ``reached`` and ``probe`` (``[step, accuracy]`` at every check).
+    ``cache``: as chapter 8's :func:`~grpo_tutorial.chapters.recipes.warm_start` (default: the environment
+    variable ``GRPO_WARM_START_CACHE``, which ``make test`` sets, so the chapter and its record's test make
+    seed 0's warm start once).
     """
+    folder = cache if cache is not None else os.environ.get(WARM_START_CACHE)
+    if folder:
+        return cached_warm_start(warm_start, folder, model, tokenizer, data, recipe, seed, progress)
     checks: list[list[float]] = []
     config = recipe.grpo_config(seed)
 
