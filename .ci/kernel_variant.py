@@ -41,6 +41,7 @@ REPLAYS = {
     "notebooks/13_thinking_longer.ipynb": ("thinking_results.json",),
     "notebooks/14_lora.ipynb": ("lora_regret.json", "lora_regret_lower.json"),
     "notebooks/15_sampler_mismatch.ipynb": ("sampler_mismatch.json",),
+    "notebooks/16_tools_in_the_loop.ipynb": ("tool_results.json",),
 }
 
 

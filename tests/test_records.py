@@ -16,6 +16,8 @@ with the record:
 - ``thinking_results.json`` (chapter 13): the shipped warm start is the record's
   seed 0 (its sha256), the command's warm start gives it again bit for bit, and
   from it the 'grpo' setting's held-out statistics at step 0 and its first steps.
+- ``tool_results.json`` (chapter 16): the command's warm start of seed 0 (its steps and probe), and from
+  it the 'grpo' setting's held-out statistics at step 0 and its first two steps; the summary is its seeds'.
 - ``sampler_mismatch.json`` (chapter 15): seed 0's warm start, then the
   first step of the on-policy baseline and of the bfloat16 sampler without and with a
   correction: held-out accuracy before GRPO, step 1's reward and mismatch diagnostics.
@@ -81,6 +83,7 @@ PROVENANCE = {
     "lora_regret_lower.json": ("lora_regret_lower.json", None),  # made on a lent GPU; tests/test_gpu_proof.py checks it
     "sampler_mismatch.json": ("sampler_mismatch.json", None),
     "rollout_speed.json": ("rollout_speed.json", None),  # made on lent GPUs by two scripts that import no package code
+    "tool_results.json": ("tool_results.json", None),
 }
 #: Chapter 15's record (issue 35).
 MISMATCH_RECORD = "sampler_mismatch.json"
@@ -108,6 +111,7 @@ SEED_CHECKS = {
     "test_lora_record_reproduces_its_first_steps[lora_regret_lower.json]": 5,
     "test_sampler_mismatch_record_reproduces_its_first_steps": 7,  # warm-start steps; 3 settings x 2
     "test_thinking_warm_start_is_what_the_command_makes": 1,  # warm-start steps (`make test-records`)
+    "test_tool_record_reproduces_its_warm_start_and_first_steps": 2,  # warm-start steps; accuracy at step 0
 }
 #: How many statistical checks in all.
 FAMILY = sum(SEED_CHECKS.values())
@@ -810,3 +814,72 @@ def test_sampler_mismatch_record_reproduces_its_first_steps(request, recipe_warm
                                   [s["settings"][name]["heldout_curve"][0][1] for s in seeds])
             checks.like_the_seeds(f"{name}: step 1's reward", run["reward_curve"][0],
                                   [s["settings"][name]["reward_curve"][0] for s in seeds])
+
+
+# ---------------------------------------------------------------------------
+# Chapter 16: tools in the loop
+# ---------------------------------------------------------------------------
+
+
+def _tool_record():
+    from benchmarks import tool_use as bench
+    from benchmarks.variant_runs import recipe_for
+    from grpo_tutorial.chapters.tool_use import ToolRecipe
+
+    record = read_data("tool_results.json")
+    args = bench.build_parser().parse_args(script_args(record["command"], "benchmarks.tool_use"))
+    recipe = recipe_for(bench.CHAPTER, args)
+    assert recipe.to_dict() == ToolRecipe.from_dict(record["recipe"]).to_dict()
+    stored_fields_match(recipe.to_dict(), record["recipe"], "tool_results.json recipe")
+    assert [s["seed"] for s in record["seeds"]] == args.seeds and len(args.seeds) >= 5 and not args.quick
+    assert sorted(record["variants"]) == sorted(args.variants)
+    return record, recipe
+
+
+def test_tool_record_summary_is_its_seeds():
+    from benchmarks.lab import json_safe
+    from grpo_tutorial.chapters.tool_use import summarize_tool_use
+
+    record, recipe = _tool_record()
+    assert json_safe(summarize_tool_use(record["seeds"])) == record["summary"]
+    for s in record["seeds"]:
+        for name, run in s["variants"].items():
+            assert [p["step"] for p in run["curve"]] == list(range(0, recipe.grpo_steps + 1, recipe.eval_every))
+            assert [row["step"] for row in run["history"]] == list(range(1, recipe.grpo_steps + 1)), name
+
+
+@pytest.mark.slow
+def test_tool_record_reproduces_its_warm_start_and_first_steps(request):
+    from grpo_tutorial.chapters.tool_use import build_tool_model, make_tool_data, run_variant, warm_start
+
+    record, recipe = _tool_record()
+    skip_if_the_main_pass_compared(record, "tool_results.json")
+    data = make_tool_data(recipe)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(recipe.num_threads)
+    try:
+        model, tokenizer = build_tool_model(recipe, 0)
+        info = warm_start(model, tokenizer, data, recipe, 0, progress=False)  # make test: the chapter's, cached
+        first = dataclasses.replace(recipe, grpo_steps=2, eval_every=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = run_variant("grpo", model, tokenizer, data, first, seed=0)
+    finally:
+        torch.set_num_threads(previous)
+    seed0 = record["seeds"][0]
+    stored = seed0["variants"]["grpo"]
+    assert info["reached"] and all(s["warm_start"]["reached"] for s in record["seeds"])
+    if not same_kernels(record):  # other kernels: another draw of the warm start, like the record's seeds'
+        with SeedChecks(request) as checks:
+            checks.like_the_seeds("tools: warm-start steps", info["steps"],
+                                  [s["warm_start"]["steps"] for s in record["seeds"]])
+            checks.like_the_seeds("tools: accuracy at step 0", result["curve"][0]["accuracy"],
+                                  [s["variants"]["grpo"]["curve"][0]["accuracy"] for s in record["seeds"]])
+        return
+    assert info["steps"] == seed0["warm_start"]["steps"] and info["probe"] == seed0["warm_start"]["probe"]
+    assert result["curve"][0] == pytest.approx(stored["curve"][0], rel=1e-9, nan_ok=True)
+    keys = [k for k in stored["history"][0] if k != "step"]
+    for got, want in zip(result["history"], stored["history"][:2], strict=True):
+        assert got["step"] == want["step"]
+        for key in keys:
+            assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key

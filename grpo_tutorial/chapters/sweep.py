@@ -15,15 +15,17 @@ settings and in what they keep of a run beyond the common fields, so both run he
   summaries say of them (final accuracy and gain with their t intervals, the held-out curve's band).
 
 Chapters 13 and 16 compare *variants* (a setting and, for some, another reward or tool) from one warm start per
-seed, each measured by a chapter's own held-out statistics; they share :func:`train_with_curve` (train, measuring
-every ``eval_every`` steps) and :func:`summarize_variants` (each statistic's band across seeds, and the final
-values paired by seed against the baseline variant).
+seed, each measured by a chapter's own held-out statistics; they share :func:`warm_start_until` (supervised
+steps until a probe reaches the recipe's target), :func:`run_from_warm_start` and :func:`train_with_curve`
+(train, measuring every ``eval_every`` steps) and :func:`summarize_variants` (each statistic's band across
+seeds, and the final values paired by seed against the baseline variant).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -38,7 +40,7 @@ from .recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, p
 
 __all__ = [
     "recipe_threads", "run_setting", "run_sweep_seed", "runs_by_setting", "seed_start", "setting_summary",
-    "summarize_variants", "train_with_curve",
+    "run_from_warm_start", "summarize_variants", "train_with_curve", "warm_start_until",
 ]
 
 #: ``describe(trainer, first, final, curve) -> dict``: what a chapter keeps of a finished run beyond the common
@@ -207,3 +209,42 @@ def summarize_variants(seeds: Sequence[dict], variants: Sequence[str], keys: Seq
                                                                      {k: b for k, (_, b) in final.items()})
         out[v] = entry
     return out
+
+
+def warm_start_until(model, tokenizer, targets: Sequence[dict], recipe: Any, seed: int, probe: Callable[[Any], float],
+                     *, progress: bool) -> dict:
+    """Chapters 13's and 16's warm start: ``recipe.sft`` (seeded with ``seed``) on ``targets`` until
+    ``probe(model) >= recipe.sft_target``, checked every ``recipe.sft_check_every`` supervised steps.
+
+    Returns ``steps``, ``seconds``, ``reached`` and ``probe`` (``[step, probe value]`` at every check).
+    """
+    from ..sft import supervised_warmup
+
+    checks: list[list[float]] = []
+
+    def stop_when(m) -> bool:
+        value = probe(m)
+        checks.append([(len(checks) + 1) * recipe.sft_check_every, value])
+        return value >= recipe.sft_target
+
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    history = supervised_warmup(model, tokenizer, targets, dataclasses.replace(recipe.sft, seed=seed),
+                                stop_when=stop_when, check_every=recipe.sft_check_every, progress=progress)
+    return {"steps": len(history), "seconds": time.perf_counter() - start,
+            "reached": bool(history and history[-1].get("stopped")), "probe": checks}
+
+
+def run_from_warm_start(variant: str, seed: int, trainer: GRPOTrainer, rows: Sequence[dict], recipe: Any,
+                        stats: Callable[[], dict], *, progress: bool = False) -> dict:
+    """Train ``trainer`` (on a copy of a warm start) for ``recipe.grpo_steps`` steps, with ``stats()`` at step 0
+    and every ``recipe.eval_every`` steps. Returns ``variant``, ``seed``, ``curve`` (``step`` and the statistics),
+    ``history`` (the trainer's rows without timing fields), ``seconds`` (training only) and ``model``."""
+    def point() -> dict:
+        return {"step": trainer.step, **stats()}
+
+    curve, seconds = train_with_curve(trainer, rows, recipe.grpo_steps, recipe.eval_every, point, progress=progress)
+    timing = ("seconds", "tokens_per_s", "lr")
+    history = [{k: v for k, v in row.items() if not k.endswith(timing)} for row in trainer.history]
+    return {"variant": variant, "seed": seed, "curve": curve, "history": history, "seconds": seconds,
+            "model": trainer.model}

@@ -29,11 +29,9 @@ import copy
 import dataclasses
 import math
 import random
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import torch
 
 from .._checks import check_int, check_number
 from ..config import GRPOConfig
@@ -42,10 +40,10 @@ from ..models import build_tiny_policy
 from ..presets import get_preset
 from ..rewards import correctness_reward, soft_overlong_punishment
 from ..rollout import generate_rollouts, sampling_kwargs
-from ..sft import SFTConfig, supervised_warmup
+from ..sft import SFTConfig
 from ..long_addition import WORKED_OPEN, make_long_addition_dataset, parse_worked, worked_addition
 from ..trainer import GRPOTrainer
-from .sweep import summarize_variants, train_with_curve
+from .sweep import run_from_warm_start, summarize_variants, warm_start_until
 
 __all__ = [
     "CURVE_KEYS",
@@ -375,21 +373,10 @@ def warm_start(model, tokenizer, data: dict[str, list[dict]], recipe: ThinkingRe
     Returns ``steps``, ``seconds``, ``reached`` and ``probe`` (``[step, worked-out
     accuracy]`` at every check).
     """
-    checks: list[list[float]] = []
     config = recipe.grpo_config(seed)
-
-    def stop_when(m) -> bool:
-        accuracy = worked_accuracy(m, tokenizer, data["probe"], config)
-        checks.append([(len(checks) + 1) * recipe.sft_check_every, accuracy])
-        return accuracy >= recipe.sft_target
-
     targets = warm_start_targets(data["train"], recipe.worked_share, seed)
-    torch.manual_seed(seed)
-    start = time.perf_counter()
-    history = supervised_warmup(model, tokenizer, targets, dataclasses.replace(recipe.sft, seed=seed),
-                                stop_when=stop_when, check_every=recipe.sft_check_every, progress=progress)
-    return {"steps": len(history), "seconds": time.perf_counter() - start,
-            "reached": bool(history and history[-1].get("stopped")), "probe": checks}
+    return warm_start_until(model, tokenizer, targets, recipe, seed,
+                            lambda m: worked_accuracy(m, tokenizer, data["probe"], config), progress=progress)
 
 
 def run_variant(variant: str, start_model, tokenizer, data: dict[str, list[dict]], recipe: ThinkingRecipe,
@@ -408,16 +395,9 @@ def run_variant(variant: str, start_model, tokenizer, data: dict[str, list[dict]
     model = copy.deepcopy(start_model)
     trainer = GRPOTrainer(model, tokenizer, _rewards(reward, config, seed), config)
     eval_seed = EVAL_SEED_OFFSET + seed
-
-    def point() -> dict:
-        return {"step": trainer.step, **heldout_stats(model, tokenizer, data["test"], config, eval_seed)}
-
-    curve, seconds = train_with_curve(trainer, data["train"], recipe.grpo_steps, recipe.eval_every, point,
-                                      progress=progress)
-    timing = ("seconds", "tokens_per_s", "lr")
-    history = [{k: v for k, v in row.items() if not k.endswith(timing)} for row in trainer.history]
-    return {"variant": variant, "seed": seed, "curve": curve, "history": history, "seconds": seconds,
-            "model": model}
+    return run_from_warm_start(variant, seed, trainer, data["train"], recipe,
+                               lambda: heldout_stats(model, tokenizer, data["test"], config, eval_seed),
+                               progress=progress)
 
 
 def summarize_thinking(seeds: Sequence[dict], baseline: str = "grpo") -> dict[str, Any]:

@@ -30,22 +30,20 @@ import math
 import os
 import random
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import torch
 
 from .._checks import check_int, check_number
 from ..calculator import calculator
 from ..config import GRPOConfig
 from ..models import TINY_TOOL_CHARS, build_tiny_policy
 from ..rollout import generate_rollouts, sampling_kwargs
-from ..sft import SFTConfig, supervised_warmup
+from ..sft import SFTConfig
 from ..tools import InlineCalls, ToolBox, generate_tool_rollouts
 from ..trainer import GRPOTrainer
 from .recipes import WARM_START_CACHE, cached_warm_start
-from .sweep import summarize_variants, train_with_curve
+from .sweep import run_from_warm_start, summarize_variants, warm_start_until
 
 __all__ = [
     "CURVE_KEYS", "EVAL_SEED_OFFSET", "ToolRecipe", "VARIANTS", "build_tool_model", "heldout_stats",
@@ -333,21 +331,10 @@ def warm_start(model, tokenizer, data: dict[str, list[dict]], recipe: ToolRecipe
     folder = cache if cache is not None else os.environ.get(WARM_START_CACHE)
     if folder:
         return cached_warm_start(warm_start, folder, model, tokenizer, data, recipe, seed, progress)
-    checks: list[list[float]] = []
     config = recipe.grpo_config(seed)
-
-    def stop_when(m) -> bool:
-        accuracy = called_accuracy(m, tokenizer, data["probe"], config)
-        checks.append([(len(checks) + 1) * recipe.sft_check_every, accuracy])
-        return accuracy >= recipe.sft_target
-
     targets = warm_start_targets(data["train"], recipe.tool_share, seed)
-    torch.manual_seed(seed)
-    start = time.perf_counter()
-    history = supervised_warmup(model, tokenizer, targets, dataclasses.replace(recipe.sft, seed=seed),
-                                stop_when=stop_when, check_every=recipe.sft_check_every, progress=progress)
-    return {"steps": len(history), "seconds": time.perf_counter() - start,
-            "reached": bool(history and history[-1].get("stopped")), "probe": checks}
+    return warm_start_until(model, tokenizer, targets, recipe, seed,
+                            lambda m: called_accuracy(m, tokenizer, data["probe"], config), progress=progress)
 
 
 def run_variant(variant: str, start_model, tokenizer, data: dict[str, list[dict]], recipe: ToolRecipe,
@@ -368,16 +355,9 @@ def run_variant(variant: str, start_model, tokenizer, data: dict[str, list[dict]
                           tools=tools)
     eval_tools = None if tools is None else [calculator if kind == "calculator" else _tools(kind, recipe, seed + 1)[0]]
     eval_seed = EVAL_SEED_OFFSET + seed
-
-    def point() -> dict:
-        return {"step": trainer.step, **heldout_stats(model, tokenizer, data["test"], config, eval_seed, eval_tools)}
-
-    curve, seconds = train_with_curve(trainer, data["train"], recipe.grpo_steps, recipe.eval_every, point,
-                                      progress=progress)
-    timing = ("seconds", "tokens_per_s", "lr")
-    history = [{k: v for k, v in row.items() if not k.endswith(timing)} for row in trainer.history]
-    return {"variant": variant, "seed": seed, "curve": curve, "history": history, "seconds": seconds,
-            "model": model}
+    return run_from_warm_start(variant, seed, trainer, data["train"], recipe,
+                               lambda: heldout_stats(model, tokenizer, data["test"], config, eval_seed, eval_tools),
+                               progress=progress)
 
 
 def summarize_tool_use(seeds: Sequence[dict], baseline: str = "grpo") -> dict[str, Any]:

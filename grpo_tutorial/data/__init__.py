@@ -63,6 +63,10 @@ safetensors``                   chapter 13 trains live (weights, not readable
                                 for eager, unmerged and merged LoRA, static cache
                                 and float16 copies (two small scripts beside the
                                 GPU record of that day, their JSON unchanged)
+``tool_results.json``           chapter 16's runs: the calculator, switched off,
+                                its tokens left in the loss, sometimes wrong; 5
+                                seeds, the held-out curves
+                                (``python -m benchmarks.tool_use``)
 ``community/``                  chapter 9's run records shared by readers, one
                                 ``run_record.json`` each (written by the notebook on
                                 their GPU; ``chapters.run_record.community_records``
@@ -97,6 +101,7 @@ DATA_FILES = (
     "lora_regret_lower.json",
     "sampler_mismatch.json",
     "rollout_speed.json",
+    "tool_results.json",
 )
 
 
