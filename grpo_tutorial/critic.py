@@ -147,12 +147,12 @@ def build_value_model(policy: torch.nn.Module, kind: str = "separate", *, trunk:
 
 
 def count_parameters(value_model: ValueModel, policy: torch.nn.Module) -> dict[str, int]:
-    """``policy``, ``value_model`` (what its optimizer trains) and ``extra`` (the memory a critic adds, in weights).
+    """The parameters of ``policy`` and those ``value_model``'s optimizer trains (the weights a critic adds).
 
     AdamW keeps two moments per trained weight, so the training memory a critic
     adds is about three times ``value_model``'s count (weights, two moments) plus
-    its gradients.
+    its gradients: with ``"separate"`` about as much again as the policy's own.
     """
     policy_count = sum(p.numel() for p in policy.parameters())
     trained = sum(p.numel() for p in value_model.trainable_parameters())
-    return {"policy": policy_count, "value_model": trained, "extra": trained}
+    return {"policy": policy_count, "value_model": trained}

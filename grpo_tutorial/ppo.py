@@ -94,7 +94,7 @@ class PPOSettings:
 
     gamma: float = 1.0
     lam: float = 0.95
-    value_lr: float = 1e-4
+    value_lr: float = 1e-3
     cliprange_value: float | None = None
     kl_in_reward: bool = False
     value_warmup_steps: int = 0

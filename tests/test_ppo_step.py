@@ -100,7 +100,7 @@ def test_parameter_counts_of_the_two_value_models(small_policy):
     policy = sum(p.numel() for p in model.parameters())
     hidden = model.config.hidden_size
     assert count_parameters(build_value_model(model, "separate"), model) == {
-        "policy": policy, "value_model": policy + hidden + 1, "extra": policy + hidden + 1}
+        "policy": policy, "value_model": policy + hidden + 1}
     assert count_parameters(build_value_model(model, "head"), model)["value_model"] == hidden + 1
 
 
