@@ -138,9 +138,26 @@ NO_CRITIC_SETTINGS: dict[str, tuple[Any, str]] = {
 def check_critic_config(config: Any, settings: PPOSettings) -> None:
     """Refuse, one clear ``ValueError`` each, the config's settings that conflict with a value model.
 
-    :data:`NO_CRITIC_SETTINGS` lists them with their reasons; ``loss_type`` is
-    refused only as ``"vespo"`` and ``"luspo"`` (GSPO's sequence ratio), and
-    ``kl_in_reward`` needs ``beta > 0``.
+    Refused (:data:`NO_CRITIC_SETTINGS` holds each reason, which the message gives):
+
+    * ``advantage_baseline`` other than ``"group"`` (RLOO's, the batch's): the
+      value model is the baseline;
+    * ``scale_rewards`` other than ``"group"``: GAE's advantages are whitened
+      over the batch instead, and no group's or batch's std divides them
+      (``"group"``, the default, is not applied either);
+    * ``multi_objective_aggregation="normalize_then_sum"`` (GDPO's group z-scores);
+    * ``dynamic_sampling``: under a critic an all-equal group still has a signal;
+    * ``importance_sampling_level="sequence"`` (GSPO), and so ``loss_type="luspo"``;
+    * ``loss_type="vespo"`` and ``off_policy_mask_threshold``: each reads the
+      sign of one advantage per completion (:func:`~grpo_tutorial.loss.grpo_loss`
+      refuses them with ``[N, T]`` advantages too);
+    * ``use_peft``: the value model is not built for adapters;
+    * ``PPOSettings.kl_in_reward`` with ``beta = 0``.
+
+    Taken: ``num_iterations > 1`` (PPO's epochs over the batch; the value model
+    makes as many updates), every other loss type (their normalisers count
+    tokens or sequences, and work with one advantage per token), the entropy
+    options, truncation masking, the samplers and their correction.
     """
     if not isinstance(settings, PPOSettings):
         raise TypeError(f"settings must be a PPOSettings, got {type(settings).__name__}")
@@ -241,8 +258,8 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True,
     n = m.sum()
     if n < 2:
         raise ValueError(f"whiten needs at least 2 masked entries, got {int(n)}")
-    mean = _masked_mean(values, m)
-    var = (((values - mean) * m) ** 2).sum() / (n - 1)
+    real = values.masked_select(m.bool())  # [K] the masked entries
+    mean, var = real.mean(), real.var()  # torch's var: Bessel's n - 1
     whitened = (values - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         whitened = whitened + mean

@@ -318,6 +318,7 @@ def test_settings_that_assume_no_critic_are_refused_one_message_each(name):
     with pytest.raises(ValueError, match=rf"GRPOConfig\.{name} must be .* with a value model \(PPO\)") as caught:
         check_critic_config(config, PPOSettings())
     assert NO_CRITIC_SETTINGS[name][1] in str(caught.value)  # the reason, as the docs give it
+    assert f"``{name}" in check_critic_config.__doc__  # and the docs name it
 
 
 def test_luspo_and_the_kl_in_the_reward_without_beta_are_refused():
