@@ -137,3 +137,25 @@ def test_the_monte_carlo_step_trains_and_counts_its_extra_tokens(small_policy):
     assert row["mc_extra_tokens"] > 0 and row["mc_extra_rollouts"] > 0 and row["advantage_var"] > 0
     with pytest.raises(ValueError, match="advantage_baseline must be 'group'"):
         MonteCarloStep(model, tok, Spy(), GRPOConfig(advantage_baseline="rloo"))
+
+
+def test_the_continuations_are_sampled_with_the_runs_settings(small_policy, monkeypatch):
+    """As tests/test_sampling_settings.py holds every entry point: each generate call gets the config's sampling
+    settings, and the budget the completion had left at its cut point."""
+    import grpo_tutorial.rollout as rollout_module
+
+    model, tok = small_policy
+    config = GRPOConfig(group_size=2, prompts_per_step=2, max_new_tokens=8, seed=5, temperature=0.7, top_p=0.9,
+                        sampler="top_p", onednn_generation=False)
+    rollout = generate_rollouts(model, tok, PROMPTS, **sampling_kwargs(config, generator_seed=1))
+    calls, switches, real = [], [], type(model).generate
+    real_switch = rollout_module.use_onednn
+    monkeypatch.setattr(model, "generate", lambda *a, **kw: calls.append(kw) or real(model, *a, **kw))
+    monkeypatch.setattr(rollout_module, "use_onednn", lambda m, flag: switches.append(flag) or real_switch(m, flag))
+    spy = Spy()
+    rewards = torch.tensor(spy(rollout.prompts, rollout.completions, rollout.completion_id_lists()))
+    monte_carlo_advantages(model, tok, rollout, rewards, [spy], config, MonteCarloSettings(3, 2), answers=["0"] * 4)
+    assert [call["max_new_tokens"] for call in calls] == [8 - cut for cut in cut_points(8, 3)][: len(calls)]
+    assert len(calls) >= 2 and switches and all(flag is False for flag in switches)
+    for call in calls:
+        assert call["do_sample"] is True and (call["temperature"], call["top_p"]) == (0.7, 0.9)
