@@ -22,6 +22,11 @@ variance of the advantages over the real tokens, before whitening) and
 ``value_seconds``. The settings are :class:`~grpo_tutorial.ppo.PPOSettings`; the
 run's :class:`~grpo_tutorial.config.GRPOConfig` settings that assume no critic are
 refused (:func:`~grpo_tutorial.ppo.check_critic_config`).
+
+Not yet: :class:`~grpo_tutorial.trainer.GRPOTrainer` builds its own step and its
+checkpoints hold the policy's state only; a run drives :class:`PPOStep` itself, or
+sets ``trainer.grpo_step`` to one (:mod:`grpo_tutorial.chapters.no_critic`), and
+then cannot be resumed with its value model.
 """
 
 from __future__ import annotations

@@ -27,7 +27,9 @@ rendered prompt and the decoded prefix), so the sampling is exactly the run's
 back the same tokens from that text is refused. A prefix that holds the unknown
 token (an untrained model samples it) is refused by ``generate_rollouts`` as a
 prompt, so it gets no value (NaN: its segments' advantages are 0).
-:class:`MonteCarloStep` is the step with these advantages in stage 3.
+:class:`MonteCarloStep` is the step with these advantages in stage 3; its
+continuations come from the policy itself, even when a sampler copy writes the
+completions (``GRPOConfig.sampler``).
 """
 
 from __future__ import annotations

@@ -67,3 +67,18 @@ def test_an_unknown_method_is_refused(quick):
     recipe, data, model, tok = quick
     with pytest.raises(ValueError, match="method must be one of"):
         run_method("a2c", model, tok, data, recipe, 0)
+
+
+@pytest.mark.slow
+def test_the_command_runs_every_method_for_each_seed(tmp_path):
+    from benchmarks import no_critic
+
+    out = tmp_path / "record.json"
+    record = no_critic.main(["--quick", "--seeds", "0", "1", "--steps", "1", "--eval-every", "1", "--jobs", "2",
+                             "--mc-prompts", "2", "--out", str(out)])
+    assert [(r["seed"], r["method"]) for r in record["runs"]] == [(s, m) for s in (0, 1) for m in METHODS]
+    assert set(record["summary"]) == set(METHODS) and all(e["seeds"] == 2 for e in record["summary"].values())
+    mc = [r for r in record["runs"] if r["method"] == "monte_carlo"]
+    assert all(r["settings"]["config"]["prompts_per_step"] == 2 for r in mc)  # fewer prompts: compute-matched
+    assert not record["warm_starts"][0]["shipped"]  # the quick recipe trains its own
+    assert "model" not in record["runs"][0] and out.read_text().startswith("{")
