@@ -228,3 +228,39 @@ def test_the_step_refuses_a_config_that_assumes_no_critic(small_policy):
         PPOStep(model, tok, length_reward, GRPOConfig(**CONFIG, advantage_baseline="rloo"))
     with pytest.raises(TypeError, match="value_model must be a ValueModel"):
         PPOStep(model, tok, length_reward, GRPOConfig(**CONFIG), value_model=torch.nn.Linear(2, 1))
+
+
+def test_the_counts_the_docs_give_for_chapter_13s_model():
+    """critic.py's docstring: the policy's 791,168 parameters, 791,297 more for a separate critic, 129 for a head."""
+    import grpo_tutorial.critic as critic_module
+    from grpo_tutorial.chapters.thinking import ThinkingRecipe, build_thinking_model
+
+    model, _ = build_thinking_model(ThinkingRecipe(), 0)
+    separate = count_parameters(build_value_model(model, "separate"), model)
+    assert separate == {"policy": 791_168, "value_model": 791_297}
+    assert count_parameters(build_value_model(model, "head"), model)["value_model"] == 129
+    for number in ("791,168", "791,297", "129"):
+        assert number in critic_module.__doc__
+
+
+def test_the_value_models_micro_batches_accumulate_to_the_whole_update(make_small_policy):
+    """Two updates a pass (minibatches of 4), two passes (mu = 2): cut into micro-batches of 2 or not, each update's
+    gradient and loss are the same up to float rounding (each micro-batch's loss is divided by the update's tokens).
+    The optimizer's step is replaced by a recorder, so the weights stay and every update sees the same ones."""
+    grads, rows = [], []
+    for micro in (None, 2):
+        model, tok = make_small_policy(seed=0)
+        config = GRPOConfig(**CONFIG, num_iterations=2, minibatch_size=4, micro_batch_size=micro)
+        step = PPOStep(model, tok, length_reward, config, settings=PPOSettings(cliprange_value=0.2))
+        torch.nn.init.normal_(step.critic.head.weight, std=0.1, generator=torch.Generator().manual_seed(0))
+        seen = []
+        step.value_optimizer.step = lambda seen=seen, critic=step.critic: seen.append(
+            [p.grad.clone() for p in critic.trainable_parameters()])
+        rows.append(step(ROWS, State(), []))
+        grads.append(seen)
+    assert len(grads[0]) == len(grads[1]) == 4  # mu * N / minibatch = 2 * 8 / 4 updates
+    for whole, parts in zip(*grads):
+        for a, b in zip(whole, parts):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
+    assert rows[0]["value_loss"] == pytest.approx(rows[1]["value_loss"], rel=1e-5)
+    assert any(g.abs().sum() > 0 for update in grads[0] for g in update)
