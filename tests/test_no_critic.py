@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
@@ -82,3 +84,39 @@ def test_the_command_runs_every_method_for_each_seed(tmp_path):
     assert all(r["settings"]["config"]["prompts_per_step"] == 2 for r in mc)  # fewer prompts: compute-matched
     assert not record["warm_starts"][0]["shipped"]  # the quick recipe trains its own
     assert "model" not in record["runs"][0] and out.read_text().startswith("{")
+
+
+class State:
+    def __init__(self) -> None:
+        self.step, self.skipped_updates = 0, 0
+
+    def warn(self, kind: str, message: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize("baseline", ["group", "rloo"])
+def test_grpos_advantage_variance_is_what_the_baseline_leaves(small_policy, baseline):
+    """advantage_var of GRPO's and RLOO's rows: over the real tokens, r_i minus the group's (or the others') mean,
+    each token carrying its completion's; the loss's advantages stay the package's (z-scores)."""
+    from grpo_tutorial import GRPOConfig
+    from grpo_tutorial.chapters.no_critic import MeasuredStep
+
+    class Kept(MeasuredStep):
+        def advantages(self, scored):
+            self.scored = scored
+            return super().advantages(scored)
+
+    model, tok = small_policy
+    config = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=8, seed=3, advantage_baseline=baseline)
+    step = Kept(model, tok, lambda prompts, completions, **kw: [len(c) / 4 for c in completions], config)
+    row = step([{"prompt": "12+34=", "answer": "46"}, {"prompt": "7+5=", "answer": "12"}], State(), [])
+    rewards = step.scored["rewards"].tolist()
+    lengths = step.scored["rollout"].completion_mask.sum(1).tolist()
+    tokens = []
+    for i, (r, n) in enumerate(zip(rewards, lengths)):
+        group = rewards[4 * (i // 4) : 4 * (i // 4) + 4]
+        others = [x for j, x in enumerate(group) if j != i % 4]
+        b = statistics.mean(group) if baseline == "group" else statistics.mean(others)
+        tokens += [r - b] * int(n)
+    assert row["advantage_var"] == pytest.approx(statistics.pvariance(tokens), rel=1e-5)
+    assert row["advantage_var"] > 0

@@ -37,16 +37,19 @@ from typing import Any, Sequence
 
 import torch
 
+from ..advantages import group_advantages
 from ..critic import count_parameters
 from ..ppo import PPOSettings
 from ..ppo_step import PPOStep
 from ..rewards import correctness_reward
 from ..stats import mean_ci
+from ..step import GRPOStep
 from ..trainer import GRPOTrainer
 from ..vine import MonteCarloSettings, MonteCarloStep
 from .thinking import CURVE_KEYS, EVAL_SEED_OFFSET, ThinkingRecipe, heldout_stats
 
-__all__ = ["HISTORY_KEYS", "METHODS", "compute_per_step", "run_method", "summarize_methods", "training_bytes"]
+__all__ = ["HISTORY_KEYS", "METHODS", "MeasuredStep", "compute_per_step", "run_method", "summarize_methods",
+           "training_bytes"]
 
 #: Each method: (what it is, the GRPOConfig changes it makes).
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -84,12 +87,31 @@ def compute_per_step(row: dict, group_completions: int) -> dict[str, float]:
     return {"sampled_tokens": own + extra, "own_tokens": own, "extra_tokens": extra}
 
 
+class MeasuredStep(GRPOStep):
+    """GRPO's step (RLOO's with ``advantage_baseline="rloo"``), unchanged, whose row gains ``advantage_var`` as
+    PPO's and the Monte Carlo step's: the variance over the real tokens of what the baseline leaves, reward minus
+    baseline, before any standard deviation divides it (each token carries its completion's)."""
+
+    def advantages(self, scored: dict) -> torch.Tensor:
+        cfg, mask = self.config, scored["rollout"].completion_mask  # [N, T]
+        raw = group_advantages(scored["rewards"], cfg.group_size, scale="none", std=cfg.std, nan="skip",
+                               baseline=cfg.advantage_baseline).to(mask.device)  # [N]
+        per_token, n = raw[:, None] * mask, mask.sum()  # [N, T]
+        self._advantage_var = float((((per_token - per_token.sum() / n) * mask) ** 2).sum() / n)
+        return super().advantages(scored)
+
+    def __call__(self, batch, state, history, more_rows=None) -> dict:
+        row = super().__call__(batch, state, history, more_rows)
+        row["advantage_var"] = self._advantage_var
+        return row
+
+
 def _step_for(method: str, model, tokenizer, rewards, config, *, ppo: PPOSettings, monte_carlo: MonteCarloSettings):
     if method == "ppo":
         return PPOStep(model, tokenizer, rewards, config, settings=ppo)
     if method == "monte_carlo":
         return MonteCarloStep(model, tokenizer, rewards, config, settings=monte_carlo)
-    return None  # the trainer's own step
+    return MeasuredStep(model, tokenizer, rewards, config)
 
 
 def run_method(method: str, start_model, tokenizer, data: dict[str, list[dict]], recipe: ThinkingRecipe, seed: int,
@@ -113,9 +135,9 @@ def run_method(method: str, start_model, tokenizer, data: dict[str, list[dict]],
     config = recipe.grpo_config(seed, **{**METHODS[method][1], **(changes or {})})
     model = copy.deepcopy(start_model)
     trainer = GRPOTrainer(model, tokenizer, [correctness_reward], config)
-    step = _step_for(method, model, tokenizer, [correctness_reward], config, ppo=ppo, monte_carlo=monte_carlo)
-    if step is not None:
-        trainer.grpo_step = step  # the trainer's loop around another step (the trainer holds nothing else of it)
+    # the trainer's loop around another step (the trainer holds nothing else of its own step)
+    trainer.grpo_step = _step_for(method, model, tokenizer, [correctness_reward], config, ppo=ppo,
+                                  monte_carlo=monte_carlo)
     eval_seed = EVAL_SEED_OFFSET + seed
 
     def point() -> dict:
