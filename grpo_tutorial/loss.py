@@ -257,7 +257,10 @@ def grpo_loss(
     Args:
         logp: ``[N, T]`` log pi_theta of the sampled tokens, with gradient.
         old_logp: ``[N, T]`` log pi_old, recorded at sampling time (no gradient).
-        advantages: ``[N]`` one advantage per completion.
+        advantages: ``[N]`` one advantage per completion (GRPO), or ``[N, T]``
+            one per token (PPO's GAE, :mod:`grpo_tutorial.ppo`), the shape of
+            ``logp``. Per-token advantages are refused with VESPO and the
+            off-policy mask, which read the sign of one advantage per completion.
         mask: ``[N, T]`` 1 for real completion tokens, 0 for padding.
         ref_logp: ``[N, T]`` log pi_ref, required when ``beta > 0``.
         truncated: ``[N]`` bool, the completions cut off by the budget; required
@@ -306,7 +309,8 @@ def grpo_loss(
     # the loss's own mask: the rollout's mask minus truncated completions (never mutate the rollout's)
     loss_mask = truncation_mask(mask, truncated) if opts.mask_truncated_completions else mask  # [N, T]
 
-    adv = advantages.detach().to(logp.dtype)[:, None]  # [N, 1]
+    adv = advantages.detach().to(logp.dtype)  # [N] or, per token, [N, T]
+    adv = adv[:, None] if adv.dim() == 1 else adv  # [N, 1] (broadcast over the tokens) or [N, T]
     log_ratio = masked_log_ratio(logp, old_logp, mask)  # [N, T]
     ratio = importance_weights(log_ratio, mask, opts.importance_sampling_level)  # [N, T]
     per_token = _objective(opts, ratio, adv, logp, log_ratio, loss_mask, sampler_weights)  # [N, T]
@@ -391,8 +395,7 @@ def _loss_stats(ratio, adv, advantages, mask, kl, opts: LossOptions, entropies, 
         "kl": float(torch.where(mask.bool(), kl, 0.0).sum() / n_tok) if kl is not None else float("nan"),
         "ratio_mean": float(ratio_masked.mean()),
         "ratio_max": float(ratio_masked.max()),
-        "adv_mean": float(advantages.mean()),
-        "adv_std": float(advantages.std()) if advantages.numel() > 1 else 0.0,
+        **_advantage_stats(advantages, mask),
     }
     if entropies is not None:
         stats["entropy_sum"] = float(torch.where(bonus_mask.bool(), entropies, 0.0).sum())
@@ -400,12 +403,23 @@ def _loss_stats(ratio, adv, advantages, mask, kl, opts: LossOptions, entropies, 
     return stats
 
 
+def _advantage_stats(advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """``adv_mean`` and ``adv_std``: over the completions (``[N]``), or over the masked tokens (``[N, T]``)."""
+    values = advantages if advantages.dim() == 1 else advantages.masked_select(mask.bool())  # [N] or [K]
+    return {"adv_mean": float(values.mean()), "adv_std": float(values.std()) if values.numel() > 1 else 0.0}
+
+
 def _check_inputs(logp, old_logp, advantages, mask, ref_logp, opts: LossOptions, truncated, entropies) -> None:
     """The tensors' kinds and shapes, and those the options need."""
     require_tensor("logp", logp, dim=2, floating=True)
     require_tensor("old_logp", old_logp, dim=2, floating=True)
     require_tensor("mask", mask, dim=2)
-    require_tensor("advantages", advantages, dim=1, floating=True)
+    require_tensor("advantages", advantages, floating=True)
+    if advantages.dim() == 2 and advantages.shape == logp.shape:  # one advantage per token (PPO's GAE)
+        _check_per_token_advantages(opts)
+    elif advantages.dim() != 1:
+        raise ValueError(f"advantages must have 1 dimensions, got shape {tuple(advantages.shape)} (one advantage "
+                         f"per completion, [N]; or one per token, [N, T], the shape of logp {tuple(logp.shape)})")
     if ref_logp is not None:
         require_tensor("ref_logp", ref_logp, dim=2, floating=True)
     same_shape(logp=logp, old_logp=old_logp, mask=mask, ref_logp=ref_logp)
@@ -418,6 +432,16 @@ def _check_inputs(logp, old_logp, advantages, mask, ref_logp, opts: LossOptions,
     _check_option_tensors(logp, opts, truncated, entropies)
     if mask.sum() == 0:
         raise ValueError("mask is all zeros: there are no completion tokens to train on")
+
+
+def _check_per_token_advantages(opts: LossOptions) -> None:
+    """``[N, T]`` advantages (one per token) go with a loss that does not read one sign per completion."""
+    if opts.loss_type == "vespo":
+        raise ValueError("advantages of shape [N, T] (one per token) cannot go with loss_type='vespo': VESPO's "
+                         "weight of a completion depends on the sign of its one advantage; pass [N] advantages")
+    if opts.off_policy_mask_threshold is not None:
+        raise ValueError("advantages of shape [N, T] (one per token) cannot go with off_policy_mask_threshold: the "
+                         "mask drops completions by the sign of their one advantage; pass [N] advantages")
 
 
 def _check_sampler_inputs(logp: torch.Tensor, weights, sampler_logp) -> None:

@@ -25,6 +25,8 @@ Chapter  Module                What it holds
 14       ``low_rank``          LoRA against full fine-tuning: the sweep over ranks and learning rates
 15       ``mismatch_lab``      a sampler that is not the learner: the sweep over samplers and corrections
 12-15    ``sweep``             the sweep runner of 14 and 15 (a setting from a seed's warm start), 12's seed start
+16       ``tool_use``          multiplication with a calculator in the loop: warm start, variants, statistics
+17       ``no_critic``         GRPO, RLOO, PPO with a value model and Monte Carlo values on long addition
 =======  ====================  ==================================================================
 
 This package ``__init__`` imports nothing, so importing one chapter's tools does

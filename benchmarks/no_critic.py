@@ -1,0 +1,141 @@
+"""``python -m benchmarks.no_critic``: chapter 17's runs, every method for several seeds (first version).
+
+For each seed, chapter 13's warm start (seed 0 and the default recipe: the shipped
+one, :func:`~grpo_tutorial.chapters.thinking.load_warm_start`; any other: made with
+:func:`~grpo_tutorial.chapters.thinking.warm_start`), then every method of
+:data:`~grpo_tutorial.chapters.no_critic.METHODS` from a copy of it, each in its own
+process (``--jobs``), with the held-out statistics every ``eval_every`` steps. The
+runs and the summary across seeds (:func:`~grpo_tutorial.chapters.no_critic.summarize_methods`)
+go into one JSON file with the command, the package commit and the machine.
+``--mc-prompts`` gives the Monte Carlo method fewer prompts per step, to match the
+sampled tokens (its extra rollouts are counted in every row). ``--quick`` is a
+seconds-long smoke run of chapter 13's test recipe that proves nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as futures
+import dataclasses
+import datetime as dt
+import json
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from benchmarks.common import machine, package_commit  # noqa: E402
+from benchmarks.lab import json_safe  # noqa: E402
+from grpo_tutorial.chapters.no_critic import METHODS, run_method, summarize_methods  # noqa: E402
+from grpo_tutorial.chapters.thinking import (  # noqa: E402
+    ThinkingRecipe, build_thinking_model, load_warm_start, make_thinking_data, warm_start,
+)
+from grpo_tutorial.ppo import PPOSettings  # noqa: E402
+from grpo_tutorial.vine import MonteCarloSettings  # noqa: E402
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data" / "no_critic_results.json"
+
+
+def recipe_for(args: argparse.Namespace) -> ThinkingRecipe:
+    recipe = ThinkingRecipe.quick() if args.quick else ThinkingRecipe()
+    changes = {k: v for k, v in (("grpo_steps", args.steps), ("eval_every", args.eval_every)) if v is not None}
+    return dataclasses.replace(recipe, **changes)
+
+
+def _warm_part(recipe: ThinkingRecipe) -> dict:
+    """What the warm start depends on: the recipe less the RL phase's settings."""
+    return {k: v for k, v in recipe.to_dict().items() if k not in ("grpo", "grpo_steps", "eval_every", "num_threads")}
+
+
+def start_of(recipe: ThinkingRecipe, seed: int, folder: str) -> dict:
+    """One process: seed ``seed``'s warm start, saved in ``folder`` for its methods to copy."""
+    torch.set_num_threads(recipe.num_threads or torch.get_num_threads())
+    t0 = time.perf_counter()
+    if seed == 0 and _warm_part(recipe) == _warm_part(ThinkingRecipe()):
+        model, _ = load_warm_start(recipe)
+        info = {"shipped": True}
+    else:
+        model, tokenizer = build_thinking_model(recipe, seed)
+        info = {"shipped": False, **warm_start(model, tokenizer, make_thinking_data(recipe), recipe, seed,
+                                               progress=False)}
+    torch.save(model.state_dict(), Path(folder) / f"warm_{seed}.pt")
+    return {"seed": seed, "warm_start": {**info, "seconds": time.perf_counter() - t0}}
+
+
+def one_run(recipe: ThinkingRecipe, seed: int, method: str, folder: str, settings: dict) -> dict:
+    """One process: ``method`` from seed ``seed``'s warm start; the run without its model."""
+    torch.set_num_threads(recipe.num_threads or torch.get_num_threads())
+    model, tokenizer = build_thinking_model(recipe, seed)
+    model.load_state_dict(torch.load(Path(folder) / f"warm_{seed}.pt"))
+    changes = {"prompts_per_step": settings["mc_prompts"]} if method == "monte_carlo" and settings["mc_prompts"] else {}
+    run = run_method(method, model, tokenizer, make_thinking_data(recipe), recipe, seed,
+                     ppo=PPOSettings(**settings["ppo"]), monte_carlo=MonteCarloSettings(**settings["monte_carlo"]),
+                     changes=changes)
+    run.pop("model")
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.no_critic", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the recipe's)")
+    parser.add_argument("--eval-every", type=int, default=None, help="held-out points (default: the recipe's)")
+    parser.add_argument("--value-lr", type=float, default=PPOSettings().value_lr)
+    parser.add_argument("--value-model", default="separate", choices=["separate", "head"])
+    parser.add_argument("--prefixes", type=int, default=2, help="M of the Monte Carlo values")
+    parser.add_argument("--rollouts", type=int, default=2, help="K of the Monte Carlo values")
+    parser.add_argument("--mc-prompts", type=int, default=None, help="the Monte Carlo method's prompts per step")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="the seconds-long test recipe (proves nothing)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    code = package_commit()
+    recipe = recipe_for(args)
+    command = "python -m benchmarks.no_critic " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None
+                                                                                    else argv))
+    settings = {"ppo": {"value_lr": args.value_lr, "value_model": args.value_model},
+                "monte_carlo": {"num_prefixes": args.prefixes, "rollouts_per_prefix": args.rollouts},
+                "mc_prompts": args.mc_prompts}
+    started, t0 = dt.datetime.now(dt.timezone.utc), time.perf_counter()
+    starts, runs = {}, []
+    with tempfile.TemporaryDirectory() as folder, futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        pending = {pool.submit(start_of, recipe, s, folder) for s in args.seeds}
+        while pending:
+            finished, pending = futures.wait(pending, return_when=futures.FIRST_COMPLETED)
+            for done in finished:
+                out = done.result()
+                if "method" not in out:  # a warm start: its methods can start
+                    starts[out["seed"]] = out["warm_start"]
+                    pending |= {pool.submit(one_run, recipe, out["seed"], m, folder, settings) for m in args.methods}
+                    continue
+                runs.append(out)
+                print(f"seed {out['seed']} {out['method']:12s} accuracy {out['curve'][-1]['accuracy']:.3f} "
+                      f"{out['seconds']:6.0f} s (total {time.perf_counter() - t0:.0f} s)", flush=True)
+    runs.sort(key=lambda r: (r["seed"], list(METHODS).index(r["method"])))
+    out = {
+        "created": started.isoformat(timespec="seconds"), "command": command.strip(), **code,
+        "quick": args.quick, "wall_seconds": time.perf_counter() - t0, "jobs": args.jobs,
+        "machine": machine(recipe.num_threads or 1), "recipe": recipe.to_dict(), "settings": settings,
+        "methods": {m: METHODS[m][0] for m in args.methods}, "warm_starts": starts,
+        "summary": summarize_methods(runs), "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(json_safe(out), allow_nan=False) + "\n")
+    print(f"wrote {args.out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

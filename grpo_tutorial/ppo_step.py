@@ -1,0 +1,191 @@
+"""One PPO step with a value model (chapter 17): :class:`~grpo_tutorial.step.GRPOStep` with two stages replaced.
+
+The step is GRPO's, stage by stage (:mod:`grpo_tutorial.step`), except:
+
+* 3. advantages: a no-grad pass of the value model (:mod:`grpo_tutorial.critic`)
+  gives V for every completion token; the reward is each completion's score on
+  its last real token (and, with ``kl_in_reward``, ``-beta * KL_t`` on every
+  token; then stage 4's scoring pass runs here, since the reward needs it); GAE
+  (:func:`~grpo_tutorial.ppo.gae`) turns them into one advantage per token and
+  the returns, and the advantages are whitened over the batch. No group enters:
+  the value model is the baseline. ``[N, T]`` advantages go to the same loss,
+  :func:`~grpo_tutorial.loss.grpo_loss` (with ``kl_in_reward``, its beta is 0).
+* 5. update: first the value model's updates, on the same minibatches, with its
+  own AdamW and learning rate (:func:`~grpo_tutorial.ppo.value_loss` against the
+  returns), then the policy's, as GRPO's; during the first
+  ``value_warmup_steps`` steps only the value model trains.
+
+The history row gains ``value_loss`` (mean over the step's value updates),
+``value_clipfrac``, ``value_grad_norm``, ``value_mean``, ``explained_variance``
+(of the values at sampling time, against the returns), ``advantage_var`` (the
+variance of the advantages over the real tokens, before whitening) and
+``value_seconds``. The settings are :class:`~grpo_tutorial.ppo.PPOSettings`; the
+run's :class:`~grpo_tutorial.config.GRPOConfig` settings that assume no critic are
+refused (:func:`~grpo_tutorial.ppo.check_critic_config`).
+
+Not yet: :class:`~grpo_tutorial.trainer.GRPOTrainer` builds its own step and its
+checkpoints hold the policy's state only; a run drives :class:`PPOStep` itself, or
+sets ``trainer.grpo_step`` to one (:mod:`grpo_tutorial.chapters.no_critic`), and
+then cannot be resumed with its value model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .config import GRPOConfig
+from .critic import ValueModel, build_value_model
+from .kl import kl_estimate
+from .ppo import PPOSettings, check_critic_config, explained_variance, gae, token_rewards, value_loss, whiten
+from .seeding import minibatches
+from .step import GRPOStep
+
+__all__ = ["PPOStep"]
+
+
+class PPOStep(GRPOStep):
+    """PPO's step: GRPO's with a value model's advantages (stage 3) and its training (stage 5).
+
+    Arguments as :class:`~grpo_tutorial.step.GRPOStep`'s, and:
+
+    Args:
+        settings: :class:`~grpo_tutorial.ppo.PPOSettings` (default: its defaults).
+        value_model: a :class:`~grpo_tutorial.critic.ValueModel` to use (default:
+            ``build_value_model(model, settings.value_model)``).
+    """
+
+    def __init__(self, model, tokenizer, reward_fns, config: GRPOConfig | None = None, ref_model=None, *,
+                 settings: PPOSettings | None = None, value_model: ValueModel | None = None, **kwargs: Any) -> None:
+        config = GRPOConfig() if config is None else config
+        settings = PPOSettings() if settings is None else settings
+        if not isinstance(config, GRPOConfig):
+            raise TypeError(f"config must be a GRPOConfig, got {type(config).__name__}")
+        check_critic_config(config, settings)
+        super().__init__(model, tokenizer, reward_fns, config, ref_model, **kwargs)
+        if value_model is not None and not isinstance(value_model, ValueModel):
+            raise TypeError(f"value_model must be a ValueModel (grpo_tutorial.critic), got {type(value_model).__name__}")
+        self.settings = settings
+        self.critic = build_value_model(self.model, settings.value_model) if value_model is None else value_model
+        self.value_optimizer = torch.optim.AdamW(self.critic.trainable_parameters(), lr=settings.value_lr,
+                                                 weight_decay=0.0)
+        if settings.kl_in_reward:  # the reward needs the sampling policy's log-probs at stage 3: no on-policy shortcut
+            self.reuse_on_policy_logprobs = False
+        self._scores: dict | None = None  # stage 4's pass, when stage 3 ran it (kl_in_reward)
+        self._critic: dict[str, Any] = {}  # stage 3's values, returns and mask, for stage 5 and the row
+
+    def __call__(self, batch: Sequence[dict], state: Any, history: Sequence[dict],
+                 more_rows: Callable[[], list[dict]] | None = None) -> dict:
+        """One step; its history row, with the value model's fields."""
+        row = super().__call__(batch, state, history, more_rows)
+        prompts, completions, rewards, per_fn, advantages = self.last_batch
+        mask = self._critic["mask"]
+        per_completion = (advantages * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # [N]: each one's mean
+        self.last_batch = (prompts, completions, rewards, per_fn, per_completion)
+        row.update(self._critic["row"])
+        return row
+
+    # ------------------------------------------------------------------ 3. advantages
+    def advantages(self, scored: dict) -> torch.Tensor:
+        """Stage 3: GAE's per-token advantages ``[N, T]`` from the value model's values (whitened)."""
+        cfg, s, rollout = self.config, self.settings, scored["rollout"]
+        mask = rollout.completion_mask  # [N, T]
+        rewards = scored["rewards"].to(mask.device)  # [N]; NaN: no reward function could score it
+        live = mask * (~torch.isnan(rewards)).to(mask.dtype)[:, None]  # [N, T]: the tokens that learn
+        kl = None
+        if s.kl_in_reward:  # stage 4's pass, here: the reward needs the policy's and the reference's log-probs
+            self._scores = super().score(rollout)
+            kl = kl_estimate(self._scores["old_logp"], self._scores["ref_logp"], kind=cfg.kl_kind)  # [N, T]
+        values = self.value_pass(rollout)  # [N, T], no gradient
+        per_token = token_rewards(torch.nan_to_num(rewards, nan=0.0), mask, kl, cfg.beta)  # [N, T]
+        raw, returns = gae(per_token, values, mask, s.gamma, s.lam)  # [N, T] x2
+        advantages = whiten(raw, live) if s.whiten and live.sum() >= 2 else raw * live  # [N, T]
+        n = live.sum().clamp(min=1)
+        mean = (raw * live).sum() / n
+        self._critic = {"values": values, "returns": returns, "mask": live, "row": {
+            "explained_variance": explained_variance(values, returns, live),
+            "advantage_var": float((((raw - mean) * live) ** 2).sum() / n),
+            "value_mean": float((values * live).sum() / n),
+        }}
+        return advantages
+
+    @torch.no_grad()
+    def value_pass(self, rollout) -> torch.Tensor:
+        """The value model's values of every completion token, ``[N, T]``, in eval mode, in micro-batches."""
+        was_training = self.critic.training
+        self.critic.eval()
+        try:
+            chunks = [self.critic.values(rollout, torch.arange(start, min(start + self.config.micro_size, len(rollout)),
+                                                               device=rollout.completion_ids.device))
+                      for start in range(0, len(rollout), self.config.micro_size)]
+        finally:
+            self.critic.train(was_training)
+        return torch.cat(chunks).float() * rollout.completion_mask
+
+    # ------------------------------------------------------------------ 4. score
+    def score(self, rollout) -> dict:
+        """Stage 4: GRPO's, or (``kl_in_reward``) the pass stage 3 already ran."""
+        if self._scores is not None:
+            scores, self._scores = self._scores, None
+            return scores
+        return super().score(rollout)
+
+    # ------------------------------------------------------------------ 5. update
+    def update(self, rollout, old_logp, ref_logp, advantages: torch.Tensor, state: Any, weights=None) -> dict:
+        """Stage 5: the value model's updates, then the policy's (none during the value warm-up)."""
+        start = time.perf_counter()
+        self._critic["row"].update(self.train_value_model(rollout, state))
+        value_seconds = time.perf_counter() - start
+        if state.step < self.settings.value_warmup_steps:
+            out = self.hold_policy(rollout, old_logp)
+        else:
+            out = super().update(rollout, old_logp, ref_logp, advantages, state, weights)
+        out["seconds"]["value_seconds"] = value_seconds
+        return out
+
+    def train_value_model(self, rollout, state: Any) -> dict[str, float]:
+        """The value model's updates on the step's minibatches (as the policy's): its loss, clip fraction, grad norm."""
+        cfg, critic = self.config, self._critic
+        mask, micro = critic["mask"], cfg.micro_size
+        params = self.critic.trainable_parameters()
+        losses, norms, clipfracs = [], [], []
+        self.critic.train()
+        for rows in minibatches(len(rollout), cfg.update_size, cfg.num_iterations, cfg.seed, state.step, mask.device):
+            tokens = mask[rows].sum()
+            if tokens == 0:  # no scored completion in this update
+                continue
+            self.value_optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for start in range(0, len(rows), micro):
+                part = rows[start : start + micro]
+                values = self.critic.values(rollout, part).float()  # [m, T], with gradient
+                loss, stats = value_loss(values, critic["values"][part], critic["returns"][part], mask[part],
+                                         self.settings.cliprange_value, num_tokens=tokens)
+                loss.backward()
+                total += float(loss.detach())
+                clipfracs.append(stats["value_clipfrac"])
+            norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf))
+            if math.isfinite(norm):
+                self.value_optimizer.step()
+            self.value_optimizer.zero_grad(set_to_none=True)
+            losses.append(total)
+            norms.append(norm)
+        mean = lambda xs: float(sum(xs) / len(xs)) if xs else math.nan  # noqa: E731
+        return {"value_loss": mean(losses), "value_clipfrac": mean(clipfracs), "value_grad_norm": mean(norms)}
+
+    def hold_policy(self, rollout, old_logp) -> dict:
+        """The value warm-up's stage 5 for the policy: no update; the entropy from a no-grad pass when on-policy."""
+        entropy = self.logprobs(self.model, rollout, entropy=True)[1] if old_logp is None else None
+        return {"stats": [], "losses": [], "grad_norms": [], "entropy": entropy,
+                "lr": float(self.optimizer.param_groups[0]["lr"]),
+                "seconds": {"forward_seconds": 0.0, "backward_seconds": 0.0, "optimizer_seconds": 0.0}}
+
+    def loss(self, logp, old_logp, advantages, mask, **inputs: Any) -> tuple[torch.Tensor, dict]:
+        """GRPO's loss on the per-token advantages; with ``kl_in_reward`` its KL term is off (the reward has it)."""
+        if self.settings.kl_in_reward:
+            inputs["options"] = dataclasses.replace(inputs["options"], beta=0.0)
+        return super().loss(logp, old_logp, advantages, mask, **inputs)
