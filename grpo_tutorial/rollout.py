@@ -34,7 +34,8 @@ from .speedups import (
 
 __all__ = [
     "Rollout", "completion_mask", "concat_groups", "encode_prompts", "generate_rollouts", "keep_signal_groups",
-    "merge_sampler_stats", "more_rounds", "pad_token_id", "render_prompts", "sampling_kwargs",
+    "generate_from_ids", "merge_sampler_stats", "more_rounds", "pad_token_id", "render_prompts", "sampling_kwargs",
+    "uses_chat_template",
 ]
 
 
@@ -126,8 +127,8 @@ class Rollout:
         return len(self.completions)
 
 
-def _uses_chat_template(tokenizer: Any, use_chat_template: bool | None) -> bool:
-    """Decide whether prompts go through the tokenizer's chat template."""
+def uses_chat_template(tokenizer: Any, use_chat_template: bool | None) -> bool:
+    """Whether prompts go through the tokenizer's chat template (``use_chat_template``: None = when it has one)."""
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if use_chat_template is None:
         return has_template
@@ -158,7 +159,7 @@ def render_prompts(
     message put first if it has none). Without a template (the tiny model) the
     prompt text is used as it is.
     """
-    if _uses_chat_template(tokenizer, use_chat_template):
+    if uses_chat_template(tokenizer, use_chat_template):
         rendered = []
         for prompt in prompts:
             messages = list(prompt) if is_chat_messages(prompt) else [{"role": "user", "content": prompt}]
@@ -228,7 +229,7 @@ def encode_prompts(
     the trainer encodes.
     """
     texts = render_prompts(tokenizer, prompts, system_prompt=system_prompt, use_chat_template=use_chat_template)
-    add_special = not _uses_chat_template(tokenizer, use_chat_template)  # templates add their own
+    add_special = not uses_chat_template(tokenizer, use_chat_template)  # templates add their own
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=add_special)["input_ids"]]
 
 
@@ -479,6 +480,43 @@ def generate_rollouts(
         prompts=[p for p in prompts for _ in range(group_size)],
         group_size=group_size,
     )
+
+
+def generate_from_ids(
+    model: Any,
+    tokenizer: Any,
+    rows: list[list[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    do_sample: bool = True,
+    generator_seed: int | None = None,
+    onednn: bool | None = None,
+    logits_processor: Sequence[Any] = (),
+    stopping_criteria: Sequence[Any] = (),
+) -> torch.Tensor:
+    """One batched ``generate`` call that continues ``rows`` (token ids, left-padded here, never re-tokenized).
+
+    What :mod:`grpo_tutorial.tools` calls after a tool has answered: each row is a prompt,
+    its completion so far and the tool's tokens. Sampling as :func:`generate_rollouts`
+    samples. Returns the new tokens, ``[n, T_new]`` on the CPU (a row that stopped early
+    is padded; the caller cuts each row at its stop).
+    """
+    from transformers import LogitsProcessorList, StoppingCriteriaList
+
+    ids, mask = _left_pad(rows, pad_token_id(tokenizer))  # [n, T], [n, T]
+    device = _model_device(model)
+    ids, mask = ids.to(device), mask.to(device)
+    kwargs = _generation_kwargs(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature,
+                                top_p=top_p, do_sample=do_sample)
+    if stopping_criteria:
+        kwargs["stopping_criteria"] = StoppingCriteriaList(stopping_criteria)
+    if logits_processor:
+        kwargs["logits_processor"] = LogitsProcessorList(logits_processor)
+    out = _generate(model, ids, mask, kwargs, prompts=(ids, mask), group_size=1,
+                    seed=generator_seed if do_sample else None, onednn=onednn)  # [n, T + T_new]
+    return out[:, ids.shape[1]:].cpu()
 
 
 #: generate_rollouts' keyword arguments (what :func:`sampling_kwargs` may override).

@@ -46,10 +46,7 @@ import torch
 
 from ._checks import check_int, check_number
 from .calculator import run_tool_call
-from .rollout import (
-    Rollout, _generate, _generation_kwargs, _left_pad, _uses_chat_template, generate_rollouts, pad_token_id,
-    stop_token_ids,
-)
+from .rollout import Rollout, generate_from_ids, generate_rollouts, pad_token_id, stop_token_ids, uses_chat_template
 
 __all__ = ["ChatCalls", "InlineCalls", "ToolBox", "generate_tool_rollouts", "tool_box"]
 
@@ -220,7 +217,7 @@ def tool_box(tools: Sequence[Callable] | None, tokenizer: Any, config: Any, samp
     if sampler is not None:
         raise ValueError("tools= needs the policy as its sampler; a sampler that is not the learner (config.sampler "
                          "other than 'policy', or a sampler= function) cannot pause for a tool call")
-    chat = _uses_chat_template(tokenizer, config.use_chat_template)
+    chat = uses_chat_template(tokenizer, config.use_chat_template)
     return ToolBox.build(tools, tokenizer, chat=chat, max_tool_calling_iterations=config.max_tool_calling_iterations,
                          time_limit=config.tool_time_limit)
 
@@ -304,22 +301,11 @@ def _run(toolbox: ToolBox, call: dict) -> tuple[str, Any, bool]:
 def _continue(model: Any, tokenizer: Any, syntax: Any, rows: list[list[int]], max_new: int, seed: int | None,
               sampling: dict[str, Any]) -> list[list[int]]:
     """One batched ``generate`` call that continues ``rows`` (token ids, no re-tokenization); each row's new turn."""
-    pad = pad_token_id(tokenizer)
-    ids, mask = _left_pad(rows, pad)  # [n, T], [n, T]
-    device = next(model.parameters()).device
-    ids, mask = ids.to(device), mask.to(device)
     stopper = _StopAtCall(syntax, tokenizer)
-    kwargs = _generation_kwargs(model, tokenizer, max_new_tokens=max_new,
-                                temperature=sampling.get("temperature", 1.0), top_p=sampling.get("top_p", 1.0),
-                                do_sample=sampling.get("do_sample", True))
-    from transformers import LogitsProcessorList, StoppingCriteriaList
-
-    kwargs["stopping_criteria"] = StoppingCriteriaList([stopper])
-    if sampling.get("logits_processor"):
-        kwargs["logits_processor"] = LogitsProcessorList(sampling["logits_processor"])
-    do_sample = sampling.get("do_sample", True)
-    out = _generate(model, ids, mask, kwargs, prompts=(ids, mask), group_size=1, seed=seed if do_sample else None,
-                    onednn=sampling.get("onednn"))[:, ids.shape[1]:].cpu()  # [n, Tnew]
+    out = generate_from_ids(model, tokenizer, rows, max_new_tokens=max_new, generator_seed=seed,
+                            stopping_criteria=[stopper],
+                            **{k: sampling[k] for k in ("temperature", "top_p", "do_sample", "onednn",
+                                                         "logits_processor") if k in sampling})  # [n, T_new]
     stops = set(stop_token_ids(model, tokenizer))
     turns = []
     for r, row in enumerate(out.tolist()):

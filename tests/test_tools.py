@@ -94,7 +94,6 @@ def test_the_first_turn_is_one_batched_call_and_each_round_one_more(tool_policy,
         return real(model, prompt_ids, *args, **kwargs)
 
     monkeypatch.setattr(rollout_module, "_generate", counting)
-    monkeypatch.setattr("grpo_tutorial.tools._generate", counting)
     scripted(model, tok, {"12*34=": "<<12*34=408>>408", "5*6=": "30", "7*8=": "<<7*8=56>><<(1=?>>56"},
              group_size=3)
     assert calls == [9, 6, 3]  # all B*G rows; the 6 rows the tool answered; the 3 that called again
