@@ -136,9 +136,9 @@ class ChatCalls:
 
     def calls(self, tokenizer: Any, prefix_ids: list[int], turn_ids: list[int], ended: bool,
               tools: dict[str, Callable]) -> list[dict] | None:
-        if not ended or not turn_ids:  # cut off by the budget: no complete call
-            return None
-        return self._parse(prefix_ids, turn_ids) or None
+        # a turn cut off by the budget is parsed too, as TRL parses it: a whole call in it is run and
+        # counted, and its answer, which cannot fit, is rolled back
+        return self._parse(prefix_ids, turn_ids) if turn_ids else None
 
     def suffix_ids(self, tokenizer: Any, results: list[tuple[str, Any]]) -> list[int]:
         return self._suffix(results)
