@@ -68,7 +68,8 @@ def call(expression: str, name: str = "calculator") -> str:
 CONVERSATIONS = {
     "What is 12*34?": [call("12*34"), "12*34 = 408."],  # one call, its answer, a last turn
     "What is 2+2?": ["4."],  # no call
-    "What is 7/0?": [call("7/0"), "Let me try again.\n" + call("14/2") + "\n" + call("7", name="weather"), "7."],
+    "What is 7/0?": [call("7/0"), "Let me try again.\n" + call("14/2") + "\n" + call("7", name="weather") + "\n"
+                     + call("1+1"), "7."],  # 4 calls, 2 failures: failures per call != per completion
     "What is 5-9?": ['<tool_call>\n{"name": "calculator", "argu</tool_call>', "never written"],  # malformed
 }
 
@@ -119,14 +120,14 @@ class Script:
         return out
 
 
-def ours(model, tok, conversations=CONVERSATIONS, *, max_new_tokens=200, **box):
+def ours(model, tok, conversations=CONVERSATIONS, *, max_new_tokens=260, **box):
     toolbox = ToolBox.build([calculator], tok, chat=True, **box)
     return generate_tool_rollouts(model, tok, list(conversations), toolbox, group_size=G,
                                   max_new_tokens=max_new_tokens, generator_seed=1,
                                   logits_processor=[Script(tok, conversations)])
 
 
-def trl_trainer(model, tok, tmp_path, *, max_new_tokens=200, max_tool_calling_iterations=None, loss_type="dapo",
+def trl_trainer(model, tok, tmp_path, *, max_new_tokens=260, max_tool_calling_iterations=None, loss_type="dapo",
                 conversations=CONVERSATIONS):
     """A real ``trl.GRPOTrainer(tools=[calculator])`` whose model writes the script's turns."""
     import datasets
@@ -214,11 +215,12 @@ def test_a_chat_rollout_calls_the_calculator_and_masks_exactly_the_tool_message(
     wrap = "\n<|im_start|>user\n{}<|im_end|>\n" + HEADER
     assert tool == (wrap.format("<tool_response>\n{'error': 'division by zero at position 1'}\n</tool_response>")
                     + wrap.format("<tool_response>\n7\n</tool_response>\n<tool_response>\n"
-                                  "{'error': 'Tool weather not found.'}\n</tool_response>"))
+                                  "{'error': 'Tool weather not found.'}\n</tool_response>\n"
+                                  "<tool_response>\n2\n</tool_response>"))
     assert text.endswith("</tool_response><|im_end|>\n" + HEADER + "7.<|im_end|>")
     # a malformed call is plain text: the turn ends there, unanswered (TRL's parser falls back to text)
     assert written(rollout, tok, 6) == ('<tool_call>\n{"name": "calculator", "argu</tool_call><|im_end|>', "")
-    assert rollout.tool_calls.tolist() == [1, 1, 0, 0, 3, 3, 0, 0]
+    assert rollout.tool_calls.tolist() == [1, 1, 0, 0, 4, 4, 0, 0]
     assert rollout.tool_failures.tolist() == [0, 0, 0, 0, 2, 2, 0, 0]
     assert not rollout.truncated.any()
     assert torch.equal(rollout.loss_mask, rollout.completion_mask * rollout.tool_mask)
@@ -237,7 +239,7 @@ def _budget_at_the_first_calls_end(tok) -> int:
 @pytest.mark.parametrize("case", ["no limit", "one round", "budget cuts the last turns", "budget cuts a call"])
 def test_completions_tool_mask_and_loss_mask_are_trls(chat_model, qwen_tokenizer, tmp_path, case):
     tok = qwen_tokenizer
-    settings = {"no limit": (200, None), "one round": (200, 1), "budget cuts the last turns": (70, None),
+    settings = {"no limit": (260, None), "one round": (260, 1), "budget cuts the last turns": (70, None),
                 "budget cuts a call": (_budget_at_the_first_calls_end(tok), None)}[case]
     budget, limit = settings
     rollout = ours(chat_model, tok, max_new_tokens=budget, max_tool_calling_iterations=limit)
@@ -249,17 +251,20 @@ def test_completions_tool_mask_and_loss_mask_are_trls(chat_model, qwen_tokenizer
     loss_mask = theirs["completion_mask"] * theirs["tool_mask"]  # what TRL's loss uses
     assert torch.equal(loss_mask.float().cpu(), rollout.loss_mask.cpu())
     assert float(theirs["num_items_in_batch"]) == float(rollout.loss_mask.sum())  # the policy's tokens only
-    # the history's frequencies mean TRL's: calls per completion, failures per call
+    # the history's frequencies mean TRL's: calls per completion, failures per call (TRL logs float32)
     metrics, logged = tool_metrics(rollout), trainer._metrics["train"]
-    assert metrics["tool_call_frequency"] == pytest.approx(logged["tools/call_frequency"][-1], abs=1e-9)
-    assert metrics["tool_failure_frequency"] == pytest.approx(logged["tools/failure_frequency"][-1], abs=1e-9)
+    assert metrics["tool_call_frequency"] == pytest.approx(logged["tools/call_frequency"][-1], abs=1e-6)
+    assert metrics["tool_failure_frequency"] == pytest.approx(logged["tools/failure_frequency"][-1], abs=1e-6)
     lengths = rollout.loss_mask.sum(dim=1)  # TRL logs the lengths of the policy's tokens too
-    assert float(lengths.mean()) == pytest.approx(logged["completions/mean_length"][-1], abs=1e-9)
+    assert float(lengths.mean()) == pytest.approx(logged["completions/mean_length"][-1], abs=1e-6)
     if case == "no limit":
         assert rollout.tool_calls.sum() > 0 and (rollout.tool_mask == 0).any() and not rollout.truncated.any()
-    if case == "one round":  # the 7/0 row's second turn calls twice, unanswered at the limit; it ended (EOS)
+        # 10 calls, 4 failures, 8 completions: per call and per completion differ, so the check tells them apart
+        assert metrics["tool_call_frequency"] == pytest.approx(10 / 8)
+        assert metrics["tool_failure_frequency"] == pytest.approx(4 / 10)
+    if case == "one round":  # the 7/0 row's second turn calls 3 times, unanswered at the limit; it ended (EOS)
         assert rollout.tool_calls.tolist() == [1, 1, 0, 0, 1, 1, 0, 0] and not rollout.truncated.any()
-        assert written(rollout, tok, 4)[0].endswith(call("7", name="weather") + "<|im_end|>")
+        assert written(rollout, tok, 4)[0].endswith(call("1+1") + "<|im_end|>")
     if case == "budget cuts the last turns":
         assert rollout.truncated.any() and (rollout.tool_mask == 0).any()
     if case == "budget cuts a call":  # TRL parses the cut turn, runs and counts its call, rolls its answer back
