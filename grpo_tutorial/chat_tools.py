@@ -30,15 +30,30 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
-__all__ = ["QWEN2_5_TEMPLATE_HINT", "chat_call_helpers", "tool_messages"]
+__all__ = ["QWEN2_5_TEMPLATE_HINT", "chat_call_helpers", "qwen2_5_chat_template", "supports_tool_calls",
+           "tool_messages"]
 
 #: How to get a template that supports tool calls, for the refusal's message.
 QWEN2_5_TEMPLATE_HINT = (
     "set TRL's bundled Qwen2.5 chat template on the tokenizer "
-    "(from trl.chat_template_utils import qwen2_5_chat_template; tokenizer.chat_template = qwen2_5_chat_template; "
-    "the file is trl/chat_templates/qwen2_5.jinja), or use a model whose own template supports tools "
-    "(Qwen2.5-Instruct's does)"
+    "(tokenizer.chat_template = grpo_tutorial.chat_tools.qwen2_5_chat_template(), which is "
+    "trl.chat_template_utils.qwen2_5_chat_template, the file trl/chat_templates/qwen2_5.jinja), "
+    "or use a model whose own template supports tools (Qwen2.5-Instruct's does)"
 )
+
+
+def qwen2_5_chat_template() -> str:
+    """TRL's bundled Qwen2.5 chat template (``trl/chat_templates/qwen2_5.jinja``): the route for a tokenizer
+    whose own template cannot render tool calls (SmolLM2's), and one TRL knows how to parse."""
+    from trl.chat_template_utils import qwen2_5_chat_template as template  # trl: an optional extra
+
+    return template
+
+
+def supports_tool_calls(tokenizer: Any) -> bool:
+    """TRL's ``supports_tool_calling``: the tokenizer's template renders a whole tool exchange
+    (user, assistant with a call, tool), keeping the call and the answer."""
+    return bool(_trl().supports_tool_calling(tokenizer))
 
 
 def tool_messages(results: Sequence[tuple[str, Any]]) -> list[dict]:

@@ -42,8 +42,9 @@ import warnings
 import pytest
 import torch
 
-from grpo_tutorial import GRPOConfig
+from grpo_tutorial import GRPOConfig, chat_tools
 from grpo_tutorial.calculator import calculator
+from grpo_tutorial.chat_tools import supports_tool_calls
 from grpo_tutorial.loss import grpo_loss, update_normalisers
 from grpo_tutorial.metrics import tool_metrics
 from grpo_tutorial.tools import ToolBox, generate_tool_rollouts
@@ -180,8 +181,10 @@ def test_smollm2s_own_template_is_refused_with_trls_route(chat_model):
     assert not supports_tool_calling(tok)
     with pytest.raises(ValueError, match=r"does not support tool calls.*supports_tool_calling.*qwen2_5"):
         ToolBox.build([calculator], tok, chat=True)
-    tok.chat_template = qwen2_5_chat_template
-    assert supports_tool_calling(tok)
+    assert not supports_tool_calls(tok)  # the package's name for TRL's check
+    tok.chat_template = chat_tools.qwen2_5_chat_template()  # the route the message names: TRL's own file
+    assert tok.chat_template == qwen2_5_chat_template
+    assert supports_tool_calling(tok) and supports_tool_calls(tok)
     assert isinstance(ToolBox.build([calculator], tok, chat=True), ToolBox)
 
 
