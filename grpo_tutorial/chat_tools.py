@@ -45,7 +45,8 @@ QWEN2_5_TEMPLATE_HINT = (
 def qwen2_5_chat_template() -> str:
     """TRL's bundled Qwen2.5 chat template (``trl/chat_templates/qwen2_5.jinja``): the route for a tokenizer
     whose own template cannot render tool calls (SmolLM2's), and one TRL knows how to parse."""
-    from trl.chat_template_utils import qwen2_5_chat_template as template  # trl: an optional extra
+    _trl()  # without trl: an ImportError that says how to get it
+    from trl.chat_template_utils import qwen2_5_chat_template as template
 
     return template
 

@@ -194,6 +194,8 @@ def test_without_trl_the_chat_path_says_how_to_get_it(qwen_tokenizer, monkeypatc
     monkeypatch.setitem(sys.modules, "trl.chat_template_utils", None)  # import trl.chat_template_utils fails
     with pytest.raises(ImportError, match=r"install the trl extra"):
         ToolBox.build([calculator], qwen_tokenizer, chat=True)
+    with pytest.raises(ImportError, match=r"install the trl extra"):
+        chat_tools.qwen2_5_chat_template()
 
 
 # ---------------------------------------------------------------------------
