@@ -15,6 +15,18 @@ it. :class:`~grpo_tutorial.rollout.Rollout` carries ``tool_mask`` (``[N, Tc]``,
 the loss, the KL term and every normaliser count the policy's tokens only. The
 policy still *reads* the tool's tokens (they are in the attention mask).
 
+The normalisers are TRL's, over that mask (``tests/test_chat_tools.py`` runs TRL's own
+``_compute_loss`` on TRL's own tool batch): ``grpo`` divides each completion by its
+count of the policy's tokens; ``bnpo`` by the micro-batch's; ``dapo`` (and ``cispo``,
+``vespo``) by ``num_items_in_batch``, the loss mask's sum over the update, which TRL
+computes the same way. One normaliser still counts the tool: ``dr_grpo``'s constant,
+``max_completion_length`` (our ``max_new_tokens``), is the budget of the whole
+completion, the tool's tokens included, in TRL and here alike: the sum of the
+policy's tokens is divided by a budget that the tool's tokens share. None differs
+from TRL's.
+Ours only: ``mask_tool_tokens=False``, chapter 16's control, trains on the tool's
+tokens too.
+
 Two ways to write a call (a *call syntax*):
 
 * :class:`InlineCalls`, for models without a chat template (chapter 16's tiny
@@ -24,7 +36,12 @@ Two ways to write a call (a *call syntax*):
 * :class:`ChatCalls`, for chat models whose template supports tools (TRL's route):
   the assistant's turn ends (EOS) with a tool call, which TRL's response parser
   reads; the tool's message, in the chat template's wrapper, is appended and masked,
-  and the assistant writes its next turn.
+  and the assistant writes its next turn (:mod:`~grpo_tutorial.chat_tools`: TRL's
+  own parser and its own ``_get_tool_suffix_ids``). As in TRL, a turn cut off by
+  the budget is parsed too: a whole call in it runs and counts, and its answer,
+  which cannot fit, is rolled back. Unlike TRL, the prompt is rendered without the
+  tools' schemas (TRL's ``apply_chat_template(..., tools=...)``): a system prompt
+  that should list the tools says so itself.
 
 How each failure is handled. TRL's rules: a tool that raises, an unknown tool
 name, or an unsupported call type gives a result ``{"error": ...}`` that the model
@@ -133,9 +150,9 @@ class ChatCalls:
 
     def calls(self, tokenizer: Any, prefix_ids: list[int], turn_ids: list[int], ended: bool,
               tools: dict[str, Callable]) -> list[dict] | None:
-        if not ended or not turn_ids:  # cut off by the budget: no complete call
-            return None
-        return self._parse(prefix_ids, turn_ids) or None
+        # a turn cut off by the budget is parsed too, as TRL parses it: a whole call in it is run and
+        # counted, and its answer, which cannot fit, is rolled back
+        return self._parse(prefix_ids, turn_ids) if turn_ids else None
 
     def suffix_ids(self, tokenizer: Any, results: list[tuple[str, Any]]) -> list[int]:
         return self._suffix(results)

@@ -107,7 +107,7 @@ RUN_MODULES = sorted((PACKAGE / "run").glob("*.py"))
 #: (The trainer, the warm start, the optimizer's warning, plotting's history reader and the CLI use it.)
 NO_RUN_IMPORTS = {
     "tasks", "rollout", "speedups", "rewards", "answers", "advantages", "logprobs", "kl", "objectives", "loss",
-    "config", "metrics", "evaluation", "seeding", "models", "presets", "_checks", "env", "chat",
+    "config", "metrics", "evaluation", "seeding", "models", "presets", "_checks", "env", "chat", "chat_tools",
     "pretrained", "long_addition", "step", "stages", "optim", "warn", "lora", "mismatch", "stats", "fast_sampler",
     "cli", "calculator", "tools", "ppo", "critic", "ppo_step", "vine",
 }
