@@ -150,6 +150,7 @@ def render_prompts(
     *,
     system_prompt: str | None = None,
     use_chat_template: bool | None = None,
+    tools: Sequence[Any] | None = None,
 ) -> list[str]:
     """Turn raw prompts into the exact text the model sees.
 
@@ -165,7 +166,8 @@ def render_prompts(
             messages = list(prompt) if is_chat_messages(prompt) else [{"role": "user", "content": prompt}]
             if system_prompt is not None and messages[0].get("role") != "system":
                 messages.insert(0, {"role": "system", "content": system_prompt})
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                 **({} if tools is None else {"tools": list(tools)}))
             rendered.append(text)
         return rendered
     chats = [i for i, p in enumerate(prompts) if is_chat_messages(p)]
@@ -174,6 +176,9 @@ def render_prompts(
             f"prompts[{chats[0]}] is a list of chat messages, but the tokenizer has no chat_template "
             "(or use_chat_template=False); give plain-text prompts for this model"
         )
+    if tools is not None:
+        raise ValueError("tools= are described to the model by its chat template; this tokenizer has none (or "
+                         "use_chat_template=False): a model without one calls its tool inline (tools.InlineCalls)")
     if system_prompt is not None:
         raise ValueError(
             f"system_prompt={system_prompt!r} needs a chat template, but prompts are used "
@@ -220,6 +225,7 @@ def encode_prompts(
     *,
     system_prompt: str | None = None,
     use_chat_template: bool | None = None,
+    tools: Sequence[Any] | None = None,
 ) -> list[list[int]]:
     """The token ids of each prompt, exactly as :func:`generate_rollouts` feeds them to the model.
 
@@ -228,7 +234,8 @@ def encode_prompts(
     its own. A benchmark that counts prompt tokens calls this, so it counts what
     the trainer encodes.
     """
-    texts = render_prompts(tokenizer, prompts, system_prompt=system_prompt, use_chat_template=use_chat_template)
+    texts = render_prompts(tokenizer, prompts, system_prompt=system_prompt, use_chat_template=use_chat_template,
+                           tools=tools)
     add_special = not uses_chat_template(tokenizer, use_chat_template)  # templates add their own
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=add_special)["input_ids"]]
 
@@ -375,6 +382,7 @@ def generate_rollouts(
     prompt_width: int = 0,
     logits_processor: Sequence[Any] = (),
     stopping_criteria: Sequence[Any] = (),
+    tools: Sequence[Any] | None = None,
 ) -> Rollout:
     """Sample ``group_size`` completions for each prompt in ONE ``generate`` call.
 
@@ -414,6 +422,8 @@ def generate_rollouts(
         stopping_criteria: extra ``transformers`` stopping criteria, per row
             (:mod:`grpo_tutorial.tools` stops a row at a tool call; the rest of the
             row is padding, which the caller cuts off).
+        tools: functions the chat template describes in each prompt, as TRL renders
+            its prompts (:mod:`grpo_tutorial.tools`' chat route); None: none.
 
     Returns:
         A :class:`Rollout` with N = B*G rows, ordered group by group.
@@ -429,7 +439,8 @@ def generate_rollouts(
     device = _model_device(model)
 
     # 1. render and tokenize each of the B prompts
-    token_rows = encode_prompts(tokenizer, prompts, system_prompt=system_prompt, use_chat_template=use_chat_template)
+    token_rows = encode_prompts(tokenizer, prompts, system_prompt=system_prompt, use_chat_template=use_chat_template,
+                                tools=tools)
     _check_prompt_tokens(model, tokenizer, prompts, token_rows, max_new_tokens)
 
     # 2. left-pad, so every prompt ends where its completion starts

@@ -39,9 +39,8 @@ Two ways to write a call (a *call syntax*):
   and the assistant writes its next turn (:mod:`~grpo_tutorial.chat_tools`: TRL's
   own parser and its own ``_get_tool_suffix_ids``). As in TRL, a turn cut off by
   the budget is parsed too: a whole call in it runs and counts, and its answer,
-  which cannot fit, is rolled back. Unlike TRL, the prompt is rendered without the
-  tools' schemas (TRL's ``apply_chat_template(..., tools=...)``): a system prompt
-  that should list the tools says so itself.
+  which cannot fit, is rolled back. As in TRL, the prompt describes the tools: the
+  chat template renders their schemas (``apply_chat_template(..., tools=...)``).
 
 How each failure is handled. TRL's rules: a tool that raises, an unknown tool
 name, or an unsupported call type gives a result ``{"error": ...}`` that the model
@@ -252,8 +251,9 @@ def generate_tool_rollouts(model: Any, tokenizer: Any, prompts: Sequence[Any], t
     """
     syntax = toolbox.syntax
     stopper = _StopAtCall(syntax, tokenizer)
+    described = syntax.tools if isinstance(syntax, ChatCalls) else None  # TRL describes the tools in the prompt
     first = generate_rollouts(model, tokenizer, prompts, group_size=group_size, max_new_tokens=max_new_tokens,
-                              generator_seed=generator_seed, stopping_criteria=[stopper], **sampling)
+                              generator_seed=generator_seed, stopping_criteria=[stopper], tools=described, **sampling)
     stopper_lengths = stopper.stopped_at  # rows that stopped at a call, and their lengths
     lengths = first.completion_lengths.long().tolist()
     ids = first.completion_ids.cpu().tolist()

@@ -12,18 +12,14 @@ Against TRL: a real ``trl.GRPOTrainer(tools=[calculator])``, built offline as
 place where TRL's loop calls the model) returns the same script's turns. TRL's
 ``_generate_and_score_completions`` then runs its own ``_generate`` and
 ``_tool_call_loop``: its response parser, its tool calls, its ``_get_tool_suffix_ids``,
-its rollback, its truncation, its padding. Its completion ids, completion mask, tool
+its rollback, its truncation, its padding. Its prompt ids (the tools described by the chat template),
+its completion ids, completion mask, tool
 mask, loss mask, ``num_items_in_batch`` and ``tools/*`` metrics must equal ours for
 the same conversations, and its ``_compute_loss`` on that batch must give our loss
 and gradient (each loss type's normaliser over the policy's tokens only).
 
 What is not compared, and why:
 
-* the prompt ids: TRL renders the tools' schemas into the prompt
-  (``apply_chat_template(..., tools=...)``); :func:`~grpo_tutorial.rollout.render_prompts`
-  does not (a prompt that should list the tools says so in its system prompt). The
-  completions, masks and counts do not depend on the prompt, which is all the
-  script reads.
 * vLLM generation and ``use_transformers_continuous_batching`` (other backends behind
   the same ``_generate_single_turn``; no vLLM on this machine), ``environment_factory``
   (TRL's experimental per-rollout environments: we have none), async tools (TRL runs
@@ -250,6 +246,9 @@ def test_completions_tool_mask_and_loss_mask_are_trls(chat_model, qwen_tokenizer
     rollout = ours(chat_model, tok, max_new_tokens=budget, max_tool_calling_iterations=limit)
     trainer = trl_trainer(chat_model, tok, tmp_path, max_new_tokens=budget, max_tool_calling_iterations=limit)
     theirs = trl_batch(trainer)
+    # the prompts: TRL renders the tools' descriptions into them through the chat template, and so do we
+    assert torch.equal(theirs["prompt_ids"].cpu(), rollout.prompt_ids.cpu())
+    assert torch.equal(theirs["prompt_mask"].long().cpu(), rollout.prompt_mask.long().cpu())
     assert torch.equal(theirs["completion_ids"].cpu(), rollout.completion_ids.cpu())
     assert torch.equal(theirs["completion_mask"].float().cpu(), rollout.completion_mask.cpu())
     assert torch.equal(theirs["tool_mask"].float().cpu(), rollout.tool_mask.cpu())
