@@ -15,10 +15,8 @@ chapter 16's record shares).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -45,13 +43,8 @@ CHAPTER = Chapter(
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line; tests/test_records.py parses the record's command with it."""
-    return variant_runs.build_parser(CHAPTER, __doc__.split("\n\n")[0])
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    return variant_runs.main(CHAPTER, __doc__.split("\n\n")[0], argv)
+#: ``build_parser()`` (tests/test_records.py parses the record's command with it) and ``main(argv=None)``.
+build_parser, main = variant_runs.command(CHAPTER, __doc__)
 
 
 if __name__ == "__main__":

@@ -227,3 +227,9 @@ def main(chapter: Chapter, description: str, argv: list[str] | None = None) -> d
               f"{style['mean']:.3f}  length {length['mean']:5.1f}")
     print(f"wrote {args.out}")
     return out
+
+
+def command(chapter: Chapter, doc: str) -> tuple[Callable[[], argparse.ArgumentParser], Callable[..., dict]]:
+    """A chapter's ``build_parser()`` and ``main(argv=None)``, its description the first paragraph of ``doc``."""
+    description = doc.split("\n\n")[0]
+    return (lambda: build_parser(chapter, description)), (lambda argv=None: main(chapter, description, argv))

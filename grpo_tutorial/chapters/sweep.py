@@ -39,7 +39,7 @@ from ..trainer import GRPOConfig, GRPOTrainer
 from .recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, paired_gain, warm_start
 
 __all__ = [
-    "recipe_threads", "run_setting", "run_sweep_seed", "runs_by_setting", "seed_start", "setting_summary",
+    "VariantRecipe", "recipe_threads", "run_setting", "run_sweep_seed", "runs_by_setting", "seed_start", "setting_summary",
     "run_from_warm_start", "summarize_variants", "train_with_curve", "warm_start_until",
 ]
 
@@ -248,3 +248,24 @@ def run_from_warm_start(variant: str, seed: int, trainer: GRPOTrainer, rows: Seq
     history = [{k: v for k, v in row.items() if not k.endswith(timing)} for row in trainer.history]
     return {"variant": variant, "seed": seed, "curve": curve, "history": history, "seconds": seconds,
             "model": trainer.model}
+
+
+class VariantRecipe:
+    """What the recipes of chapters 13 and 16 share (dataclasses with ``sft``, an
+    :class:`~grpo_tutorial.sft.SFTConfig`, and ``grpo``, a :class:`~grpo_tutorial.config.GRPOConfig`)."""
+
+    def grpo_config(self, seed: int, **changes: Any) -> GRPOConfig:
+        """The GRPO phase's config for one run, with a variant's ``changes``."""
+        return dataclasses.replace(self.grpo, seed=seed, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data; :meth:`from_dict` reads it back."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]):
+        from ..sft import SFTConfig
+
+        record = dict(record)
+        sft, grpo = SFTConfig(**record.pop("sft")), GRPOConfig(**record.pop("grpo"))
+        return cls(sft=sft, grpo=grpo, **record)

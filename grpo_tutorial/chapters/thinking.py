@@ -26,7 +26,6 @@ data that the chapter plots.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from ..rollout import generate_rollouts, sampling_kwargs
 from ..sft import SFTConfig
 from ..long_addition import WORKED_OPEN, make_long_addition_dataset, parse_worked, worked_addition
 from ..trainer import GRPOTrainer
-from .sweep import run_from_warm_start, summarize_variants, warm_start_until
+from .sweep import VariantRecipe, run_from_warm_start, summarize_variants, warm_start_until
 
 __all__ = [
     "CURVE_KEYS",
@@ -80,7 +79,7 @@ _SFT_SETTINGS: dict[str, Any] = dict(steps=4_000, batch_size=64, learning_rate=1
 
 
 @dataclass
-class ThinkingRecipe:
+class ThinkingRecipe(VariantRecipe):
     """Every setting of chapter 13's runs.
 
     Attributes:
@@ -152,19 +151,6 @@ class ThinkingRecipe:
         settings.update(overrides)
         return cls(**settings)
 
-    def grpo_config(self, seed: int, **changes: Any) -> GRPOConfig:
-        """The GRPO phase's config for one run, with a variant's ``changes``."""
-        return dataclasses.replace(self.grpo, seed=seed, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data; :meth:`from_dict` reads it back."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, record: dict[str, Any]) -> "ThinkingRecipe":
-        record = dict(record)
-        sft, grpo = SFTConfig(**record.pop("sft")), GRPOConfig(**record.pop("grpo"))
-        return cls(sft=sft, grpo=grpo, **record)
 
 
 # ---------------------------------------------------------------------------

@@ -25,7 +25,6 @@ that the chapter plots.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import os
 import random
@@ -43,7 +42,7 @@ from ..sft import SFTConfig
 from ..tools import InlineCalls, ToolBox, generate_tool_rollouts
 from ..trainer import GRPOTrainer
 from .recipes import WARM_START_CACHE, cached_warm_start
-from .sweep import run_from_warm_start, summarize_variants, warm_start_until
+from .sweep import VariantRecipe, run_from_warm_start, summarize_variants, warm_start_until
 
 __all__ = [
     "CURVE_KEYS", "EVAL_SEED_OFFSET", "ToolRecipe", "VARIANTS", "build_tool_model", "heldout_stats",
@@ -65,7 +64,7 @@ _CALLS = re.compile(re.escape(SYNTAX.open) + r".*?(" + re.escape(SYNTAX.close) +
 
 
 @dataclass
-class ToolRecipe:
+class ToolRecipe(VariantRecipe):
     """Every setting of chapter 16's runs.
 
     Attributes:
@@ -134,19 +133,6 @@ class ToolRecipe:
         settings.update(overrides)
         return cls(**settings)
 
-    def grpo_config(self, seed: int, **changes: Any) -> GRPOConfig:
-        """The GRPO phase's config for one run, with a variant's ``changes``."""
-        return dataclasses.replace(self.grpo, seed=seed, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data; :meth:`from_dict` reads it back."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, record: dict[str, Any]) -> "ToolRecipe":
-        record = dict(record)
-        sft, grpo = SFTConfig(**record.pop("sft")), GRPOConfig(**record.pop("grpo"))
-        return cls(sft=sft, grpo=grpo, **record)
 
 
 # ---------------------------------------------------------------------------
