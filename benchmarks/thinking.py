@@ -43,8 +43,9 @@ CHAPTER = Chapter(
 )
 
 
-#: ``build_parser()`` (tests/test_records.py parses the record's command with it) and ``main(argv=None)``.
-build_parser, main = variant_runs.command(CHAPTER, __doc__)
+#: ``build_parser()`` (tests/test_records.py parses the record's command with it), ``main(argv=None)`` and
+#: ``recipe_for(args)``.
+build_parser, main, recipe_for = variant_runs.command(CHAPTER, __doc__)
 
 
 if __name__ == "__main__":

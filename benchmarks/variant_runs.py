@@ -229,7 +229,9 @@ def main(chapter: Chapter, description: str, argv: list[str] | None = None) -> d
     return out
 
 
-def command(chapter: Chapter, doc: str) -> tuple[Callable[[], argparse.ArgumentParser], Callable[..., dict]]:
-    """A chapter's ``build_parser()`` and ``main(argv=None)``, its description the first paragraph of ``doc``."""
+def command(chapter: Chapter, doc: str) -> tuple[Callable, Callable, Callable]:
+    """A chapter's ``build_parser()``, ``main(argv=None)`` and ``recipe_for(args)`` (the recipe a parsed command
+    line asks for), its description the first paragraph of ``doc``."""
     description = doc.split("\n\n")[0]
-    return (lambda: build_parser(chapter, description)), (lambda argv=None: main(chapter, description, argv))
+    return ((lambda: build_parser(chapter, description)), (lambda argv=None: main(chapter, description, argv)),
+            (lambda args: recipe_for(chapter, args)))

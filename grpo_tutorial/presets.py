@@ -27,6 +27,10 @@ all take their settings from :func:`get_preset`.
   may guess or work out (:mod:`grpo_tutorial.chapters.thinking`): the package's
   GRPO defaults (16 prompts, G = 8, lr 1e-4, one update per step), with a budget of
   72 new tokens, which fits a worked-out sum (49-66 tokens with its EOS).
+- ``"tool-use-cpu"``: chapter 16's runs, the tiny model calling a calculator
+  (:mod:`grpo_tutorial.chapters.tool_use`): the package's GRPO defaults, with a budget of
+  28 new tokens, the calculator's included (a call, its answer and the copy take 17-21),
+  and at most 2 rounds of calls (``max_tool_calling_iterations``).
 - ``"qwen2.5-0.5b-colab-t4"``: Qwen2.5-0.5B-Instruct on a free Colab T4 (16 GB,
   no bfloat16), with GSM8K-length answers, training LoRA adapters (rank 32 on
   every linear layer, alpha 32, learning rate 3e-5: verl's Qwen2.5-0.5B GRPO-LoRA
@@ -107,6 +111,8 @@ PRESETS: dict[str, GRPOConfig] = {
     ),
     # Chapter 13: GRPOConfig's defaults, and room for a worked-out 6-digit sum.
     "long-addition-cpu": GRPOConfig(max_new_tokens=72, eval_batch_size=200),
+    # Chapter 16: GRPOConfig's defaults, room for a call, the calculator's answer and the copy, two rounds of calls.
+    "tool-use-cpu": GRPOConfig(max_new_tokens=28, max_tool_calling_iterations=2, eval_batch_size=100),
     # Chapter 9's GPU run; the values and their sources are in the chapter (section 9.6): LoRA
     # rank 32, alpha 32 on every linear layer at 3e-5 (verl's Qwen2.5-0.5B GRPO-LoRA row and
     # LoRA guide; about ten times the full-weight rate, "LoRA Without Regret"), no dropout

@@ -23,7 +23,7 @@ from grpo_tutorial.presets import PRESETS, SMOLLM2_SYSTEM_PROMPT, get_preset
 
 
 def test_every_preset_is_a_valid_config():
-    assert set(PRESETS) == {"tiny-cpu", "smollm2-cpu", "long-addition-cpu", "qwen2.5-0.5b-colab-t4",
+    assert set(PRESETS) == {"tiny-cpu", "smollm2-cpu", "long-addition-cpu", "tool-use-cpu", "qwen2.5-0.5b-colab-t4",
                             "qwen2.5-0.5b-colab-t4-full"}
     for name, config in PRESETS.items():
         assert isinstance(config, GRPOConfig), name
@@ -281,4 +281,12 @@ def test_chapter_13_runs_the_package_defaults_with_room_to_work_it_out():
 
     assert _changed(PRESETS["long-addition-cpu"]) == {"max_new_tokens": 72, "eval_batch_size": 200}
     assert ThinkingRecipe().grpo == get_preset("long-addition-cpu")
+
+
+def test_chapter_16_runs_the_package_defaults_with_room_for_a_call():
+    from grpo_tutorial.chapters.tool_use import ToolRecipe
+
+    assert _changed(PRESETS["tool-use-cpu"]) == {"max_new_tokens": 28, "max_tool_calling_iterations": 2,
+                                                  "eval_batch_size": 100}
+    assert ToolRecipe().grpo == get_preset("tool-use-cpu")
 

@@ -110,6 +110,7 @@ def test_the_notebooks_tag_their_committed_data_cells():
     assert len(_tagged_cells("08_tiny_transformer.ipynb")) >= 2
     assert len(_tagged_cells("09_real_llm.ipynb")) >= 4
     assert len(_tagged_cells("13_thinking_longer.ipynb")) >= 1
+    assert len(_tagged_cells("16_tools_in_the_loop.ipynb")) >= 2  # the imports, then the record
 
 
 CHECK_CELL = textwrap.dedent(
@@ -159,7 +160,7 @@ def test_wheel_ships_the_data_and_the_data_cells_run_outside_the_repository(tmp_
     # the tagged cells of each notebook, after a cell that proves where the package comes from
     run_dir = tmp_path / "alone"
     run_dir.mkdir()
-    for name in ("08_tiny_transformer.ipynb", "09_real_llm.ipynb", "13_thinking_longer.ipynb"):
+    for name in ("08_tiny_transformer.ipynb", "09_real_llm.ipynb", "13_thinking_longer.ipynb", "16_tools_in_the_loop.ipynb"):
         nb = nbformat.v4.new_notebook()
         nb.metadata = nbformat.read(ROOT / "notebooks" / name, as_version=4).metadata
         nb.cells = [nbformat.v4.new_code_cell(CHECK_CELL)] + [nbformat.v4.new_code_cell(s) for s in _tagged_cells(name)]

@@ -37,6 +37,7 @@ from .._checks import check_int, check_number
 from ..calculator import calculator
 from ..config import GRPOConfig
 from ..models import TINY_TOOL_CHARS, build_tiny_policy
+from ..presets import get_preset
 from ..rollout import generate_rollouts, sampling_kwargs
 from ..sft import SFTConfig
 from ..tools import InlineCalls, ToolBox, generate_tool_rollouts
@@ -76,7 +77,8 @@ class ToolRecipe(VariantRecipe):
             the tiny Qwen2 with :data:`~grpo_tutorial.models.TINY_TOOL_CHARS`.
         sft, sft_target, sft_check_every: the warm start, stopped once greedy accuracy on
             the probe, with the completion started by ``<<`` (a call), reaches ``sft_target``.
-        grpo: the GRPO phase's settings; grpo_steps, eval_every: its length and curve points.
+        grpo: the GRPO phase's settings: the preset ``"tool-use-cpu"`` (the package's defaults, but the
+            budget and two rounds of calls); grpo_steps, eval_every: its length and curve points.
         noise: how often :func:`noisy_calculator` (the ``noisy_tool`` variant) is wrong.
         num_threads: torch CPU threads during a run (None: leave torch's setting).
     """
@@ -97,9 +99,7 @@ class ToolRecipe(VariantRecipe):
                                                              warmup_steps=100))
     sft_target: float = 0.6
     sft_check_every: int = 50
-    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(
-        group_size=8, prompts_per_step=16, max_new_tokens=28, learning_rate=1e-4, beta=0.0,
-        max_tool_calling_iterations=2, eval_batch_size=100))
+    grpo: GRPOConfig = field(default_factory=lambda: get_preset("tool-use-cpu"))
     grpo_steps: int = 60
     eval_every: int = 10
     noise: float = 0.25
