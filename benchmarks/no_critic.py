@@ -86,24 +86,39 @@ def start_of(recipe: ThinkingRecipe, seed: int, folder: str) -> dict:
     return {"seed": seed, "warm_start": info}
 
 
-def one_run(recipe: ThinkingRecipe, seed: int, method: str, folder: str, settings: dict) -> dict:
-    """One process: ``method`` from seed ``seed``'s warm start; the run without its model."""
-    cached = Path(folder) / f"run_{seed}_{method}.json"
-    if cached.exists():
-        return json.loads(cached.read_text())
-    torch.set_num_threads(recipe.num_threads or torch.get_num_threads())
+def run_from_state(recipe: ThinkingRecipe, seed: int, method: str, state: dict, settings: dict) -> dict:
+    """``method`` for seed ``seed`` from the warm start's weights ``state``, with the record's ``settings``
+    (:func:`settings_for`); the run without its model. tests/test_records.py re-runs the record's first steps
+    with it."""
     model, tokenizer = build_thinking_model(recipe, seed)
-    model.load_state_dict(torch.load(Path(folder) / f"warm_{seed}.pt"))
-    changes = {"prompts_per_step": settings["mc_prompts"]} if method == "monte_carlo" and settings["mc_prompts"] else {}
+    model.load_state_dict(state)
     data = make_thinking_data(recipe)
     if settings.get("n_test"):
         data = {**data, "test": data["test"][:settings["n_test"]]}
+    changes = {"prompts_per_step": settings["mc_prompts"]} if method == "monte_carlo" and settings["mc_prompts"] else {}
     run = run_method(method, model, tokenizer, data, recipe, seed,
                      ppo=PPOSettings(**settings["ppo"]), monte_carlo=MonteCarloSettings(**settings["monte_carlo"]),
                      changes=changes)
     run.pop("model")
+    return run
+
+
+def one_run(recipe: ThinkingRecipe, seed: int, method: str, folder: str, settings: dict) -> dict:
+    """One process: ``method`` from seed ``seed``'s warm start, kept in ``folder``."""
+    cached = Path(folder) / f"run_{seed}_{method}.json"
+    if cached.exists():
+        return json.loads(cached.read_text())
+    torch.set_num_threads(recipe.num_threads or torch.get_num_threads())
+    run = run_from_state(recipe, seed, method, torch.load(Path(folder) / f"warm_{seed}.pt"), settings)
     _write_atomic(cached, json.dumps(run))
     return run
+
+
+def settings_for(args: argparse.Namespace) -> dict:
+    """The methods' settings a command line asks for, as the record keeps them."""
+    return {"ppo": {"value_lr": args.value_lr, "value_model": args.value_model},
+            "monte_carlo": {"num_prefixes": args.prefixes, "rollouts_per_prefix": args.rollouts},
+            "mc_prompts": args.mc_prompts, "n_test": args.n_test}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,9 +148,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     recipe = recipe_for(args)
     command = "python -m benchmarks.no_critic " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None
                                                                                     else argv))
-    settings = {"ppo": {"value_lr": args.value_lr, "value_model": args.value_model},
-                "monte_carlo": {"num_prefixes": args.prefixes, "rollouts_per_prefix": args.rollouts},
-                "mc_prompts": args.mc_prompts, "n_test": args.n_test}
+    settings = settings_for(args)
     started, uptime_start, t0 = dt.datetime.now(dt.timezone.utc), uptime(), time.perf_counter()
     print(f"{command.strip()}\n  {uptime_start}", flush=True)
     starts, runs = {}, []
