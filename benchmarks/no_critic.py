@@ -8,22 +8,33 @@ process (``--jobs``), with the held-out statistics every ``eval_every`` steps. T
 runs and the summary across seeds (:func:`~grpo_tutorial.chapters.no_critic.summarize_methods`)
 go into one JSON file with the command, the package commit and the machine.
 ``--mc-prompts`` gives the Monte Carlo method fewer prompts per step, to match the
-sampled tokens (its extra rollouts are counted in every row). ``--quick`` is a
+sampled tokens (its extra rollouts are counted in every row). ``--n-test`` measures
+the curves on the first this many of the recipe's held-out problems (the warm start,
+its probe and its training rows stay chapter 13's). ``--cache DIR`` keeps each warm
+start and each finished run, and a second run of the same command picks up what is
+there (:mod:`benchmarks.variant_runs`' folder, refused when made with other settings);
+the record keeps the machine's load as the other records do. ``--quick`` is a
 seconds-long smoke run of chapter 13's test recipe that proves nothing.
+
+Not :mod:`benchmarks.variant_runs`' :class:`~benchmarks.variant_runs.Chapter` runner:
+a run here keeps what that runner drops (the parameters, the training bytes, the
+critic's passes) and takes the methods' own settings; it shares its cache folder,
+its atomic writes and the load sampler.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
+import contextlib
 import dataclasses
 import datetime as dt
 import json
 import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
@@ -31,8 +42,9 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import torch  # noqa: E402
 
-from benchmarks.common import machine, package_commit  # noqa: E402
-from benchmarks.lab import json_safe  # noqa: E402
+from benchmarks.common import LoadSampler, load_average, machine, package_commit  # noqa: E402
+from benchmarks.lab import json_safe, uptime  # noqa: E402
+from benchmarks.variant_runs import _open_cache, _write_atomic  # noqa: E402
 from grpo_tutorial.chapters.no_critic import METHODS, run_method, summarize_methods  # noqa: E402
 from grpo_tutorial.chapters.thinking import (  # noqa: E402
     ThinkingRecipe, build_thinking_model, load_warm_start, make_thinking_data, warm_start,
@@ -56,6 +68,9 @@ def _warm_part(recipe: ThinkingRecipe) -> dict:
 
 def start_of(recipe: ThinkingRecipe, seed: int, folder: str) -> dict:
     """One process: seed ``seed``'s warm start, saved in ``folder`` for its methods to copy."""
+    cached = Path(folder) / f"warm_{seed}.json"
+    if cached.exists():  # an earlier, interrupted run of the same command made it
+        return {"seed": seed, "warm_start": json.loads(cached.read_text())}
     torch.set_num_threads(recipe.num_threads or torch.get_num_threads())
     t0 = time.perf_counter()
     if seed == 0 and _warm_part(recipe) == _warm_part(ThinkingRecipe()):
@@ -66,20 +81,44 @@ def start_of(recipe: ThinkingRecipe, seed: int, folder: str) -> dict:
         info = {"shipped": False, **warm_start(model, tokenizer, make_thinking_data(recipe), recipe, seed,
                                                progress=False)}
     torch.save(model.state_dict(), Path(folder) / f"warm_{seed}.pt")
-    return {"seed": seed, "warm_start": {**info, "seconds": time.perf_counter() - t0}}
+    info = {**info, "seconds": time.perf_counter() - t0}
+    _write_atomic(cached, json.dumps(info))  # NaN kept as NaN
+    return {"seed": seed, "warm_start": info}
 
 
-def one_run(recipe: ThinkingRecipe, seed: int, method: str, folder: str, settings: dict) -> dict:
-    """One process: ``method`` from seed ``seed``'s warm start; the run without its model."""
-    torch.set_num_threads(recipe.num_threads or torch.get_num_threads())
+def run_from_state(recipe: ThinkingRecipe, seed: int, method: str, state: dict, settings: dict) -> dict:
+    """``method`` for seed ``seed`` from the warm start's weights ``state``, with the record's ``settings``
+    (:func:`settings_for`); the run without its model. tests/test_records.py re-runs the record's first steps
+    with it."""
     model, tokenizer = build_thinking_model(recipe, seed)
-    model.load_state_dict(torch.load(Path(folder) / f"warm_{seed}.pt"))
+    model.load_state_dict(state)
+    data = make_thinking_data(recipe)
+    if settings.get("n_test"):
+        data = {**data, "test": data["test"][:settings["n_test"]]}
     changes = {"prompts_per_step": settings["mc_prompts"]} if method == "monte_carlo" and settings["mc_prompts"] else {}
-    run = run_method(method, model, tokenizer, make_thinking_data(recipe), recipe, seed,
+    run = run_method(method, model, tokenizer, data, recipe, seed,
                      ppo=PPOSettings(**settings["ppo"]), monte_carlo=MonteCarloSettings(**settings["monte_carlo"]),
                      changes=changes)
     run.pop("model")
     return run
+
+
+def one_run(recipe: ThinkingRecipe, seed: int, method: str, folder: str, settings: dict) -> dict:
+    """One process: ``method`` from seed ``seed``'s warm start, kept in ``folder``."""
+    cached = Path(folder) / f"run_{seed}_{method}.json"
+    if cached.exists():
+        return json.loads(cached.read_text())
+    torch.set_num_threads(recipe.num_threads or torch.get_num_threads())
+    run = run_from_state(recipe, seed, method, torch.load(Path(folder) / f"warm_{seed}.pt"), settings)
+    _write_atomic(cached, json.dumps(run))
+    return run
+
+
+def settings_for(args: argparse.Namespace) -> dict:
+    """The methods' settings a command line asks for, as the record keeps them."""
+    return {"ppo": {"value_lr": args.value_lr, "value_model": args.value_model},
+            "monte_carlo": {"num_prefixes": args.prefixes, "rollouts_per_prefix": args.rollouts},
+            "mc_prompts": args.mc_prompts, "n_test": args.n_test}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefixes", type=int, default=2, help="M of the Monte Carlo values")
     parser.add_argument("--rollouts", type=int, default=2, help="K of the Monte Carlo values")
     parser.add_argument("--mc-prompts", type=int, default=None, help="the Monte Carlo method's prompts per step")
+    parser.add_argument("--n-test", type=int, default=None,
+                        help="held-out problems of the curves: the first this many of the recipe's (default: all)")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="keep warm starts and finished runs here, and reuse them (default: a temporary folder)")
     parser.add_argument("--quick", action="store_true", help="the seconds-long test recipe (proves nothing)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return parser
@@ -105,12 +148,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     recipe = recipe_for(args)
     command = "python -m benchmarks.no_critic " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None
                                                                                     else argv))
-    settings = {"ppo": {"value_lr": args.value_lr, "value_model": args.value_model},
-                "monte_carlo": {"num_prefixes": args.prefixes, "rollouts_per_prefix": args.rollouts},
-                "mc_prompts": args.mc_prompts}
-    started, t0 = dt.datetime.now(dt.timezone.utc), time.perf_counter()
+    settings = settings_for(args)
+    started, uptime_start, t0 = dt.datetime.now(dt.timezone.utc), uptime(), time.perf_counter()
+    print(f"{command.strip()}\n  {uptime_start}", flush=True)
     starts, runs = {}, []
-    with tempfile.TemporaryDirectory() as folder, futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+    stamp = SimpleNamespace(to_dict=lambda: {"recipe": recipe.to_dict(), "settings": settings})
+    with LoadSampler(every=10.0) as sampler, contextlib.ExitStack() as stack, \
+            futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        folder = _open_cache(args.cache, stamp, stack)
         pending = {pool.submit(start_of, recipe, s, folder) for s in args.seeds}
         while pending:
             finished, pending = futures.wait(pending, return_when=futures.FIRST_COMPLETED)
@@ -126,7 +171,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs.sort(key=lambda r: (r["seed"], list(METHODS).index(r["method"])))
     out = {
         "created": started.isoformat(timespec="seconds"), "command": command.strip(), **code,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "quick": args.quick, "wall_seconds": time.perf_counter() - t0, "jobs": args.jobs,
+        "load": {"uptime_start": uptime_start, "uptime_end": uptime(), "during": sampler.summary(),
+                 "end": load_average()},
         "machine": machine(recipe.num_threads or 1), "recipe": recipe.to_dict(), "settings": settings,
         "methods": {m: METHODS[m][0] for m in args.methods}, "warm_starts": starts,
         "summary": summarize_methods(runs), "runs": runs,

@@ -75,15 +75,32 @@ def test_an_unknown_method_is_refused(quick):
 def test_the_command_runs_every_method_for_each_seed(tmp_path):
     from benchmarks import no_critic
 
-    out = tmp_path / "record.json"
-    record = no_critic.main(["--quick", "--seeds", "0", "1", "--steps", "1", "--eval-every", "1", "--jobs", "2",
-                             "--mc-prompts", "2", "--out", str(out)])
+    import json
+
+    out, cache = tmp_path / "record.json", tmp_path / "cache"
+    args = ["--quick", "--seeds", "0", "1", "--steps", "1", "--eval-every", "1", "--jobs", "2", "--mc-prompts", "2",
+            "--n-test", "12", "--cache", str(cache), "--out", str(out)]
+    record = no_critic.main(args)
     assert [(r["seed"], r["method"]) for r in record["runs"]] == [(s, m) for s in (0, 1) for m in METHODS]
     assert set(record["summary"]) == set(METHODS) and all(e["seeds"] == 2 for e in record["summary"].values())
     mc = [r for r in record["runs"] if r["method"] == "monte_carlo"]
     assert all(r["settings"]["config"]["prompts_per_step"] == 2 for r in mc)  # fewer prompts: compute-matched
     assert not record["warm_starts"][0]["shipped"]  # the quick recipe trains its own
     assert "model" not in record["runs"][0] and out.read_text().startswith("{")
+    assert all(p["n"] == 12 for r in record["runs"] for p in r["curve"])  # --n-test: the first 12 held-out problems
+    assert record["load"]["during"]["n"] >= 1 and record["cpu_capability"] and record["settings"]["n_test"] == 12
+    # run again: everything comes from the cache, the same runs
+    first = json.loads(out.read_text())["runs"]
+    assert sorted(p.name for p in cache.glob("run_*.json")) == sorted(f"run_{s}_{m}.json" for s in (0, 1)
+                                                                     for m in METHODS)
+    marked = cache / "run_1_ppo.json"  # a mark that only a run read from the cache carries
+    marked.write_text(json.dumps({**json.loads(marked.read_text()), "seconds": -1.0}))
+    no_critic.main(args)
+    again = json.loads(out.read_text())["runs"]
+    assert [r["seconds"] for r in again if (r["seed"], r["method"]) == (1, "ppo")] == [-1.0]
+    assert [{**r, "seconds": 0} for r in again] == [{**r, "seconds": 0} for r in first]
+    with pytest.raises(SystemExit, match="another recipe"):  # a cache made with other settings is refused
+        no_critic.main([*args, "--value-lr", "0.01"])
 
 
 class State:

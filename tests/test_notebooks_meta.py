@@ -39,6 +39,7 @@ SKIPPED_SOLUTIONS = {
     ("08_tiny_transformer.ipynb", "ch8-ex-mu"): "a full GRPO run of the recipe with mu = 2",
     ("13_thinking_longer.ipynb", "ch13-ex-warm"): "two warm starts of the long-addition model, minutes each",
     ("16_tools_in_the_loop.ipynb", "ch16-ex-unmasked"): "two more GRPO runs of 20 steps and a scoring pass",
+    ("17_why_no_critic.ipynb", "ch17-ex-critic"): "two PPO runs of 20 steps from the warm start, minutes on a CPU",
 }
 SKIP_TAG = "skip-execution"
 SKIP_FIRST_LINE = "# Not run by the tests or the book build:"

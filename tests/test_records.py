@@ -18,6 +18,9 @@ with the record:
   from it the 'grpo' setting's held-out statistics at step 0 and its first steps.
 - ``tool_results.json`` (chapter 16): the command's warm start of seed 0 (its steps and probe), and from
   it the 'grpo' setting's held-out statistics at step 0 and its first two steps; the summary is its seeds'.
+- ``no_critic_results.json`` (chapter 17): from the shipped warm start (the record's seed 0), the first step
+  of each method (GRPO, RLOO, PPO with its value model, the Monte Carlo values): the held-out statistics
+  at step 0 and step 1's row; the recipe and the methods' settings are the command's, the summary its runs'.
 - ``sampler_mismatch.json`` (chapter 15): seed 0's warm start, then the
   first step of the on-policy baseline and of the bfloat16 sampler without and with a
   correction: held-out accuracy before GRPO, step 1's reward and mismatch diagnostics.
@@ -85,6 +88,7 @@ PROVENANCE = {
     "sampler_mismatch.json": ("sampler_mismatch.json", None),
     "rollout_speed.json": ("rollout_speed.json", None),  # made on lent GPUs by two scripts that import no package code
     "tool_results.json": ("tool_results.json", None),
+    "no_critic_results.json": ("no_critic_results.json", None),
 }
 #: Chapter 15's record (issue 35).
 MISMATCH_RECORD = "sampler_mismatch.json"
@@ -113,6 +117,8 @@ SEED_CHECKS = {
     "test_sampler_mismatch_record_reproduces_its_first_steps": 7,  # warm-start steps; 3 settings x 2
     "test_thinking_warm_start_is_what_the_command_makes": 1,  # warm-start steps (`make test-records`)
     "test_tool_record_reproduces_its_warm_start_and_first_steps": 2,  # warm-start steps; accuracy at step 0
+    # accuracy at step 0; step 1's reward (GRPO's, and the Monte Carlo method's own prompts); PPO's advantage variance
+    "test_no_critic_record_reproduces_its_first_steps": 4,
 }
 #: How many statistical checks in all.
 FAMILY = sum(SEED_CHECKS.values())
@@ -885,3 +891,84 @@ def test_tool_record_reproduces_its_warm_start_and_first_steps(request):
         assert got["step"] == want["step"]
         for key in keys:
             assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
+
+
+# ---------------------------------------------------------------------------
+# Chapter 17: why no critic
+# ---------------------------------------------------------------------------
+
+#: A step's timing fields (never compared).
+NO_CRITIC_TIMING = ("step_seconds", "advantages_seconds", "update_seconds", "value_seconds")
+
+
+def _no_critic_record():
+    from benchmarks import no_critic as bench
+    from grpo_tutorial.chapters.no_critic import METHODS
+    from grpo_tutorial.chapters.thinking import ThinkingRecipe
+
+    record = read_data("no_critic_results.json")
+    args = bench.build_parser().parse_args(script_args(record["command"], "benchmarks.no_critic"))
+    recipe = bench.recipe_for(args)
+    assert recipe.to_dict() == ThinkingRecipe.from_dict(record["recipe"]).to_dict()
+    stored_fields_match(recipe.to_dict(), record["recipe"], "no_critic_results.json recipe")
+    assert record["settings"] == bench.settings_for(args)
+    assert sorted({r["seed"] for r in record["runs"]}) == sorted(args.seeds) and len(args.seeds) >= 5
+    assert not args.quick and record["methods"] == {m: METHODS[m][0] for m in args.methods}
+    assert [(r["seed"], r["method"]) for r in record["runs"]] == [(s, m) for s in args.seeds for m in args.methods]
+    return record, recipe, args
+
+
+def test_no_critic_record_summary_is_its_runs():
+    from benchmarks.lab import json_safe
+    from grpo_tutorial.chapters.no_critic import summarize_methods
+
+    record, recipe, args = _no_critic_record()
+    assert json_safe(summarize_methods(record["runs"])) == record["summary"]
+    points = list(range(0, recipe.grpo_steps + 1, recipe.eval_every))
+    for run in record["runs"]:
+        assert [p["step"] for p in run["curve"]] == points, (run["seed"], run["method"])
+        assert [row["step"] for row in run["history"]] == list(range(1, recipe.grpo_steps + 1))
+        assert all(p["n"] == args.n_test for p in run["curve"])
+        prompts = args.mc_prompts if run["method"] == "monte_carlo" else recipe.grpo.prompts_per_step
+        assert run["settings"]["config"]["prompts_per_step"] == prompts
+    assert record["warm_starts"]["0"]["shipped"] and not any(w["shipped"] for s, w in record["warm_starts"].items()
+                                                              if s != "0")
+
+
+@pytest.mark.slow
+def test_no_critic_record_reproduces_its_first_steps(request):
+    """Seed 0 starts from the shipped warm start (chapter 13's), so one step of each method is cheap to re-run."""
+    from benchmarks import no_critic as bench
+    from grpo_tutorial.chapters.thinking import load_warm_start
+
+    record, recipe, args = _no_critic_record()
+    skip_if_the_main_pass_compared(record, "no_critic_results.json")
+    first = dataclasses.replace(recipe, grpo_steps=1, eval_every=1)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(recipe.num_threads)
+    try:
+        model, _ = load_warm_start(recipe)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runs = {m: bench.run_from_state(first, 0, m, model.state_dict(), record["settings"]) for m in args.methods}
+    finally:
+        torch.set_num_threads(previous)
+    stored = {r["method"]: r for r in record["runs"] if r["seed"] == 0}
+    if not same_kernels(record):  # other kernels: draws like the record's seeds'
+        others = record["runs"]  # every seed, 0 included, as the other records' checks
+        with SeedChecks(request) as checks:
+            checks.like_the_seeds("no critic: accuracy at step 0", runs["grpo"]["curve"][0]["accuracy"],
+                                  [r["curve"][0]["accuracy"] for r in others if r["method"] == "grpo"])
+            for method, key in (("grpo", "reward_mean"), ("monte_carlo", "reward_mean"), ("ppo", "advantage_var")):
+                checks.like_the_seeds(f"no critic: {method}'s step 1 {key}", runs[method]["history"][0][key],
+                                      [r["history"][0][key] for r in others if r["method"] == method])
+        return
+    for method, run in runs.items():
+        want = stored[method]
+        assert run["curve"][0] == pytest.approx(want["curve"][0], rel=1e-9, nan_ok=True), method
+        assert run["parameters"] == want["parameters"] and run["training_bytes"] == want["training_bytes"], method
+        got, row = run["history"][0], want["history"][0]
+        unset = [k for k, v in row.items() if v is None]  # NaN, which the record writes as null ("kl" at beta = 0)
+        assert all(math.isnan(got[k]) for k in unset), (method, {k: got[k] for k in unset})
+        _same_step({k: v for k, v in got.items() if k not in unset}, {k: v for k, v in row.items() if k not in unset},
+                   NO_CRITIC_TIMING, f"no_critic_results.json {method}")

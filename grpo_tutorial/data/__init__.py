@@ -67,6 +67,11 @@ safetensors``                   chapter 13 trains live (weights, not readable
                                 its tokens left in the loss, sometimes wrong; 5
                                 seeds, the held-out curves
                                 (``python -m benchmarks.tool_use``)
+``no_critic_results.json``      chapter 17's runs: GRPO, RLOO, PPO with a value
+                                model, Monte Carlo values; 5 seeds, 10 steps
+                                each, the held-out curves, the advantages'
+                                variance, the critic's explained variance, memory
+                                and seconds per step (``python -m benchmarks.no_critic``)
 ``community/``                  chapter 9's run records shared by readers, one
                                 ``run_record.json`` each (written by the notebook on
                                 their GPU; ``chapters.run_record.community_records``
@@ -102,6 +107,7 @@ DATA_FILES = (
     "sampler_mismatch.json",
     "rollout_speed.json",
     "tool_results.json",
+    "no_critic_results.json",
 )
 
 
