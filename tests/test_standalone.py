@@ -111,6 +111,7 @@ def test_the_notebooks_tag_their_committed_data_cells():
     assert len(_tagged_cells("09_real_llm.ipynb")) >= 4
     assert len(_tagged_cells("13_thinking_longer.ipynb")) >= 1
     assert len(_tagged_cells("16_tools_in_the_loop.ipynb")) >= 2  # the imports, then the record
+    assert len(_tagged_cells("17_why_no_critic.ipynb")) >= 2  # the imports, then the record and its figures
 
 
 CHECK_CELL = textwrap.dedent(
