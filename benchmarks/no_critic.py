@@ -44,7 +44,7 @@ import torch  # noqa: E402
 
 from benchmarks.common import LoadSampler, load_average, machine, package_commit  # noqa: E402
 from benchmarks.lab import json_safe, uptime  # noqa: E402
-from benchmarks.variant_runs import _open_cache, _write_atomic  # noqa: E402
+from benchmarks.variant_runs import open_cache, write_atomic  # noqa: E402
 from grpo_tutorial.chapters.no_critic import METHODS, run_method, summarize_methods  # noqa: E402
 from grpo_tutorial.chapters.thinking import (  # noqa: E402
     ThinkingRecipe, build_thinking_model, load_warm_start, make_thinking_data, warm_start,
@@ -82,7 +82,7 @@ def start_of(recipe: ThinkingRecipe, seed: int, folder: str) -> dict:
                                                progress=False)}
     torch.save(model.state_dict(), Path(folder) / f"warm_{seed}.pt")
     info = {**info, "seconds": time.perf_counter() - t0}
-    _write_atomic(cached, json.dumps(info))  # NaN kept as NaN
+    write_atomic(cached, json.dumps(info))  # NaN kept as NaN
     return {"seed": seed, "warm_start": info}
 
 
@@ -110,7 +110,7 @@ def one_run(recipe: ThinkingRecipe, seed: int, method: str, folder: str, setting
         return json.loads(cached.read_text())
     torch.set_num_threads(recipe.num_threads or torch.get_num_threads())
     run = run_from_state(recipe, seed, method, torch.load(Path(folder) / f"warm_{seed}.pt"), settings)
-    _write_atomic(cached, json.dumps(run))
+    write_atomic(cached, json.dumps(run))
     return run
 
 
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     stamp = SimpleNamespace(to_dict=lambda: {"recipe": recipe.to_dict(), "settings": settings})
     with LoadSampler(every=10.0) as sampler, contextlib.ExitStack() as stack, \
             futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        folder = _open_cache(args.cache, stamp, stack)
+        folder = open_cache(args.cache, stamp, stack)
         pending = {pool.submit(start_of, recipe, s, folder) for s in args.seeds}
         while pending:
             finished, pending = futures.wait(pending, return_when=futures.FIRST_COMPLETED)

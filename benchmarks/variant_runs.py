@@ -87,7 +87,7 @@ def _warm(chapter: Chapter, recipe: Any, seed: int, folder: str, publish: tuple[
     else:
         info = chapter.warm_start(model, tokenizer, data, recipe, seed, progress=False)
         torch.save(model.state_dict(), Path(folder) / f"warm_{seed}.pt")
-        _write_atomic(cached, json.dumps(info))  # NaN kept as NaN
+        write_atomic(cached, json.dumps(info))  # NaN kept as NaN
     if publish is not None:
         info["published"] = {"file": Path(publish[0]).name,
                              "sha256": chapter.save_warm_start(model, publish[0], publish[1])}
@@ -107,17 +107,19 @@ def _variant(chapter: Chapter, recipe: Any, seed: int, variant: str, folder: str
     history = [{k: row[k] for k in chapter.history_keys if k in row} for row in result["history"]]
     run = {"seed": seed, "variant": variant, "curve": result["curve"], "history": history,
            "seconds": result["seconds"]}
-    _write_atomic(cached, json.dumps(run))
+    write_atomic(cached, json.dumps(run))
     return run
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename, so that an interrupted
+    run never leaves half a file in the cache."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text)
     tmp.replace(path)
 
 
-def _open_cache(cache: Path | None, recipe: Any, stack: contextlib.ExitStack) -> str:
+def open_cache(cache: Path | None, recipe: Any, stack: contextlib.ExitStack) -> str:
     """The folder for warm starts and finished runs: ``cache`` (checked against the
     recipe it was made with) or a temporary one."""
     if cache is None:
@@ -171,7 +173,7 @@ def main(chapter: Chapter, description: str, argv: list[str] | None = None) -> d
     runs: dict[tuple[int, str], dict] = {}
     with LoadSampler(every=10.0) as sampler, contextlib.ExitStack() as stack, \
             futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        folder = _open_cache(args.cache, recipe, stack)
+        folder = open_cache(args.cache, recipe, stack)
         bar = progress_bar(total=len(args.seeds) * (1 + len(args.variants)), desc="runs",
                            enabled=not args.no_progress)
         warm_out = getattr(args, "warm_start_out", None) or (
