@@ -60,6 +60,7 @@ import shlex
 import subprocess
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -235,6 +236,17 @@ def stored_fields_match(current: dict, stored: dict, where: str) -> None:
             stored_fields_match(current[key], value, f"{where}.{key}")
         else:
             assert current[key] == value, f"{where}.{key}: {current[key]!r} now, {value!r} in the record"
+
+
+def recorded_recipe(name: str, bench: Any, recipe_class: Any, recipe_for: Any) -> tuple[dict, Any, Any]:
+    """``(record, args, recipe)`` of a record whose command runs one recipe: the command parsed with its own
+    parser, the recipe it gives (``recipe_for(args)``) equal to the stored one, field by field."""
+    record = read_data(name)
+    args = bench.build_parser().parse_args(script_args(record["command"], bench.__name__))
+    recipe = recipe_for(args)
+    assert recipe.to_dict() == recipe_class.from_dict(record["recipe"]).to_dict()
+    stored_fields_match(recipe.to_dict(), record["recipe"], f"{name} recipe")
+    return record, args, recipe
 
 
 def script_args(command: str, script: str) -> list[str]:
@@ -520,11 +532,7 @@ def _thinking_record():
     from benchmarks import thinking as bench
     from grpo_tutorial.chapters.thinking import ThinkingRecipe
 
-    record = read_data("thinking_results.json")
-    args = bench.build_parser().parse_args(script_args(record["command"], "benchmarks.thinking"))
-    recipe = bench.recipe_for(args)
-    assert recipe.to_dict() == ThinkingRecipe.from_dict(record["recipe"]).to_dict()
-    stored_fields_match(recipe.to_dict(), record["recipe"], "thinking_results.json recipe")
+    record, args, recipe = recorded_recipe("thinking_results.json", bench, ThinkingRecipe, bench.recipe_for)
     assert args.seeds[0] == record["seeds"][0]["seed"] == 0
     return record, recipe
 
@@ -833,11 +841,8 @@ def _tool_record():
     from benchmarks.variant_runs import recipe_for
     from grpo_tutorial.chapters.tool_use import ToolRecipe
 
-    record = read_data("tool_results.json")
-    args = bench.build_parser().parse_args(script_args(record["command"], "benchmarks.tool_use"))
-    recipe = recipe_for(bench.CHAPTER, args)
-    assert recipe.to_dict() == ToolRecipe.from_dict(record["recipe"]).to_dict()
-    stored_fields_match(recipe.to_dict(), record["recipe"], "tool_results.json recipe")
+    record, args, recipe = recorded_recipe("tool_results.json", bench, ToolRecipe,
+                                           lambda args: recipe_for(bench.CHAPTER, args))
     assert [s["seed"] for s in record["seeds"]] == args.seeds and len(args.seeds) >= 5 and not args.quick
     assert sorted(record["variants"]) == sorted(args.variants)
     return record, recipe
@@ -906,11 +911,7 @@ def _no_critic_record():
     from grpo_tutorial.chapters.no_critic import METHODS
     from grpo_tutorial.chapters.thinking import ThinkingRecipe
 
-    record = read_data("no_critic_results.json")
-    args = bench.build_parser().parse_args(script_args(record["command"], "benchmarks.no_critic"))
-    recipe = bench.recipe_for(args)
-    assert recipe.to_dict() == ThinkingRecipe.from_dict(record["recipe"]).to_dict()
-    stored_fields_match(recipe.to_dict(), record["recipe"], "no_critic_results.json recipe")
+    record, args, recipe = recorded_recipe("no_critic_results.json", bench, ThinkingRecipe, bench.recipe_for)
     assert record["settings"] == bench.settings_for(args)
     assert sorted({r["seed"] for r in record["runs"]}) == sorted(args.seeds) and len(args.seeds) >= 5
     assert not args.quick and record["methods"] == {m: METHODS[m][0] for m in args.methods}
