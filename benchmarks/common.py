@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -9,6 +10,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -214,3 +216,24 @@ class LoadSampler:
 
     def summary(self) -> dict[str, Any]:
         return summarize(self.samples) | {"every_seconds": self.every}
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename, so that an interrupted
+    run never leaves half a file in the cache."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def open_cache(cache: Path | None, recipe: Any, stack: contextlib.ExitStack) -> str:
+    """The folder for warm starts and finished runs: ``cache`` (checked against the
+    recipe it was made with) or a temporary one."""
+    if cache is None:
+        return stack.enter_context(tempfile.TemporaryDirectory())
+    cache.mkdir(parents=True, exist_ok=True)
+    stamp, made = cache / "recipe.json", json.dumps(recipe.to_dict(), sort_keys=True)
+    if stamp.exists() and stamp.read_text() != made:
+        raise SystemExit(f"error: {cache} holds runs of another recipe; give another --cache or empty it")
+    stamp.write_text(made)
+    return str(cache)

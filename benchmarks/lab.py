@@ -11,13 +11,16 @@ start and end, and the 1-minute load average sampled during the run).
 
 ``--jobs N`` (default 3) runs seeds in parallel processes (a seed is independent of the
 others, so the numbers are the same; only the wall time changes).
-``--quick`` is a seconds-long smoke run of the test recipe that proves nothing.
+``--cache DIR`` keeps each finished seed there (checked against the settings it was made with) and
+takes it again when the same command runs after an interruption, so a killed run loses at most the
+seeds in progress. ``--quick`` is a seconds-long smoke run of the test recipe that proves nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
+import contextlib
 import datetime as dt
 import json
 import math
@@ -32,7 +35,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import LoadSampler, load_average, machine, package_commit  # noqa: E402
+from benchmarks.common import LoadSampler, load_average, machine, open_cache, package_commit, write_atomic  # noqa: E402
 from grpo_tutorial.run.progress import progress_bar  # noqa: E402
 from grpo_tutorial.chapters.lab import LAB_METHODS, LabSettings, run_seed, summarize_lab  # noqa: E402
 from grpo_tutorial.chapters.recipes import TinyAdditionRecipe  # noqa: E402
@@ -74,7 +77,18 @@ def settings_for(args: argparse.Namespace) -> LabSettings:
                        passk_problems=args.passk_problems, passk_n=args.passk_n or 64)
 
 
-def _one_seed(settings: LabSettings, seed: int, progress: bool) -> dict:
+def _one_seed(settings: LabSettings, seed: int, progress: bool, folder: str | None = None) -> dict:
+    """One seed's results: from ``folder`` when an earlier invocation finished it, else run (and kept there)."""
+    cached = None if folder is None else Path(folder) / f"seed_{seed}.json"
+    if cached is not None and cached.exists():
+        return json.loads(cached.read_text())
+    result = _run_seed(settings, seed, progress)
+    if cached is not None:
+        write_atomic(cached, json.dumps(result))
+    return result
+
+
+def _run_seed(settings: LabSettings, seed: int, progress: bool) -> dict:
     def report(method: str, result: dict) -> None:
         print(f"  seed {seed} {method:9s} held-out {result['final_accuracy']:.3f}  "
               f"{result['seconds']:6.1f} s", flush=True)
@@ -94,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="the seconds-long test recipe (proves nothing)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="default: %(default)s")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="keep finished seeds here, and take them again after an interruption (default: none)")
     return parser
 
 
@@ -108,16 +124,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{settings.recipe.grpo_steps} steps, jobs={args.jobs}\n  {uptime_start}", flush=True)
     t0 = time.perf_counter()
     seeds: list[dict] = []
-    with LoadSampler(every=10.0) as sampler:
+    with contextlib.ExitStack() as stack, LoadSampler(every=10.0) as sampler:
+        folder = None if args.cache is None else open_cache(args.cache, settings, stack)
         if args.jobs <= 1:
             for seed in settings.seeds:
-                seeds.append(_one_seed(settings, seed, not args.no_progress))
+                seeds.append(_one_seed(settings, seed, not args.no_progress, folder))
                 print(f"seed {seed} done: {seeds[-1]['seconds']:.0f} s (total {time.perf_counter() - t0:.0f} s)",
                       flush=True)
         else:
             bar = progress_bar(total=len(settings.seeds), desc="seeds", enabled=not args.no_progress)
             with futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
-                pending = [pool.submit(_one_seed, settings, seed, False) for seed in settings.seeds]
+                pending = [pool.submit(_one_seed, settings, seed, False, folder) for seed in settings.seeds]
                 for done in futures.as_completed(pending):
                     seeds.append(done.result())
                     bar.update(1)

@@ -30,7 +30,6 @@ import datetime as dt
 import json
 import shlex
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any, Callable
 
 import torch
 
-from benchmarks.common import LoadSampler, load_average, machine, package_commit
+from benchmarks.common import LoadSampler, load_average, machine, open_cache, package_commit, write_atomic
 from benchmarks.lab import json_safe, uptime
 from grpo_tutorial.run.progress import progress_bar
 
@@ -109,27 +108,6 @@ def _variant(chapter: Chapter, recipe: Any, seed: int, variant: str, folder: str
            "seconds": result["seconds"]}
     write_atomic(cached, json.dumps(run))
     return run
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename, so that an interrupted
-    run never leaves half a file in the cache."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def open_cache(cache: Path | None, recipe: Any, stack: contextlib.ExitStack) -> str:
-    """The folder for warm starts and finished runs: ``cache`` (checked against the
-    recipe it was made with) or a temporary one."""
-    if cache is None:
-        return stack.enter_context(tempfile.TemporaryDirectory())
-    cache.mkdir(parents=True, exist_ok=True)
-    stamp, made = cache / "recipe.json", json.dumps(recipe.to_dict(), sort_keys=True)
-    if stamp.exists() and stamp.read_text() != made:
-        raise SystemExit(f"error: {cache} holds runs of another recipe; give another --cache or empty it")
-    stamp.write_text(made)
-    return str(cache)
 
 
 def build_parser(chapter: Chapter, description: str) -> argparse.ArgumentParser:
