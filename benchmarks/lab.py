@@ -77,6 +77,17 @@ def settings_for(args: argparse.Namespace) -> LabSettings:
                        passk_problems=args.passk_problems, passk_n=args.passk_n or 64)
 
 
+class _SeedFree:
+    """The settings a cached seed depends on: all but the list of seeds (a seed's run does not read it), so
+    that a later command with more seeds takes the finished ones from the same cache."""
+
+    def __init__(self, settings: LabSettings) -> None:
+        self.settings = settings
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.settings.to_dict().items() if k != "seeds"}
+
+
 def _one_seed(settings: LabSettings, seed: int, progress: bool, folder: str | None = None) -> dict:
     """One seed's results: from ``folder`` when an earlier invocation finished it, else run (and kept there)."""
     cached = None if folder is None else Path(folder) / f"seed_{seed}.json"
@@ -125,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     seeds: list[dict] = []
     with contextlib.ExitStack() as stack, LoadSampler(every=10.0) as sampler:
-        folder = None if args.cache is None else open_cache(args.cache, settings, stack)
+        folder = None if args.cache is None else open_cache(args.cache, _SeedFree(settings), stack)
         if args.jobs <= 1:
             for seed in settings.seeds:
                 seeds.append(_one_seed(settings, seed, not args.no_progress, folder))

@@ -222,3 +222,31 @@ def test_committed_lab_results_are_complete_and_their_summary_is_recomputable():
     _assert_close(_nan_to_none(L.summarize_lab(results["seeds"])), results["summary"])
     assert "load average" in results["load"]["uptime_start"]
     assert results["wall_seconds"] <= 3600
+
+
+def test_lab_command_keeps_finished_seeds_in_its_cache(tmp_path, monkeypatch):
+    """`python -m benchmarks.lab --cache DIR` runs a seed once: an interrupted or extended command takes the
+    finished seeds again (the stamp leaves out the list of seeds), and a cache of other settings is refused."""
+    from contextlib import ExitStack
+
+    from benchmarks import lab as bench
+    from benchmarks.common import open_cache
+
+    ran = []
+
+    def fake_seed(settings, seed, progress):
+        ran.append(seed)
+        return {"seed": seed, "made_by": "the first command"}
+
+    monkeypatch.setattr(bench, "_run_seed", fake_seed)
+    settings = bench.settings_for(bench.build_parser().parse_args(["--quick", "--seeds", "0"]))
+    more = bench.settings_for(bench.build_parser().parse_args(["--quick", "--seeds", "0", "1"]))
+    with ExitStack() as stack:
+        folder = open_cache(tmp_path, bench._SeedFree(settings), stack)
+        assert bench._one_seed(settings, 0, False, folder) == {"seed": 0, "made_by": "the first command"}
+        folder = open_cache(tmp_path, bench._SeedFree(more), stack)  # more seeds: the same cache
+        assert [bench._one_seed(more, s, False, folder)["seed"] for s in (0, 1)] == [0, 1]
+    assert ran == [0, 1]  # seed 0 once
+    other = bench.settings_for(bench.build_parser().parse_args(["--quick", "--seeds", "0", "--passk-n", "8"]))
+    with ExitStack() as stack, pytest.raises(SystemExit, match="another recipe"):
+        open_cache(tmp_path, bench._SeedFree(other), stack)
