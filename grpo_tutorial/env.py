@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Mapping
 
 
 def describe_environment(print_it: bool = True) -> dict[str, str]:
@@ -159,12 +160,24 @@ def cpu_name() -> str:
     return cpu
 
 
-def describe_kernels(threads: int = 1) -> dict:
+def kernel_variables(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The kernel variables (:data:`KERNEL_VARIABLES`) set in ``env`` (default: this process's environment).
+
+    They choose the kernels only when PyTorch, MKL and oneDNN first start in a process: a
+    variable changed afterwards is still listed here but no longer obeyed, which is why a
+    record stores the fingerprint, what the kernels computed, beside them.
+    """
+    env = os.environ if env is None else env
+    return {name: env[name] for name in KERNEL_VARIABLES if name in env}
+
+
+def describe_kernels(threads: int = 1, env: Mapping[str, str] | None = None) -> dict:
     """The kernel fingerprint at ``threads`` and, for a reader, what it was measured on.
 
     Records store this beside their numbers: ``fingerprint`` is what a test compares;
     the CPU's model name, PyTorch's capability, the torch version and the kernel
-    variables that were set only help a person tell two machines apart.
+    variables that were set (in ``env``, default this process's environment:
+    :func:`kernel_variables`) only help a person tell two machines apart.
     """
     import torch
 
@@ -175,7 +188,7 @@ def describe_kernels(threads: int = 1) -> dict:
         "cpu": cpu,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
-        "variables": {name: os.environ[name] for name in KERNEL_VARIABLES if name in os.environ},
+        "variables": kernel_variables(env),
     }
 
 

@@ -50,6 +50,31 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedFixtureScheduling(config, log)
 
 
+def start_kernels() -> None:
+    """Start ATen's dispatch, MKL and oneDNN in this process now, under the kernel variables it began with.
+
+    Each reads its variable (``ATEN_CPU_CAPABILITY``, ``MKL_ENABLE_INSTRUCTIONS`` and ``MKL_CBWR``,
+    ``ONEDNN_MAX_CPU_ISA``) once, when it first runs, and keeps that choice for the life of the
+    process. A test process started under `make test-kernels`' variables must run every test on the
+    kernels they choose; had a test changed a variable before the first kernel ran, every later test
+    in that worker would run on other kernels (issue 52: the determinism test's run in a worker then
+    differed from its run in a fresh subprocess from step 1). A vectorised operator, a float32 matrix
+    product and oneDNN's linear start all three, in milliseconds.
+    """
+    x = torch.arange(64.0).reshape(8, 8) / 64  # [8, 8], exact in float32
+    torch.exp(x).sum()  # ATen's vectorised kernels (its CPU capability)
+    x @ x  # MKL's sgemm (its instruction set and reproducibility mode)
+    try:  # oneDNN (its instruction set), where this build has the packed linear
+        packed = torch.ops.mkldnn._reorder_linear_weight(x, 8)
+        torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    except (AttributeError, RuntimeError, TypeError):
+        pass
+
+
+def pytest_sessionstart(session):
+    start_kernels()
+
+
 #: The 32-wide, two-layer shape most trainer tests use: small enough that a
 #: training step takes milliseconds.
 SMALL_SHAPE = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64}

@@ -75,3 +75,67 @@ def test_only_conftest_sets_the_thread_count_for_every_test():
             ):
                 again.append(f"{path.name}:{node.lineno} {node.name}")
     assert not again, f"conftest's autouse one_thread already runs every test on one thread: {again}"
+
+
+KERNEL_NAMES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR", "KERNEL_VARIABLES")
+ENV_WRITES = {"setenv", "delenv", "putenv", "unsetenv"}
+
+
+def changes_kernel_variables(function: ast.AST, source: str) -> bool:
+    """Whether a function writes a kernel variable into its own environment: monkeypatch.setenv/delenv,
+    os.putenv/unsetenv, os.environ.pop, or ``os.environ[...] = ...``/``del`` with a kernel variable's name, or with
+    a loop variable that runs over them (``for name in KERNEL_VARIABLES``)."""
+    def names_kernel(node: ast.AST) -> bool:
+        text = ast.get_source_segment(source, node) or ""
+        return any(name in text for name in KERNEL_NAMES) or any(
+            isinstance(n, ast.Name) and n.id in loop_names for n in ast.walk(node))
+
+    loop_names = {t.id for n in ast.walk(function) if isinstance(n, ast.For)
+                  for t in ast.walk(n.target) if isinstance(t, ast.Name) and any(
+                      k in (ast.get_source_segment(source, n.iter) or "") for k in KERNEL_NAMES)}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call):
+            attr = getattr(node.func, "attr", None)
+            owner = getattr(getattr(node.func, "value", None), "attr", None)
+            writes = attr in ENV_WRITES or (owner == "environ" and attr in ("pop", "update", "setdefault"))
+            if writes and any(names_kernel(a) for a in [*node.args, *(k.value for k in node.keywords)]):
+                return True
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            for t in node.targets:
+                if isinstance(t, ast.Subscript) and getattr(t.value, "attr", None) == "environ" and names_kernel(t.slice):
+                    return True
+    return False
+
+
+def test_no_test_changes_its_own_processs_kernel_variables():
+    """Issue 52's flake: a test that unset the kernel variables in a worker before its first kernel ran chose the
+    machine's default kernels for every later test there. A test that needs other kernels starts a subprocess
+    with them (tests/test_kernels.py); a function that reads the variables takes a mapping (``env=``)."""
+    found = []
+    for path in sorted(TESTS.glob("test_*.py")) + [TESTS / "conftest.py"]:
+        source = path.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and changes_kernel_variables(node, source):
+                found.append(f"{path.name}::{node.name}")
+    assert not found, f"these change their own process's kernel variables: {found}"
+
+
+def test_the_kernel_variable_scan_finds_what_it_looks_for():
+    planted = '''
+def test_a(monkeypatch):
+    monkeypatch.setenv("MKL_CBWR", "AUTO")
+
+def test_b(monkeypatch):
+    for name in KERNEL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+def test_c():
+    os.environ["ATEN_CPU_CAPABILITY"] = "default"
+
+def test_d(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run({"ATEN_CPU_CAPABILITY": "default"})
+'''
+    tree = ast.parse(planted)
+    flagged = [n.name for n in tree.body if changes_kernel_variables(n, planted)]
+    assert flagged == ["test_a", "test_b", "test_c"]  # test_d writes another variable; its subprocess gets the other

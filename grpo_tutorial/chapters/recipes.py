@@ -30,7 +30,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -413,17 +413,17 @@ WARM_START_CACHE = "GRPO_WARM_START_CACHE"
 
 
 def warm_start_key(model, tokenizer, data: dict[str, list[dict]], recipe: TinyAdditionRecipe, seed: int,
-                   maker: str = "") -> str:
+                   maker: str = "", env: Mapping[str, str] | None = None) -> str:
     """What decides a warm start's bits, hashed: the recipe (but the GRPO phase's length), the seed, the
     model's initial weights, the tokenizer's vocabulary, the training and probe rows, the package's source, torch's version, its
-    thread count and the kernels (:func:`~grpo_tutorial.env.kernel_fingerprint`, and the variables that pick them)."""
-    from grpo_tutorial.env import kernel_fingerprint
+    thread count and the kernels (:func:`~grpo_tutorial.env.kernel_fingerprint`, and the variables that pick them,
+    read from ``env``, default this process's environment)."""
+    from grpo_tutorial.env import kernel_fingerprint, kernel_variables
 
     digest = hashlib.sha256()
     fields = {k: v for k, v in recipe.to_dict().items() if k not in ("grpo_steps", "eval_every")}
     threads = torch.get_num_threads()
-    kernels = {name: os.environ.get(name) for name in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS",
-                                                         "ONEDNN_MAX_CPU_ISA")}
+    kernels = kernel_variables(env)
     digest.update(json.dumps([maker, fields, seed, torch.__version__, threads, kernels, kernel_fingerprint(threads),
                               sorted(tokenizer.get_vocab().items()), data["train"], data["probe"]], sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
