@@ -24,12 +24,14 @@ that differ in the last bits (measured: an Intel and an AMD Xeon/EPYC, both
 one stored run per *kernel set*, keyed by
 :func:`grpo_tutorial.env.kernel_fingerprint` (a hash of what a fixed set of probes
 computes at one thread, the golden runs' setting). Where this machine's fingerprint
-has a stored run, the check is bit for bit; on any machine, the history must also
-agree with every stored run up to rounding
-(:func:`test_history_is_the_stored_run_up_to_rounding_on_every_platform`), so a
-machine of a new kind still catches a real change of the numbers. The two runs stored
+has a stored run, the check is bit for bit. On any machine, the history must also lie
+nearer every stored run than the same run with another seed does
+(:func:`test_history_is_the_stored_run_up_to_rounding_on_every_platform`): each row is
+sampled, and sampled from updated weights after the first, so no allowance taken from
+the machines we have seen bounds the drift on a new one (issue 52); a machine of a new
+kind still catches a change as large as a seed that is ignored. The two runs stored
 before fingerprints existed (an AMD EPYC, at its native kernels and at AVX2) are kept
-as rounding references only: their fingerprints were never measured.
+as references only: their fingerprints were never measured.
 
 If a deliberate numerical change moves these numbers, regenerate the fixtures in
 that commit with ``python tests/test_golden.py --write`` and say why in the commit
@@ -54,6 +56,8 @@ import torch
 from grpo_tutorial import GRPOConfig, GRPOTrainer, TIMING_KEYS, build_tiny_policy, make_arithmetic_dataset
 from grpo_tutorial.env import describe_kernels, kernel_fingerprint
 from grpo_tutorial.rewards import correctness_reward, partial_credit_reward
+
+from allowances import like_the_row
 
 FIXTURE = Path(__file__).parent / "fixtures" / "golden_history.json"
 SHARED_FIXTURE = Path(__file__).parent / "fixtures" / "golden_history_shared_prompts.json"
@@ -137,28 +141,44 @@ def stored_runs(fixture: Path) -> dict[str, dict]:
 
 
 def _check_against(want_runs: dict, share_prompt_cache: bool, *, exact: bool) -> None:
-    """Compare this machine's runs with stored ones: bit for bit (``exact``), or up to rounding."""
+    """Compare this machine's runs with stored ones: bit for bit (``exact``), or nearer them than a planted bug."""
     assert sorted(want_runs) == sorted(RUNS)
     for name in RUNS:
         got = run(name, share_prompt_cache=share_prompt_cache)
         want = want_runs[name]
         assert len(got["history"]) == len(want["history"]) == STEPS
+        if not exact:
+            _nearer_than_another_seed(name, got["history"], want["history"], share_prompt_cache)
+            continue
         for i, (g, w) in enumerate(zip(got["history"], want["history"])):
             assert set(w) <= set(g), f"{name}: row {i} lost fields {sorted(set(w) - set(g))}"
             common = sorted(set(g) & set(w))
-            if exact:
-                assert _same({k: g[k] for k in common}, {k: w[k] for k in common}), f"{name}: row {i} differs"
-                continue
-            for key in common:
-                x, y = g[key], w[key]
-                if isinstance(x, float) and isinstance(y, float):
-                    assert math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-7) or (math.isnan(x) and math.isnan(y)), (
-                        f"{name} row {i} {key}: {x} here vs {y} stored"
-                    )
-                else:
-                    assert x == y, f"{name} row {i} {key}: {x!r} here vs {y!r} stored"
-        if exact:
-            assert got["weights_sha256"] == want["weights_sha256"], f"{name}: final weights differ"
+            assert _same({k: g[k] for k in common}, {k: w[k] for k in common}), f"{name}: row {i} differs"
+        assert got["weights_sha256"] == want["weights_sha256"], f"{name}: final weights differ"
+
+
+#: The planted bug of the comparison on other kernels: the run's seed ignored; three draws of it (the same run with
+#: seeds 100, 101 and 102 above its own), so that one that lands near the stored row by chance does not set the bound.
+PLANTED_SEED_OFFSETS = (100, 101, 102)
+
+
+def _nearer_than_another_seed(name: str, got: list[dict], want: list[dict], share_prompt_cache: bool) -> None:
+    """On kernels other than a stored run's: every row nearer the stored row than the same run with another seed.
+
+    Each step samples, and from step 2 on it samples from updated weights: two kernel sets
+    round differently, a token flips where a probability sat within rounding of a sampling
+    boundary, and no machine we have seen bounds how far the rows then drift (issue 52). So
+    the rows are told apart from a planted bug instead, the seed ignored: the same run
+    with three other seeds, made here (``allowances.like_the_row``: half way to the draw at the
+    median distance). The step and the learning rate are exact, and the field names the same.
+    """
+    seed = RUNS[name][0]["seed"]
+    planted = {f"seed {seed + k}": run(name, share_prompt_cache=share_prompt_cache, seed=seed + k)["history"]
+               for k in PLANTED_SEED_OFFSETS}
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert set(w) <= set(g), f"{name}: row {i} lost fields {sorted(set(w) - set(g))}"
+        like_the_row(g, w, {k: rows[i] for k, rows in planted.items()}, "the run's seed ignored", (),
+                     f"{name} row {i}", at_least=1)
 
 
 def _stored_here(fixture: Path) -> dict:
@@ -184,7 +204,7 @@ def test_default_shared_prompt_pass_is_bit_identical_to_its_stored_run():
 
 @pytest.mark.parametrize("share", [False, True], ids=["full_pass", "shared_prompts"])
 def test_history_is_the_stored_run_up_to_rounding_on_every_platform(share):
-    """On any CPU: the same sampled tokens, counts and flags as every stored run, floats within 1e-5."""
+    """On any CPU: every stored run's rows, nearer them than another seed's (bit for bit is the test above)."""
     platforms = stored_runs(FIXTURES[share])
     assert platforms, "the fixture holds no stored run"
     for want_runs in platforms.values():
@@ -192,18 +212,13 @@ def test_history_is_the_stored_run_up_to_rounding_on_every_platform(share):
 
 
 def test_stored_runs_of_different_platforms_agree_up_to_rounding():
-    """The stored runs of each capability were made by the same code: equal up to rounding."""
-    for fixture in FIXTURES.values():
+    """The stored runs of each kernel set were made by the same code: each nearer the first than another seed's run
+    (the comparison on kernels other than a stored run's, :func:`_nearer_than_another_seed`)."""
+    for share, fixture in FIXTURES.items():
         platforms = list(stored_runs(fixture).values())
         for other in platforms[1:]:
             for name in RUNS:
-                for a, b in zip(platforms[0][name]["history"], other[name]["history"]):
-                    for key, x in a.items():
-                        y = b[key]
-                        if isinstance(x, float) and isinstance(y, float):
-                            assert math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-7) or (math.isnan(x) and math.isnan(y))
-                        else:
-                            assert x == y
+                _nearer_than_another_seed(name, other[name]["history"], platforms[0][name]["history"], share)
 
 
 def test_the_shared_prompt_fixture_is_the_full_pass_up_to_rounding():

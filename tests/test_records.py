@@ -65,6 +65,7 @@ from typing import Any
 import pytest
 import torch
 
+from allowances import FLIPS, same_draw
 from grpo_tutorial.data import DATA_FILES, read_data
 from grpo_tutorial.env import kernel_fingerprint
 from grpo_tutorial.stats import family_level, prediction_half_width
@@ -110,16 +111,11 @@ def same_kernels(record: dict) -> bool:
 #: than its record's with the spread of the record's seeds (or asks a gain to be real). One CI run makes each of
 #: them once: `make test` on this machine's kernels, and the kernel-variant pass only for a record the first pass
 #: compared bit for bit (:func:`compared_statistically_in_the_main_pass`). :class:`SeedChecks` counts them.
+#: Only records with enough seeds that every check's planted change lies outside its interval take this path
+#: (issue 52); the others are compared with a planted bug (``allowances.planted_bound``).
 SEED_CHECKS = {
-    "test_tiny_learning_record_reproduces_its_first_phase": 4,  # warm-start steps, before, gain; gain > z SE
-    "test_lab_record_reproduces_its_first_step": 6,  # warm-start steps, before, 4 fields of step 1
-    "test_lora_record_reproduces_its_first_steps[lora_regret.json]": 5,  # warm-start steps; 2 settings x 2
-    "test_lora_record_reproduces_its_first_steps[lora_regret_lower.json]": 5,
-    "test_sampler_mismatch_record_reproduces_its_first_steps": 7,  # warm-start steps; 3 settings x 2
-    "test_thinking_warm_start_is_what_the_command_makes": 1,  # warm-start steps (`make test-records`)
-    "test_tool_record_reproduces_its_warm_start_and_first_steps": 2,  # warm-start steps; accuracy at step 0
-    # accuracy at step 0; step 1's reward (GRPO's, and the Monte Carlo method's own prompts); PPO's advantage variance
-    "test_no_critic_record_reproduces_its_first_steps": 4,
+    "test_tiny_learning_record_reproduces_its_first_phase": 1,  # gain > z SE
+    "test_lab_record_reproduces_its_first_step": 5,  # before, 4 fields of step 1 (20 seeds)
 }
 #: How many statistical checks in all.
 FAMILY = sum(SEED_CHECKS.values())
@@ -135,11 +131,14 @@ class SeedChecks:
     process as the record's seeds (its floats round differently, and sampling
     amplifies that), so it must lie within the prediction interval of one more draw,
     t(n-1) * sd * sqrt(1 + 1/n) around the seeds' mean (:func:`grpo_tutorial.stats.prediction_half_width`).
-    With few seeds that interval is wide: 3 seeds at this level give about 50 sd, 8 seeds
-    about 7. ``real_gain``: a gain more than z standard errors above zero, z the normal
-    quantile at the same level. Each check prints its value, interval and level
-    (``pytest -s`` shows them). Used as a context manager, it asserts on leaving that the
-    test made exactly its number of checks, so the family's size stays true.
+    With few seeds that interval is wide (3 seeds at this level: about 30 sd), so each check
+    names a planted change and its value, and asserts first that the value lies outside
+    the interval: a check that could not catch its bug fails as such (add seeds to the
+    record, or compare with a planted bound instead). ``real_gain``: a gain more than z
+    standard errors above zero, z the normal quantile at the same level. Each check prints
+    its value, interval, planted value and level (``pytest -s`` shows them). Used as a
+    context manager, it asserts on leaving that the test made exactly its number of
+    checks, so the family's size stays true.
     """
 
     def __init__(self, request) -> None:
@@ -156,26 +155,43 @@ class SeedChecks:
                 f"{self.test} made {len(self.made)} statistical checks ({self.made}); SEED_CHECKS says "
                 f"{SEED_CHECKS[self.test]}: correct the count, so that every check's level stays right")
 
-    def like_the_seeds(self, what: str, value: float, seeds: list[float]) -> None:
+    def like_the_seeds(self, what: str, value: float, seeds: list[float], *, planted: tuple[str, float]) -> None:
+        """``value`` like one more of ``seeds``; ``planted`` = (the bug's name, the value it gives), which the
+        interval must exclude."""
         import statistics
 
         self.made.append(what)
         assert len(seeds) >= 3, f"{what}: a spread needs at least 3 seeds, got {seeds}"
         mean = statistics.mean(seeds)
         half = prediction_half_width(seeds, LEVEL)
-        print(f"seed check: {what}: {value:.4g} here; seeds {seeds}: mean {mean:.4g}, interval "
-              f"[{mean - half:.4g}, {mean + half:.4g}] at {LEVEL:.5f} ({len(seeds)} seeds, family of {FAMILY})")
+        bug, bug_value = planted
+        print(f"seed check: {what}: {value:.4g} here; seeds {[round(x, 4) for x in seeds]}: mean {mean:.4g}, "
+              f"interval [{mean - half:.4g}, {mean + half:.4g}] at {LEVEL:.5f} ({len(seeds)} seeds, family of "
+              f"{FAMILY}); planted: {bug} {bug_value:.4g}")
+        from allowances import SEEDS, log_check
+
+        log_check(category=SEEDS, check=what, value=value, honest=mean, planted=bug_value, bug=bug, margin=half,
+                  used=abs(value - mean) / half, passed=abs(value - mean) <= half, power=abs(bug_value - mean) > half)
+        assert abs(bug_value - mean) > half, (
+            f"{what}: the planted change ({bug}: {bug_value}) lies inside the seeds' interval [{mean - half}, "
+            f"{mean + half}]: this check could not catch it; the record needs more seeds")
         assert abs(value - mean) <= half, (
             f"{what}: {value} here, but the record's seeds give {seeds} (mean {mean:.4g}): one more draw lies "
             f"within {half:.4g} of their mean at level {LEVEL:.5f} ({FAMILY} checks at 99% together)"
         )
 
     def real_gain(self, what: str, gain: float, se: float) -> None:
+        """A gain more than z standard errors above 0: GRPO's learning rate 0 (a gain of exactly 0: the weights do
+        not move, and the greedy answers are the same) and the advantages' sign flipped (negative) fail it."""
         import statistics
 
         self.made.append(what)
         z = statistics.NormalDist().inv_cdf(LEVEL)
         print(f"seed check: {what}: {gain:+.4f}, {gain / se:.1f} SE; needs more than {z:.2f} SE at {LEVEL:.5f}")
+        from allowances import SEEDS, log_check
+
+        log_check(category=SEEDS, check=what, value=gain, honest=None, planted=0.0, bug="GRPO's learning rate 0",
+                  margin=gain / se - z, used=None, passed=gain > z * se)
         assert gain > z * se, f"{what}: gain {gain:+.4f} is not more than {z:.2f} standard errors ({se:.4f})"
 
 
@@ -343,10 +359,10 @@ def test_smollm2_records_reproduce_their_first_step(seeds):
         if exact:
             assert before["correct"] == record["correct_before"][: len(first)]
             assert shown == before["completions"][: len(shown)]
-        else:  # greedy from the same weights: only a near-tie of two tokens can flip an answer
+        else:  # greedy from the same weights: only a near-tie of the two best logits can flip an answer
             differ = sum(a != b for a, b in zip(before["correct"], record["correct_before"][: len(first)]))
-            assert differ <= max(1, len(first) // 50), f"{differ} of {len(first)} greedy answers differ from the record's"
-            assert sum(a == b for a, b in zip(shown, before["completions"])) >= 0.8 * len(shown)
+            assert differ <= FLIPS, f"{differ} of {len(first)} greedy answers differ from the record's"
+            assert sum(a == b for a, b in zip(shown, before["completions"])) >= len(shown) - FLIPS
         for seed, history_file in ((seed, SMOLLM2_HISTORIES[seed]) for seed in seeds):
             run_args, run_config, (run_train, _) = _smollm2_config(
                 script_args(provenance(history_file)["command"], "smollm2_run.py")
@@ -357,10 +373,23 @@ def test_smollm2_records_reproduce_their_first_step(seeds):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 row = trainer.train(run_train, 1, progress=False)[0]
-            _same_step(row, read_data(history_file)[0], TIMING_KEYS, history_file, same_kernels=exact)
+            if exact:
+                _same_step(row, read_data(history_file)[0], TIMING_KEYS, history_file)
+            else:  # sampled from the same weights, before the update: the same draw up to a flip or two
+                same_draw(row, read_data(history_file)[0], completions=run_config.prompts_per_step * run_config.group_size,
+                          ranges=sampled_ranges(run_config), where=history_file, timing=TIMING_KEYS)
             model, tokenizer = load_policy("smollm2-135m-instruct", device="cpu")  # untrained again
     finally:
         torch.set_num_threads(previous)
+
+
+def sampled_ranges(config, reward_range: float = 1.0) -> dict[str, float]:
+    """What one completion can move each counted field of a history row by, times the row's completions: the
+    reward and its parts (``reward_range``: 1 for a right-or-wrong reward), the accuracy and the truncated share
+    (1), the zero-spread share (a whole group: G), the mean length (``max_new_tokens``)."""
+    return {"reward_mean": reward_range, "accuracy": 1.0, "frac_truncated": 1.0, "frac_zero_std": config.group_size,
+            "completion_len_mean": config.max_new_tokens,
+            **{f"reward/{name}": reward_range for name in ("correctness_reward", "tool_answer_reward")}}
 
 
 #: A history row's fields that count sampled completions (equal where the same tokens were sampled).
@@ -368,41 +397,22 @@ COUNTED = ("reward_mean", "accuracy", "frac_zero_std", "frac_truncated", "comple
            "completion_len_max", "step", "skipped_updates", "reward_std")
 
 
-def _same_step(got: dict, want: dict, timing_keys, where: str, *, same_kernels: bool = True) -> None:
-    """One history row against the record's: the same step, or (other kernels) the same up to a flip or two.
-
-    From the same weights (a shipped model, or SmolLM2's), other kernels round the
-    sampling probabilities differently in the last bits, so a token flips only where
-    a probability sits within rounding of a sampling boundary: rare, but over
-    thousands of sampled tokens it can happen. So on other kernels a counted field may
-    move by ``FLIP`` (a few completions' worth) and, when every count came out equal
-    (the same tokens were sampled), the floats a step computes must agree to
-    ``1e-4`` relative, as on the same kernels; after a flip they are only checked to
-    ``FLIPPED_REL``.
-    """
+def _same_step(got: dict, want: dict, timing_keys, where: str) -> None:
+    """One history row against the record's, on the record's kernels: the same sampled tokens (every counted
+    field equal) and the same floats. (The floats are allowed 1e-4 relative: a record made before a change of
+    summation order that leaves every count equal still passes; on its kernels a draw is the same draw.)"""
     import math
 
     counted = [k for k in want if k in got and k not in timing_keys and (k in COUNTED or k.startswith("reward/"))]
-    flipped = any(got[k] != pytest.approx(want[k], rel=1e-9, abs=1e-12, nan_ok=True) for k in counted)
-    if same_kernels:
-        assert not flipped, (where, {k: (got[k], want[k]) for k in counted if got[k] != pytest.approx(want[k], rel=1e-9, abs=1e-12, nan_ok=True)})
+    moved = {k: (got[k], want[k]) for k in counted if got[k] != pytest.approx(want[k], rel=1e-9, abs=1e-12, nan_ok=True)}
+    assert not moved, (where, moved)
     for key, value in want.items():
-        if key in timing_keys or key not in got:
+        if key in timing_keys or key not in got or key in counted:
             continue
         if isinstance(value, float) and math.isnan(value):
             assert math.isnan(got[key]), (where, key, got[key])
-        elif key in counted:
-            tolerance = dict(rel=1e-9, abs=1e-12) if same_kernels else dict(rel=FLIP_REL, abs=FLIP)
-            assert got[key] == pytest.approx(value, **tolerance), (where, key, got[key], value)
         else:
-            rel = FLIPPED_REL if flipped else 1e-4
-            assert got[key] == pytest.approx(value, rel=rel, abs=1e-6), (where, key, got[key], value)
-
-
-#: On other kernels, how far a counted field may move: a few flipped completions' worth (of 64 and more).
-FLIP, FLIP_REL = 0.05, 0.05
-#: On other kernels after a flip, how far a float a step computes may move.
-FLIPPED_REL = 0.25
+            assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (where, key, got[key], value)
 
 
 # ---------------------------------------------------------------------------
@@ -441,28 +451,49 @@ def test_tiny_learning_record_reproduces_its_first_phase(request):
         assert [result["after"]["accuracy"]] == [p[1] for p in run["heldout_curve"] if p[0] == recipe.eval_every]
         return
     with SeedChecks(request) as checks:
-        assert_learns_like_the_tiny_seeds(checks, result, record["runs"], recipe.eval_every)
+        assert_learns_like_the_tiny_seeds(checks, result, record["runs"], recipe.eval_every,
+                                          untrained_accuracy(first, run["seed"]))
 
 
 #: Chapter 8's record: the recipe's seeds 0 to 7.
 TINY_RECORD = "tiny_learning.json"
 
 
-def assert_learns_like_the_tiny_seeds(checks: SeedChecks, result: dict, seeds: list[dict], steps: int) -> None:
-    """A first phase made on other kernels: a warm start, a 'before' and a gain like the record's seeds'.
+def untrained_accuracy(recipe, seed: int) -> float:
+    """The planted bug of a warm start that does not learn: the held-out greedy accuracy of the recipe's model as
+    built, before any step (about 0: it has never seen a sum), measured as the run measures it."""
+    from grpo_tutorial.chapters.recipes import build_recipe_model, evaluate_heldout, make_recipe_data, make_recipe_trainer
 
-    The gain after ``steps`` GRPO steps must also be a real one (``checks.real_gain``; the
-    problems are the same before and after, so the paired standard error is its yardstick).
-    Planted bugs, each seen to fail: GRPO's learning rate 0 (gain exactly 0: ``real_gain``),
-    the advantages' sign flipped (the gain turns negative: ``real_gain`` and the gain's
-    interval), the warm start's learning rate 0 (it never reaches its target: the caller's
-    ``reached``, exact).
+    model, tokenizer = build_recipe_model(recipe, seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = make_recipe_trainer(model, tokenizer, recipe, seed)
+        return evaluate_heldout(trainer, make_recipe_data(recipe)["test"])["accuracy"]
+
+
+def assert_learns_like_the_tiny_seeds(checks: SeedChecks, result: dict, seeds: list[dict], steps: int,
+                                      untrained: float) -> None:
+    """A first phase made on other kernels: a 'before' nearer the record's seeds than a warm start that did
+    nothing, and a real gain after ``steps`` GRPO steps.
+
+    Planted bugs: the warm start that does not learn (its learning rate 0) never reaches its
+    target (the caller's ``reached``, exact) and leaves the untrained model's accuracy
+    (``untrained``, measured) before GRPO: a planted bound against the seeds' mean, asserted
+    only where its margin is 3.5 of their sd (the warm start stops near a target accuracy of
+    0.3 and the 8 seeds spread by 0.06 about it: 2.7 sd, so ``reached`` alone catches it, and
+    the seeds' interval at the family's level would hold 0 as well). GRPO's learning rate 0
+    gives a gain of exactly 0 (the weights do not move, the greedy answers stay), the
+    advantages' sign flipped a negative one: ``checks.real_gain`` fails both. The gain's
+    spread over the seeds is not compared: with 8 seeds its interval holds 0 too, and the
+    real gain catches both bugs. The warm start's step count is not compared: no planted
+    bug but the first moves it, and ``reached`` catches that one exactly.
     """
+    from allowances import seeds_planted_bound
+
+    seeds_planted_bound("tiny learning: accuracy before GRPO", result["before"]["accuracy"],
+                        [r["before"]["accuracy"] for r in seeds], planted=untrained,
+                        bug="the warm start's learning rate 0 (the untrained model)")
     gain = result["after"]["accuracy"] - result["before"]["accuracy"]
-    at = {run["seed"]: dict((p[0], p[1]) for p in run["heldout_curve"]) for run in seeds}
-    checks.like_the_seeds("warm-start steps", result["warm_start"]["steps"], [r["warm_start"]["steps"] for r in seeds])
-    checks.like_the_seeds("accuracy before GRPO", result["before"]["accuracy"], [r["before"]["accuracy"] for r in seeds])
-    checks.like_the_seeds(f"gain after {steps} GRPO steps", gain, [at[r["seed"]][steps] - at[r["seed"]][0] for r in seeds])
     assert result["gain"] == pytest.approx(gain, abs=1e-12)  # paired on the same problems: gain_se is paired
     checks.real_gain(f"gain after {steps} GRPO steps", gain, result["gain_se"])
 
@@ -508,19 +539,38 @@ def test_lab_record_reproduces_its_first_step(request, recipe_warm_start):
         assert result["heldout_curve"][0] == pytest.approx(grpo["heldout_curve"][0])  # before GRPO
         _same_step(result["curve"][0], grpo["curve"][0], ("step_seconds",), "lab_results.json")
         return
-    # Other kernels: the warm start and GRPO's first step are draws like the record's 3 seeds. Three seeds
-    # give wide intervals (about 50 sd at the family's level): they catch a changed process only when it
-    # moves far. The planted bugs are caught elsewhere: a warm start that does not learn by `reached`
-    # above; GRPO that does not learn by the tiny-learning record's gain (the same trainer), since one
-    # step's statistics are sampled before its update.
+    # Other kernels: the warm start and GRPO's first step are draws like the record's seeds (20 of them, so that
+    # each planted change lies outside its interval). The planted bug: the warm start skipped (lr 0 leaves the
+    # untrained model; `reached` above catches it exactly, these check that the step's statistics would too),
+    # measured here by the same step from the untrained model; for the length, also a policy that never ends
+    # (every completion max_new_tokens long). GRPO's own bugs (lr 0, the sign flipped) cannot show in step 1's
+    # statistics, which are sampled before its update: the tiny-learning record's gain catches them.
+    planted = _untrained_lab_step(one_step, seed)
     seeds = record["seeds"]
+    untrained = "the warm start skipped (the untrained model)"
     with SeedChecks(request) as checks:
-        checks.like_the_seeds("lab: warm-start steps", sft["steps"], [s["warm_start"]["steps"] for s in seeds])
         checks.like_the_seeds("lab: accuracy before GRPO", result["heldout_curve"][0][1],
-                              [s["methods"]["grpo"]["heldout_curve"][0][1] for s in seeds])
-        for key in ("accuracy", "frac_zero_std", "entropy", "completion_len_mean"):
+                              [s["methods"]["grpo"]["heldout_curve"][0][1] for s in seeds],
+                              planted=(untrained, planted["heldout_curve"][0][1]))
+        for key in ("accuracy", "frac_zero_std", "entropy"):
             checks.like_the_seeds(f"lab: step 1's {key}", result["curve"][0][key],
-                                  [s["methods"]["grpo"]["curve"][0][key] for s in seeds])
+                                  [s["methods"]["grpo"]["curve"][0][key] for s in seeds],
+                                  planted=(untrained, planted["curve"][0][key]))
+        checks.like_the_seeds("lab: step 1's completion_len_mean", result["curve"][0]["completion_len_mean"],
+                              [s["methods"]["grpo"]["curve"][0]["completion_len_mean"] for s in seeds],
+                              planted=("a policy that never ends (every completion max_new_tokens long)",
+                                       float(recipe.grpo.max_new_tokens)))
+
+
+def _untrained_lab_step(settings, seed: int) -> dict:
+    """GRPO's first lab step from the recipe's untrained model (the planted bug of a warm start that did nothing)."""
+    from grpo_tutorial.chapters.lab import run_method
+    from grpo_tutorial.chapters.recipes import build_recipe_model, make_recipe_data
+
+    model, tokenizer = build_recipe_model(settings.recipe, seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return run_method("grpo", model, tokenizer, make_recipe_data(settings.recipe), settings, seed)
 
 
 # ---------------------------------------------------------------------------
@@ -565,24 +615,25 @@ def test_thinking_record_reproduces_its_first_steps_from_the_shipped_warm_start(
     finally:
         torch.set_num_threads(previous)
     stored = seed0["variants"]["grpo"]
-    exact = same_kernels(record)
-    if exact:
+    if same_kernels(record):
         assert result["curve"][0] == pytest.approx(stored["curve"][0], rel=1e-9, nan_ok=True)  # step 0, sampled
-    else:  # sampled from the same shipped weights: a flip or two of the held-out completions at most
-        assert sorted(result["curve"][0]) == sorted(stored["curve"][0])
-        for key, want in stored["curve"][0].items():
-            got = result["curve"][0][key]
-            if key in ("step", "n"):
-                assert got == want, key
-            elif not (math.isnan(got) and math.isnan(want)):
-                assert got == pytest.approx(want, rel=FLIP_REL, abs=FLIP), (key, got, want)
-    for got, want in zip(result["history"], stored["history"][:2], strict=True):
-        _same_step(got, want, (), "thinking_results.json", same_kernels=exact)
+        for got, want in zip(result["history"], stored["history"][:2], strict=True):
+            _same_step(got, want, (), "thinking_results.json")
+        return
+    # Other kernels: step 0's held-out statistics and step 1 are sampled from the same shipped weights with the same
+    # seed, before any update: the same draw but for a flip or two (allowances.same_draw). Step 2 is sampled after an
+    # update, which no bound derived from the dtype covers: it is compared on the record's kernels only.
+    assert sorted(result["curve"][0]) == sorted(stored["curve"][0])
+    g = recipe.grpo
+    same_draw(result["curve"][0], stored["curve"][0], completions=stored["curve"][0]["n"], where="thinking step 0",
+              ranges={"accuracy": 1.0, "worked_share": 1.0, "truncated": 1.0, "length": g.max_new_tokens})
+    same_draw(result["history"][0], stored["history"][0], completions=g.prompts_per_step * g.group_size,
+              ranges=sampled_ranges(g), where="thinking step 1")
 
 
 @pytest.mark.slow
 @pytest.mark.rerun  # about 6 minutes on one core: `make test-records`, not `make test`
-def test_thinking_warm_start_is_what_the_command_makes(request):
+def test_thinking_warm_start_is_what_the_command_makes():
     import tempfile
 
     from grpo_tutorial.chapters.thinking import build_thinking_model, make_thinking_data, save_warm_start, warm_start
@@ -597,10 +648,9 @@ def test_thinking_warm_start_is_what_the_command_makes(request):
     finally:
         torch.set_num_threads(previous)
     stored = record["seeds"][0]["warm_start"]
-    if not same_kernels(record):  # other kernels: a warm start like the record's 5 seeds'; the bytes cannot match
-        with SeedChecks(request) as checks:
-            checks.like_the_seeds("thinking: warm-start steps", info["steps"],
-                                  [s["warm_start"]["steps"] for s in record["seeds"]])
+    if not same_kernels(record):  # other kernels: the bytes cannot match; a warm start that does not learn (its
+        # learning rate 0) never reaches its target, exactly (no planted bug moves the step count but that one)
+        assert info["reached"] and all(s["warm_start"]["reached"] for s in record["seeds"])
         return
     assert info["steps"] == stored["steps"] and info["probe"] == stored["probe"]
     from grpo_tutorial.chapters.thinking import load_warm_start
@@ -666,10 +716,18 @@ def test_logprob_memory_record_reproduces_its_after_figure():
     assert shapes == record["shapes"] and (args.layers, args.threads) == (record["layers"], record["threads"])
     got = logprob_memory.run_variant("after", shapes, args.layers, args.threads)
     want = record["after"]
+    from allowances import planted_bound
+
     assert got["logits_bytes"] == want["logits_bytes"]
-    assert got["peak_bytes_above_start"] == pytest.approx(want["peak_bytes_above_start"], rel=0.15)
+    # The peak depends on the allocator and page rounding, not on the kernels' bits: told apart from the planted
+    # bug of the scorer before issue 20 (the record's own 'before' variant, about twice the peak).
+    planted_bound("log-prob memory: the scorer's peak", got["peak_bytes_above_start"],
+                  honest=want["peak_bytes_above_start"], planted=record["before"]["peak_bytes_above_start"],
+                  bug="the full-size float32 log-softmax (the record's 'before' scorer)")
+    # One forward and backward at fixed inputs, before any update: float32 sums of at most 896 terms per product
+    # (Qwen2.5-0.5B's width), about 896 x 6e-8 = 5e-5 of the terms' size at worst; the means and sums to 1e-4.
     for key in ("loss", "entropy_mean", "logp_sum"):
-        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
 
 
 # ---------------------------------------------------------------------------
@@ -735,7 +793,7 @@ def test_step_policy_is_what_its_command_makes(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("record_name", ["lora_regret.json", "lora_regret_lower.json"])
-def test_lora_record_reproduces_its_first_steps(record_name, request, recipe_warm_start):
+def test_lora_record_reproduces_its_first_steps(record_name, recipe_warm_start):
     """Seed 0's warm start, then one GRPO step of full fine-tuning and of rank-1 LoRA at their best rates."""
     pytest.importorskip("peft")
     from benchmarks import lora_regret as bench
@@ -779,14 +837,11 @@ def test_lora_record_reproduces_its_first_steps(record_name, request, recipe_war
             assert run["reward_curve"][0] == pytest.approx(want["reward_curve"][0], rel=1e-9)
     if same_kernels(record):
         return
-    seeds = record["seeds"]  # other kernels: draws like the record's seeds
-    with SeedChecks(request) as checks:
-        checks.like_the_seeds(f"{record_name}: warm-start steps", sft["steps"], [s["warm_start"]["steps"] for s in seeds])
-        for name, run in runs.items():
-            checks.like_the_seeds(f"{name}: accuracy before GRPO", run["heldout_curve"][0][1],
-                                  [s["settings"][name]["heldout_curve"][0][1] for s in seeds])
-            checks.like_the_seeds(f"{name}: step 1's reward", run["reward_curve"][0],
-                                  [s["settings"][name]["reward_curve"][0] for s in seeds])
+    # Other kernels: a warm start and a first step like the record's seeds', told apart from the planted bug of a
+    # warm start that did nothing (the untrained model, one step of each setting from it here). Five seeds are too
+    # few for an interval at the family's level to exclude it, so each is a planted bound (issue 52).
+    planted = _untrained_first_steps(run_setting, recipe, one_step, {n: settings[n] for n in names}, seed)
+    _first_steps_nearer_than_untrained(record_name, runs, record["seeds"], planted)
 
 
 # ---------------------------------------------------------------------------
@@ -795,7 +850,7 @@ def test_lora_record_reproduces_its_first_steps(record_name, request, recipe_war
 
 
 @pytest.mark.slow
-def test_sampler_mismatch_record_reproduces_its_first_steps(request, recipe_warm_start):
+def test_sampler_mismatch_record_reproduces_its_first_steps(recipe_warm_start):
     """Seed 0's warm start, then one GRPO step of the baseline, of the first sampler (bfloat16) uncorrected and of
     the same sampler with the last correction mode, against the record's seed 0 (or its seeds' spread elsewhere)."""
     from benchmarks import mismatch as bench
@@ -841,14 +896,43 @@ def test_sampler_mismatch_record_reproduces_its_first_steps(request, recipe_warm
                 assert values[0] == pytest.approx(want["mismatch_curves"][key][0], rel=1e-6, abs=1e-9), (name, key)
     if same_kernels(record):
         return
-    seeds = record["seeds"]  # other kernels: draws like the record's seeds
-    with SeedChecks(request) as checks:
-        checks.like_the_seeds("mismatch: warm-start steps", sft["steps"], [s["warm_start"]["steps"] for s in seeds])
-        for name, run in runs.items():
-            checks.like_the_seeds(f"{name}: accuracy before GRPO", run["heldout_curve"][0][1],
-                                  [s["settings"][name]["heldout_curve"][0][1] for s in seeds])
-            checks.like_the_seeds(f"{name}: step 1's reward", run["reward_curve"][0],
-                                  [s["settings"][name]["reward_curve"][0] for s in seeds])
+    # Other kernels: as chapter 14's record (six seeds: planted bounds, not the seeds' interval).
+    planted = _untrained_first_steps(run_setting, recipe, one_step, {n: settings[n] for n in names}, seed)
+    _first_steps_nearer_than_untrained(MISMATCH_RECORD, runs, record["seeds"], planted)
+
+
+def _untrained_first_steps(run_setting, recipe, one_step, settings: dict, seed: int) -> dict:
+    """One step of each setting from the recipe's untrained model: the planted bug of a warm start that did nothing
+    (its learning rate 0), run by the same code as the record's first step."""
+    from grpo_tutorial.chapters.recipes import build_recipe_model, make_recipe_data
+
+    data = make_recipe_data(recipe)
+    model, tokenizer = build_recipe_model(recipe, seed)  # each setting starts from a copy of it
+    previous = torch.get_num_threads()
+    torch.set_num_threads(recipe.num_threads)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return {name: run_setting(model, tokenizer, data, one_step, overrides, seed)
+                    for name, overrides in settings.items()}
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _first_steps_nearer_than_untrained(where: str, runs: dict, seeds: list[dict], planted: dict) -> None:
+    """Each setting's accuracy before GRPO and step 1's reward nearer the record's seeds' mean than the untrained
+    model's (``allowances.seeds_planted_bound``: asserted where the margin is at least 3.5 of the seeds' sd). Where
+    none is, the planted bug is caught only by ``reached`` (exact), as the caller asserts."""
+    from allowances import seeds_planted_bound
+
+    bug = "a warm start that did nothing (the untrained model)"
+    for name, run in runs.items():
+        seeds_planted_bound(f"{where}: {name}: accuracy before GRPO", run["heldout_curve"][0][1],
+                            [s["settings"][name]["heldout_curve"][0][1] for s in seeds],
+                            planted=planted[name]["heldout_curve"][0][1], bug=bug)
+        seeds_planted_bound(f"{where}: {name}: step 1's reward", run["reward_curve"][0],
+                            [s["settings"][name]["reward_curve"][0] for s in seeds],
+                            planted=planted[name]["reward_curve"][0], bug=bug)
 
 
 # ---------------------------------------------------------------------------
@@ -882,7 +966,7 @@ def test_tool_record_summary_is_its_seeds():
 
 
 @pytest.mark.slow
-def test_tool_record_reproduces_its_warm_start_and_first_steps(request):
+def test_tool_record_reproduces_its_warm_start_and_first_steps():
     from grpo_tutorial.chapters.tool_use import build_tool_model, make_tool_data, run_variant, warm_start
 
     record, recipe = _tool_record()
@@ -903,11 +987,7 @@ def test_tool_record_reproduces_its_warm_start_and_first_steps(request):
     stored = seed0["variants"]["grpo"]
     assert info["reached"] and all(s["warm_start"]["reached"] for s in record["seeds"])
     if not same_kernels(record):  # other kernels: another draw of the warm start, like the record's seeds'
-        with SeedChecks(request) as checks:
-            checks.like_the_seeds("tools: warm-start steps", info["steps"],
-                                  [s["warm_start"]["steps"] for s in record["seeds"]])
-            checks.like_the_seeds("tools: accuracy at step 0", result["curve"][0]["accuracy"],
-                                  [s["variants"]["grpo"]["curve"][0]["accuracy"] for s in record["seeds"]])
+        _tool_step0_nearer_than_untrained(result["curve"][0], record, recipe, data)
         return
     assert info["steps"] == seed0["warm_start"]["steps"] and info["probe"] == seed0["warm_start"]["probe"]
     assert result["curve"][0] == pytest.approx(stored["curve"][0], rel=1e-9, nan_ok=True)
@@ -916,6 +996,31 @@ def test_tool_record_reproduces_its_warm_start_and_first_steps(request):
         assert got["step"] == want["step"]
         for key in keys:
             assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
+
+
+def _tool_step0_nearer_than_untrained(got: dict, record: dict, recipe, data: dict) -> None:
+    """The held-out statistics at step 0, after a warm start on other kernels: nearer the record's seeds' mean than
+    those of a warm start that did nothing (the untrained model, evaluated here by the same code). A warm start that
+    does not learn is caught exactly by ``reached``; this says the statistics would catch it too. Five seeds are too
+    few for an interval at the family's level to exclude it (issue 52): planted bounds, with the margin printed
+    beside the seeds' spread. The accuracy is not among them: the record's own seeds sit at 0 to 0.09, too near the
+    untrained model's 0 to tell apart from one draw."""
+    from allowances import seeds_planted_bound
+    from grpo_tutorial.calculator import calculator
+    from grpo_tutorial.chapters.tool_use import EVAL_SEED_OFFSET, build_tool_model, heldout_stats
+
+    model, tokenizer = build_tool_model(recipe, 0)
+    with warnings.catch_warnings():  # step 0's statistics as run_variant measures them for 'grpo' (seed 0)
+        warnings.simplefilter("ignore")
+        bad = heldout_stats(model, tokenizer, data["test"], recipe.grpo_config(0), EVAL_SEED_OFFSET, [calculator])
+    compared = []
+    for key in ("length", "truncated"):  # an untrained model writes on (about 18 tokens, 40% cut off); the share
+        # that calls is no guide: it writes '<<' by chance about as often as seed 0's warm start calls (0.10, 0.12)
+        if seeds_planted_bound(f"tools: {key} at step 0", got[key],
+                               [s["variants"]["grpo"]["curve"][0][key] for s in record["seeds"]], planted=bad[key],
+                               bug="a warm start that did nothing (the untrained model)"):
+            compared.append(key)
+    assert len(compared) >= 2, f"only {compared} tell the untrained model apart"
 
 
 # ---------------------------------------------------------------------------
@@ -957,7 +1062,7 @@ def test_no_critic_record_summary_is_its_runs():
 
 
 @pytest.mark.slow
-def test_no_critic_record_reproduces_its_first_steps(request):
+def test_no_critic_record_reproduces_its_first_steps():
     """Seed 0 starts from the shipped warm start (chapter 13's), so one step of each method is cheap to re-run."""
     from benchmarks import no_critic as bench
     from grpo_tutorial.chapters.thinking import load_warm_start
@@ -975,14 +1080,16 @@ def test_no_critic_record_reproduces_its_first_steps(request):
     finally:
         torch.set_num_threads(previous)
     stored = {r["method"]: r for r in record["runs"] if r["seed"] == 0}
-    if not same_kernels(record):  # other kernels: draws like the record's seeds'
-        others = record["runs"]  # every seed, 0 included, as the other records' checks
-        with SeedChecks(request) as checks:
-            checks.like_the_seeds("no critic: accuracy at step 0", runs["grpo"]["curve"][0]["accuracy"],
-                                  [r["curve"][0]["accuracy"] for r in others if r["method"] == "grpo"])
-            for method, key in (("grpo", "reward_mean"), ("monte_carlo", "reward_mean"), ("ppo", "advantage_var")):
-                checks.like_the_seeds(f"no critic: {method}'s step 1 {key}", runs[method]["history"][0][key],
-                                      [r["history"][0][key] for r in others if r["method"] == method])
+    if not same_kernels(record):  # other kernels: step 0 and step 1 sampled from the shipped weights, before any
+        # update: the same draw but for a flip or two (allowances.same_draw)
+        g = recipe.grpo
+        for method, run in runs.items():
+            want = stored[method]
+            same_draw(run["curve"][0], want["curve"][0], completions=want["curve"][0]["n"], where=f"{method} step 0",
+                      ranges={"accuracy": 1.0, "worked_share": 1.0, "truncated": 1.0, "length": g.max_new_tokens})
+            completions = want["settings"]["config"]["prompts_per_step"] * g.group_size
+            same_draw(run["history"][0], want["history"][0], completions=completions, where=f"{method} step 1",
+                      ranges=sampled_ranges(g), timing=NO_CRITIC_TIMING)
         return
     for method, run in runs.items():
         want = stored[method]
