@@ -19,7 +19,7 @@ export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
 
-.PHONY: gpu-proof setup test test-fast test-records test-kernels book book-noexec check-book bench clean colab-env test-colab torch-latest-env test-torch-latest
+.PHONY: gpu-proof setup test test-fast test-records test-kernels test-portability book book-noexec check-book bench clean colab-env test-colab torch-latest-env test-torch-latest
 
 setup: $(STAMP)
 
@@ -81,6 +81,17 @@ test-kernels: $(STAMP)
 	echo "test-kernels: chapters: $${notebooks:-none}" && \
 	$(WARM_START_CACHE) env $$variables OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PARALLEL) --nbmake --nbmake-kernel=python3 -m "not rerun" \
 	  $(KERNEL_TESTS) $$notebooks $(PYTEST_ARGS)
+
+# The portability matrix (issue 52), a diagnostic, not a CI phase: `make test-kernels`' tests and the chapters that
+# replay a record under every distinct kernel set this machine can be told to use (ATen's capabilities, MKL's
+# reproducibility modes and instruction sets, oneDNN's caps; one run per distinct fingerprint), and with the other
+# torch versions' environments where they exist (make colab-env, make torch-latest-env). Every float check writes
+# what it saw; runs/portability/table.md lists the variants and the checks that came nearest their margins.
+# Hours on 2 cores: PORTABILITY_ARGS=--quick tries fewer variables, and leaving out --notebooks the chapters.
+PORTABILITY_ARGS ?= --notebooks
+test-portability: $(STAMP)
+	$(BIN)/python .ci/portability.py $(PORTABILITY_ARGS) $(if $(wildcard $(COLAB_BIN)/python),--python $(COLAB_BIN)/python) \
+	  $(if $(wildcard $(LATEST_BIN)/python),--python $(LATEST_BIN)/python)
 
 # Chapter 9's GPU path measured on a CUDA GPU (benchmarks/gpu_proof.py, about 6 minutes on an H100:
 # GPU_PROOF_ARGS="--budget N" gives its sampler table more or less): the CUDA tests, one step of each
