@@ -12,7 +12,9 @@ the same thing everywhere.
 * :func:`paired_gain`: a change in accuracy on the same problems, with its paired standard error;
 * :func:`prediction_half_width`: how far one more draw may lie from the mean of n draws;
 * :func:`family_level`: the level of each of k checks so that all k hold together at a given level
-  (Bonferroni).
+  (Bonferroni);
+* :func:`detectable_difference` and :func:`seeds_needed`: what a paired comparison of n seeds can
+  resolve, and how many seeds a given difference needs (its power).
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from typing import Any, Mapping, Sequence
 from ._checks import check_int
 
 __all__ = [
+    "detectable_difference",
     "family_level",
     "mean_ci",
     "paired_comparison",
     "paired_gain",
     "prediction_half_width",
     "proportion_se",
+    "seeds_needed",
     "standard_error",
     "t_quantile",
 ]
@@ -207,3 +211,42 @@ def prediction_half_width(values: Sequence[float], level: float) -> float:
     mean = sum(x) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in x) / (n - 1))
     return t_quantile((1 + level) / 2, n - 1) * sd * math.sqrt(1 + 1 / n)
+
+
+def detectable_difference(sd: float, n: int, level: float = 0.95, power: float = 0.8) -> float:
+    """The smallest true difference that a paired comparison of ``n`` seeds resolves with probability ``power``.
+
+    The comparison's interval is the mean of n per-seed differences +- t(n-1) at (1 + level) / 2
+    times sd / sqrt(n) (:func:`mean_ci`), ``sd`` being the per-seed differences' standard
+    deviation. It excludes 0 with probability ``power`` when the true difference is at least
+    ``(t_{(1+level)/2}(n-1) + t_{power}(n-1)) * sd / sqrt(n)`` (the usual approximation: the
+    interval's centre is normal about the true difference, its width as if sd were known).
+
+    >>> round(detectable_difference(0.035, 20), 4)
+    0.0231
+    """
+    check_int(None, "n", n, 2)
+    _probability("level", level)
+    _probability("power", power)
+    if not (math.isfinite(sd) and sd >= 0):
+        raise ValueError(f"sd must be a finite number >= 0, got {sd!r}")
+    return (t_quantile((1 + level) / 2, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n)
+
+
+def seeds_needed(sd: float, difference: float, level: float = 0.95, power: float = 0.8, limit: int = 100_000) -> int:
+    """The fewest seeds whose paired comparison resolves a true ``difference`` with probability ``power``.
+
+    The smallest n with :func:`detectable_difference` ``(sd, n, level, power) <= |difference|``
+    (at least 2). Raises ``ValueError`` for a difference of 0, which no number of seeds resolves.
+
+    >>> seeds_needed(0.035, 0.03)
+    13
+    """
+    if not (math.isfinite(difference) and difference != 0):
+        raise ValueError(f"difference must be a finite number other than 0, got {difference!r}")
+    n = 2
+    while detectable_difference(sd, n, level, power) > abs(difference):
+        n += 1
+        if n > limit:
+            raise ValueError(f"more than {limit} seeds: sd {sd} against a difference of {difference}")
+    return n
