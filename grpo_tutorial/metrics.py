@@ -254,17 +254,24 @@ def step_row(
 MASTERED_ACCURACY = 0.8
 
 
+#: A reward below the mean of the last steps by more than this has fallen (less is the rounding of float32 means).
+FALL = 1e-6
+
+
 def check_failure_modes(
     row: dict, history: Sequence[dict], *, group_size: int, learning_rate: float, max_new_tokens: int,
     warn: Callable[[str, str], None],
 ) -> None:
     """Warn (through ``warn(kind, message)``) about the failure modes ``row`` shows.
 
-    Most groups with all-equal rewards has two opposite causes, told apart by
-    the reward level and trend: a policy that has *solved* the batch (every
+    Most groups with all-equal rewards has three causes, told apart by the
+    reward level and trend: a policy that has *solved* the batch (every
     completion right: accuracy >= 0.8, or rising reward when there is no
-    accuracy) versus one that has *collapsed* (low accuracy and falling reward).
-    ``history`` is the rows before ``row``.
+    accuracy); one that has *collapsed* (low accuracy and a reward that fell
+    against the last steps); and a task that is still *sparse* for the policy
+    (low accuracy, and no fall: at the first step, or a level reward). The last is
+    not a collapse (issue 53: a healthy tool-use run began with 88% such groups),
+    and says so. ``history`` is the rows before ``row``.
     """
     step = row["step"]
     accuracy = row.get("accuracy", math.nan)
@@ -286,6 +293,14 @@ def check_failure_modes(
             f"no learning signal at step {step}: in every group all {group_size} completions got "
             f"the same reward ({level}), so every advantage is 0. Make the task easier (or warm-start the "
             "model), raise group_size or temperature, or use a reward with partial credit.",
+        )
+    elif row["frac_zero_std"] > 0.8 and not (math.isfinite(trend) and trend < -FALL):
+        warn(
+            "sparse",
+            f"step {step}: {row['frac_zero_std']:.0%} of groups have all-equal rewards while the policy is not "
+            f"solving them ({level}{trend_text}): few groups carry a learning signal yet. Not a collapse: the "
+            "reward has not fallen; a hard task starts this way, and GRPO learns from the groups that vary. If it "
+            "stays so, make the task easier, warm-start further, or raise group_size.",
         )
     elif row["frac_zero_std"] > 0.8:
         warn(

@@ -47,6 +47,7 @@ from ._checks import check_choice, check_flag, check_int, check_number, config_e
 
 __all__ = [
     "NO_CRITIC_SETTINGS",
+    "allowed_with_a_critic",
     "PPOSettings",
     "VALUE_MODELS",
     "check_critic_config",
@@ -135,6 +136,21 @@ NO_CRITIC_SETTINGS: dict[str, tuple[Any, str]] = {
 }
 
 
+#: The loss types a value model cannot take (the others can): VESPO reads one advantage per completion, and LUSPO
+#: is GSPO's sequence ratio.
+REFUSED_LOSS_TYPES = ("vespo", "luspo")
+
+
+def allowed_with_a_critic(name: str) -> str:
+    """What a value model allows for the setting ``name`` of :data:`NO_CRITIC_SETTINGS`, in words: its one value
+    (``"'group' only"``), or for ``loss_type``, every loss type but those it refuses."""
+    if name not in NO_CRITIC_SETTINGS:
+        raise ValueError(f"name must be one of {list(NO_CRITIC_SETTINGS)}, got {name!r}")
+    if name == "loss_type":
+        return "any but " + " and ".join(repr(t) for t in REFUSED_LOSS_TYPES)
+    return f"{NO_CRITIC_SETTINGS[name][0]!r} only"
+
+
 def check_critic_config(config: Any, settings: PPOSettings) -> None:
     """Refuse, one clear ``ValueError`` each, the config's settings that conflict with a value model.
 
@@ -164,8 +180,8 @@ def check_critic_config(config: Any, settings: PPOSettings) -> None:
     for name, (default, reason) in NO_CRITIC_SETTINGS.items():
         value = getattr(config, name)
         if name == "loss_type":
-            if value in ("vespo", "luspo"):
-                raise config_error("GRPOConfig", name, value, "not 'vespo' or 'luspo' with a value model (PPO)",
+            if value in REFUSED_LOSS_TYPES:
+                raise config_error("GRPOConfig", name, value, f"{allowed_with_a_critic(name)} with a value model (PPO)",
                                    f": {reason}; LUSPO needs GSPO's sequence ratio")
         elif value != default:
             raise config_error("GRPOConfig", name, value, f"{default!r} with a value model (PPO)", f": {reason}")

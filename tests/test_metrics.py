@@ -194,8 +194,18 @@ def test_the_thresholds_are_strict_and_the_trend_reads_the_last_ten_steps():
 
 
 def test_collapse_and_truncation_are_both_said():
-    said = warnings_for({"frac_zero_std": 0.9, "accuracy": 0.1, "reward_mean": 0.1, "frac_truncated": 0.9})
+    history = [{"reward_mean": 0.3}]  # the reward fell: a collapse
+    said = warnings_for({"frac_zero_std": 0.9, "accuracy": 0.1, "reward_mean": 0.1, "frac_truncated": 0.9}, history)
     assert [kind for kind, _ in said] == ["collapse", "truncated"]
+
+
+def test_equal_rewards_without_a_fall_are_a_sparse_task_not_a_collapse():
+    """Issue 53: chapter 16's healthy run began with 88% of groups all wrong; with nothing to have fallen from (the
+    first step) or a level reward, that is a hard task, not a collapse, and the message says so."""
+    (first,) = warnings_for({"frac_zero_std": 0.88, "accuracy": 0.05, "reward_mean": 0.05})
+    level = warnings_for({"frac_zero_std": 0.88, "accuracy": 0.05, "reward_mean": 0.05}, [{"reward_mean": 0.05}] * 3)
+    assert first[0] == "sparse" and "Not a collapse" in first[1] and "88%" in first[1]
+    assert [kind for kind, _ in level] == ["sparse"]
 
 
 # ---------------------------------------------------------------------------

@@ -344,3 +344,20 @@ def test_the_docs_name_each_refused_combination():
     assert "eq. 9" in text and "ppo2" in text and "cliprange_value" in text
     page = (Path(__file__).resolve().parent.parent / "book" / "architecture.md").read_text()
     assert "NO_CRITIC_SETTINGS" in page
+
+
+def test_what_a_critic_allows_is_said_as_the_check_applies_it():
+    """Chapter 17 prints each refused setting with what a value model allows: loss_type is refused only for VESPO and
+    LUSPO (every other loss type passes), so it is not "None only" (issue 53, item 11)."""
+    from grpo_tutorial.ppo import allowed_with_a_critic
+
+    assert allowed_with_a_critic("loss_type") == "any but 'vespo' and 'luspo'"
+    assert allowed_with_a_critic("scale_rewards") == "'group' only"
+    for loss_type in ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo"):
+        check_critic_config(GRPOConfig(loss_type=loss_type), PPOSettings())
+    with pytest.raises(ValueError, match="any but 'vespo' and 'luspo'"):
+        check_critic_config(GRPOConfig(loss_type="vespo"), PPOSettings())
+    with pytest.raises(ValueError, match="with a value model"):  # LUSPO needs GSPO's sequence ratio, refused too
+        check_critic_config(GRPOConfig(loss_type="luspo", importance_sampling_level="sequence"), PPOSettings())
+    with pytest.raises(ValueError, match="name must be one of"):
+        allowed_with_a_critic("learning_rate")

@@ -90,6 +90,13 @@ def test_quick_runs_of_every_variant_and_their_summary(monkeypatch, tmp_path):
             has_tool_fields = "tool_call_count" in run["history"][0]
             assert has_tool_fields == (v != "no_tool")  # the history's tool columns exist with tools only
         assert runs["unmasked"]["curve"][0] == runs["grpo"]["curve"][0]  # the same start, the same evaluation
+        # the exact calculator's accuracy: the same evaluation where it is the variant's tool; a second one for the
+        # noisy calculator's runs (and the no-tool run), the same policy with its calls answered right
+        assert all(p["accuracy_exact"] == p["accuracy"] for v in ("grpo", "unmasked") for p in runs[v]["curve"])
+        exact = tool_use.heldout_stats(runs["noisy_tool"]["model"], tok, data["test"], recipe.grpo_config(seed),
+                                       tool_use.EVAL_SEED_OFFSET + seed, [calculator])
+        assert runs["noisy_tool"]["curve"][-1]["accuracy_exact"] == exact["accuracy"]
+        assert runs["noisy_tool"]["curve"][0]["accuracy_exact"] == runs["grpo"]["curve"][0]["accuracy"]  # one start
         seeds.append({"seed": seed, "variants": {v: {"curve": r["curve"]} for v, r in runs.items()}})
     summary = tool_use.summarize_tool_use(seeds)
     assert list(summary) == list(tool_use.VARIANTS) and summary["grpo"]["steps"] == [0, 1, 2]

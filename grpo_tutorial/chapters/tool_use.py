@@ -51,8 +51,11 @@ __all__ = [
     "tool_target", "warm_start", "warm_start_targets",
 ]
 
-#: What the held-out evaluation reports at every point of a run's curve.
-CURVE_KEYS = ("accuracy", "tool_share", "length", "accuracy_tool", "accuracy_guess", "truncated")
+#: What the held-out evaluation reports at every point of a run's curve: with the variant's own tool (the noisy
+#: calculator's answers for ``noisy_tool``, none for ``no_tool``), and ``accuracy_exact``, the same policy's accuracy
+#: when the exact calculator answers its calls (the same evaluation for the variants whose tool is that calculator),
+#: which tells what training with a tool taught from what the tool gets wrong at evaluation.
+CURVE_KEYS = ("accuracy", "tool_share", "length", "accuracy_tool", "accuracy_guess", "truncated", "accuracy_exact")
 
 #: The call syntax of the chapter (GSM8K's ``<<expression=result>>``).
 SYNTAX = InlineCalls()
@@ -341,9 +344,14 @@ def run_variant(variant: str, start_model, tokenizer, data: dict[str, list[dict]
                           tools=tools)
     eval_tools = None if tools is None else [calculator if kind == "calculator" else _tools(kind, recipe, seed + 1)[0]]
     eval_seed = EVAL_SEED_OFFSET + seed
-    return run_from_warm_start(variant, seed, trainer, data["train"], recipe,
-                               lambda: heldout_stats(model, tokenizer, data["test"], config, eval_seed, eval_tools),
-                               progress=progress)
+
+    def stats() -> dict[str, float]:
+        own = heldout_stats(model, tokenizer, data["test"], config, eval_seed, eval_tools)
+        exact = own if kind == "calculator" else heldout_stats(model, tokenizer, data["test"], config, eval_seed,
+                                                               [calculator])
+        return {**own, "accuracy_exact": exact["accuracy"]}
+
+    return run_from_warm_start(variant, seed, trainer, data["train"], recipe, stats, progress=progress)
 
 
 def summarize_tool_use(seeds: Sequence[dict], baseline: str = "grpo") -> dict[str, Any]:
