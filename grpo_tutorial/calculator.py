@@ -16,6 +16,9 @@ writes whatever it likes, so the tool must never run what it writes, nor hang th
 * :func:`run_tool_call` runs one call as TRL 1.16's ``GRPOTrainer._tool_call_loop`` does:
   an error becomes an ``{"error": ...}`` result the model sees, never an exception that
   ends the run.
+* :func:`safe_text` turns anything a tool returns or raises into text the tokenizer takes:
+  a ``str()`` that raises, or a lone surrogate (``"\\ud800"``, which JSON lets the model
+  write), never reaches the tokenizer as such.
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
-from ._checks import check_number
+from ._checks import check_number, config_error
 
 __all__ = [
-    "MAX_DEPTH", "MAX_DIGITS", "MAX_LENGTH", "MAX_VALUE",
-    "CalculatorError", "ToolTimeout", "calculator", "call_with_time_limit", "run_tool_call",
+    "MAX_ABANDONED", "MAX_DEPTH", "MAX_DIGITS", "MAX_LENGTH", "MAX_VALUE",
+    "CalculatorError", "ToolTimeout", "abandoned_calls", "calculator", "call_with_time_limit", "check_time_limit",
+    "run_tool_call", "safe_text",
 ]
 
 #: The longest expression, in characters.
@@ -46,6 +50,50 @@ PLACES = 6
 DIGITS = "0123456789"  # ASCII only: ``\d`` and ``str.isdigit`` also take '٣' and '²'
 #: One token: a number, ``**``, an operator or a parenthesis, a run of spaces, or any other one character.
 TOKEN = re.compile(r"[0-9]+(?:\.[0-9]+)?|\*\*|[-+*/()^]|[ \t]+|.", re.DOTALL)
+
+
+#: The most tool calls left running in the background (past their time limit) before new calls are refused.
+#: Python cannot kill a thread: an abandoned call runs on until it ends, holding its thread and whatever CPU and
+#: memory it uses. The cap bounds how many a run can pile up; a call refused for it gets an error result.
+MAX_ABANDONED = 16
+_abandoned: set[threading.Thread] = set()
+_abandoned_lock = threading.Lock()
+
+
+def abandoned_calls() -> int:
+    """How many tool calls abandoned at their time limit are still running (their threads cannot be stopped)."""
+    with _abandoned_lock:
+        for thread in [t for t in _abandoned if not t.is_alive()]:
+            _abandoned.discard(thread)
+        return len(_abandoned)
+
+
+def check_time_limit(owner: str | None, name: str, seconds: Any, optional: bool = True,
+                     expected: str = "a finite number > 0") -> None:
+    """A time limit in seconds: a finite number > 0 (``expected`` says so in the caller's words; None where
+    ``optional``) that ``threading`` can wait for: at most ``threading.TIMEOUT_MAX`` (about 292 years on
+    64-bit Linux; a longer limit passes every other check, and then every call fails)."""
+    check_number(owner, name, seconds, lambda v: v > 0, f"{'None or ' if optional else ''}{expected}",
+                 optional=optional)
+    if seconds is not None and seconds > threading.TIMEOUT_MAX:
+        raise config_error(owner, name, seconds, f"at most threading.TIMEOUT_MAX ({threading.TIMEOUT_MAX:.3g} s), "
+                                                 "the longest a thread can be waited for")
+
+
+def safe_text(value: Any) -> str:
+    """``str(value)``, made safe for a tokenizer: a ``str()`` that raises gives ``repr``'s text or a placeholder, and
+    lone surrogates (which no UTF-8 text holds) are written as ``\\udXXX`` escapes."""
+    if not isinstance(value, str):
+        try:
+            value = str(value)
+        except Exception:  # noqa: BLE001 - a tool's object may raise anything from __str__
+            try:
+                value = repr(value)
+            except Exception:  # noqa: BLE001
+                value = f"<an unprintable {type(value).__name__}>"
+    if not isinstance(value, str):  # a __str__ that returned something else
+        value = f"<an unprintable {type(value).__name__}>"
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class CalculatorError(ValueError):
@@ -175,7 +223,9 @@ def call_with_time_limit(fn: Callable[..., Any], arguments: Mapping[str, Any], s
     time or memory of a tool that never ends, which is why :func:`calculator` bounds
     its own work.
     """
-    check_number(None, "seconds", seconds, lambda s: s > 0, "a finite number > 0")
+    check_time_limit(None, "seconds", seconds, optional=False)
+    if abandoned_calls() >= MAX_ABANDONED:
+        raise ToolTimeout(f"{MAX_ABANDONED} tool calls are still running past their time limit; no more are started")
     outcome: dict[str, Any] = {}
 
     def work() -> None:
@@ -189,7 +239,9 @@ def call_with_time_limit(fn: Callable[..., Any], arguments: Mapping[str, Any], s
     worker.start()
     worker.join(seconds)
     if worker.is_alive():
-        raise ToolTimeout(f"Tool {name} timed out after {seconds:g} s.")
+        with _abandoned_lock:
+            _abandoned.add(worker)
+        raise ToolTimeout(f"Tool {safe_text(name)} timed out after {seconds:g} s.")
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
@@ -213,15 +265,16 @@ def run_tool_call(
     if not isinstance(tools, Mapping):
         raise TypeError(f"tools must be a dict of name -> function, not {type(tools).__name__}")
     if time_limit is not None:
-        check_number(None, "time_limit", time_limit, lambda s: s > 0, "None or a finite number > 0")
+        check_time_limit(None, "time_limit", time_limit)
     tool = tools.get(name) if isinstance(name, str) else None
     if tool is None:
-        return {"error": f"Tool {name} not found."}, True
-    if not isinstance(arguments, Mapping):
+        return {"error": f"Tool {safe_text(name)} not found."}, True
+    if not isinstance(arguments, Mapping) or not all(isinstance(k, str) for k in arguments):
         return {"error": f"Tool {name} takes its arguments as a JSON object, not {type(arguments).__name__}."}, True
     try:
-        if time_limit is None:
-            return tool(**arguments), False
-        return call_with_time_limit(tool, arguments, time_limit), False
+        result = tool(**arguments) if time_limit is None else call_with_time_limit(tool, arguments, time_limit)
     except Exception as error:  # TRL catches Exception, so KeyboardInterrupt still stops the run
-        return {"error": str(error)}, True
+        return {"error": safe_text(error)}, True
+    # a tool that answers with an error result of its own: shown to the model as one, and counted as one (ours:
+    # TRL counts only the calls that raise)
+    return result, isinstance(result, Mapping) and "error" in result

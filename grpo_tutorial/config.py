@@ -155,6 +155,10 @@ class GRPOConfig:
             TRL's name and meaning; None (TRL's default): no limit.
         tool_time_limit: seconds one tool call may take before it is answered
             with an error result (a failure). Ours: TRL has no time limit. None: none.
+            At most ``threading.TIMEOUT_MAX`` (what a thread can be waited for).
+        tool_rollout_time_limit: seconds all the tool calls of one rollout may
+            take together; the calls after it get an error result without running
+            (failures). Ours. None: none.
         mask_tool_tokens: train on the policy's tokens only, ``completion_mask *
             tool_mask``, as TRL always does (True). False is chapter 16's control
             (the tool's tokens in the loss), not a setting for real runs. Ours.
@@ -322,6 +326,7 @@ class GRPOConfig:
     sampler_staleness: int = 1
     max_tool_calling_iterations: int | None = None
     tool_time_limit: float | None = 10.0
+    tool_rollout_time_limit: float | None = 60.0
     mask_tool_tokens: bool = True
     vllm_importance_sampling_correction: bool = False
     vllm_importance_sampling_mode: str = "sequence_mask"
@@ -476,8 +481,10 @@ class GRPOConfig:
         check_int(o, "max_sampling_rounds", self.max_sampling_rounds, 1)
         check_int(o, "max_tool_calling_iterations", self.max_tool_calling_iterations, 0, optional=True,
                   hint=" (None = no limit, TRL's default)")
-        check_number(o, "tool_time_limit", self.tool_time_limit, lambda v: 0 < v < float("inf"),
-                     "None or a number of seconds > 0", optional=True)
+        from .calculator import check_time_limit
+
+        check_time_limit(o, "tool_time_limit", self.tool_time_limit, expected="a number of seconds > 0")
+        check_time_limit(o, "tool_rollout_time_limit", self.tool_rollout_time_limit, expected="a number of seconds > 0")
         check_flag(o, "mask_tool_tokens", self.mask_tool_tokens)
 
     def _check_report_to(self) -> None:

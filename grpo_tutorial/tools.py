@@ -49,19 +49,29 @@ turn; at the iteration limit the loop stops with the last call unanswered; a res
 that would push the completion past its token budget is rolled back (the row ends
 with its call unanswered). Our additions, where TRL has no rule: a call past its
 time limit (``tool_time_limit``) gives an error result and counts as a failure
-(:func:`~grpo_tutorial.calculator.run_tool_call`). Nothing a tool or the model does
-raises out of the loop.
+(:func:`~grpo_tutorial.calculator.run_tool_call`), and so does every call after the
+rollout's own deadline (``tool_rollout_time_limit``: all its calls together); a tool that
+returns an error result of its own counts as a failure; a result is turned into text in
+the call's own thread, within its time limit (:func:`~grpo_tutorial.calculator.safe_text`:
+a ``str()`` that raises, or a lone surrogate, becomes safe text); a result longer than the
+completion's remaining budget could hold is rolled back before it is tokenized; a result
+the tokenizer cannot write back as it is (characters outside the vocabulary, which would
+vanish into ``<unk>``, or text that would become a special token such as ``<eos>``)
+becomes an error result the model can read, and counts as a failure; a call that the
+response parser cannot read (JSON nested past Python's recursion limit, say) is a
+malformed call. Nothing a tool or the model does raises out of the loop.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
-from ._checks import check_int, check_number
-from .calculator import run_tool_call
+from ._checks import check_int
+from .calculator import check_time_limit, run_tool_call, safe_text
 from .rollout import Rollout, generate_from_ids, generate_rollouts, pad_token_id, stop_token_ids, uses_chat_template
 
 __all__ = ["ChatCalls", "InlineCalls", "ToolBox", "generate_tool_rollouts", "tool_box"]
@@ -117,16 +127,27 @@ class InlineCalls:
         if len(tools) != 1:
             raise ValueError(f"InlineCalls writes calls to one tool (the calculator); got {len(tools)} tools: "
                              f"{sorted(tools)}. Use a chat model and ChatCalls for several tools")
+        _argument(next(iter(tools.values())))  # one required argument, checked now, not at the first call
 
 
 def _argument(fn: Callable) -> str:
     """The name of a one-argument tool's parameter (the calculator's ``expression``)."""
     import inspect
 
-    params = [p for p in inspect.signature(fn).parameters.values() if p.default is p.empty]
-    if len(params) != 1:
-        raise ValueError(f"an inline tool takes one required argument; {fn.__name__} takes {[p.name for p in params]}")
-    return params[0].name
+    name = getattr(fn, "__name__", type(fn).__name__)
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as error:  # a builtin such as max has none Python can read
+        raise ValueError(f"an inline tool takes one required argument, named in its signature; {name} has no "
+                         f"signature Python can read ({error}): wrap it in a def") from error
+    required = [p for p in signature.parameters.values() if p.default is p.empty
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    others = [p for p in signature.parameters.values() if p.default is p.empty and p not in required
+              and p.kind is p.POSITIONAL_ONLY]
+    if len(required) != 1 or others:
+        raise ValueError(f"an inline tool takes one required argument by name; {name} takes "
+                         f"{[p.name for p in required + others]}")
+    return required[0].name
 
 
 class ChatCalls:
@@ -151,7 +172,15 @@ class ChatCalls:
               tools: dict[str, Callable]) -> list[dict] | None:
         # a turn cut off by the budget is parsed too, as TRL parses it: a whole call in it is run and
         # counted, and its answer, which cannot fit, is rolled back
-        return self._parse(prefix_ids, turn_ids) if turn_ids else None
+        if not turn_ids:
+            return None
+        try:
+            calls = self._parse(prefix_ids, turn_ids)
+        except (RecursionError, ValueError, TypeError, KeyError, AttributeError, IndexError, UnicodeError):
+            # what the model wrote broke the response parser (JSON nested past the recursion limit, say): a
+            # malformed call, as TRL treats one its parser refuses (TRL catches ValueError and TypeError only)
+            return None
+        return calls if isinstance(calls, list) and all(isinstance(c, dict) for c in calls) else None
 
     def suffix_ids(self, tokenizer: Any, results: list[tuple[str, Any]]) -> list[int]:
         return self._suffix(results)
@@ -201,11 +230,18 @@ class ToolBox:
     syntax: Any
     max_tool_calling_iterations: int | None = None
     time_limit: float | None = 10.0
+    rollout_time_limit: float | None = 60.0
+    longest_token: int = 1
 
     @classmethod
     def build(cls, tools: Sequence[Callable], tokenizer: Any, *, chat: bool,
-              max_tool_calling_iterations: int | None = None, time_limit: float | None = 10.0) -> "ToolBox":
-        """A tool box for ``tools``: :class:`ChatCalls` for a chat model (``chat``), else :class:`InlineCalls`."""
+              max_tool_calling_iterations: int | None = None, time_limit: float | None = 10.0,
+              rollout_time_limit: float | None = 60.0) -> "ToolBox":
+        """A tool box for ``tools``: :class:`ChatCalls` for a chat model (``chat``), else :class:`InlineCalls`.
+
+        ``time_limit``: seconds one call may take; ``rollout_time_limit``: seconds all the calls of one
+        rollout may take together (ours: TRL has neither). Each is checked here, and so is an inline
+        tool's signature (one required argument), so that a bad tool fails when the run starts."""
         if callable(tools) or isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
             raise TypeError(f"tools must be a list of functions, as TRL takes them; got {type(tools).__name__}")
         if not tools or not all(callable(t) for t in tools):
@@ -214,11 +250,13 @@ class ToolBox:
         if len(named) != len(tools):
             raise ValueError(f"two tools share a name: {[getattr(t, '__name__', '?') for t in tools]}")
         check_int("ToolBox", "max_tool_calling_iterations", max_tool_calling_iterations, 0, optional=True)
-        check_number("ToolBox", "time_limit", time_limit, lambda v: 0 < v < float("inf"), "None or a number > 0",
-                     optional=True)
+        check_time_limit("ToolBox", "time_limit", time_limit, expected="a number > 0")
+        check_time_limit("ToolBox", "rollout_time_limit", rollout_time_limit, expected="a number > 0")
         syntax = ChatCalls(tokenizer, tools) if chat else InlineCalls()
         syntax.check(named)
-        return cls(named, syntax, max_tool_calling_iterations, time_limit)
+        # the most characters one token can write back: a result longer than the budget times this cannot fit
+        longest = max((len(token) for token in tokenizer.get_vocab()), default=1)
+        return cls(named, syntax, max_tool_calling_iterations, time_limit, rollout_time_limit, max(1, longest))
 
 
 def tool_box(tools: Sequence[Callable] | None, tokenizer: Any, config: Any, sampler: Any = None) -> ToolBox | None:
@@ -235,17 +273,21 @@ def tool_box(tools: Sequence[Callable] | None, tokenizer: Any, config: Any, samp
                          "other than 'policy', or a sampler= function) cannot pause for a tool call")
     chat = uses_chat_template(tokenizer, config.use_chat_template)
     return ToolBox.build(tools, tokenizer, chat=chat, max_tool_calling_iterations=config.max_tool_calling_iterations,
-                         time_limit=config.tool_time_limit)
+                         time_limit=config.tool_time_limit, rollout_time_limit=config.tool_rollout_time_limit)
 
 
 def generate_tool_rollouts(model: Any, tokenizer: Any, prompts: Sequence[Any], toolbox: ToolBox, *,
                            group_size: int, max_new_tokens: int, generator_seed: int | None = None,
-                           **sampling: Any) -> Rollout:
+                           answered: dict | None = None, **sampling: Any) -> Rollout:
     """G completions per prompt, each free to call the tools: :func:`~grpo_tutorial.rollout.generate_rollouts`
     for the first turn (all B*G rows in one call), then one batched call per round over the rows a tool answered.
 
     ``max_new_tokens`` is the budget of the whole completion, the tool's tokens included (TRL's
     ``max_completion_length``). ``sampling``: the rest of :func:`generate_rollouts`' settings.
+    ``answered``: calls already answered, ``(row, call number, name, arguments) -> (result, failed)``; a
+    call found there is not run again (a sampler that makes a rollout again, as the guarded float16
+    copy does, passes one dict to both, so that no tool runs twice for the same call), and every call
+    run is added to it.
     Returns a :class:`~grpo_tutorial.rollout.Rollout` with ``tool_mask``, ``tool_calls`` and
     ``tool_failures`` (``[N]``, calls made and failed per row).
     """
@@ -273,18 +315,11 @@ def generate_tool_rollouts(model: Any, tokenizer: Any, prompts: Sequence[Any], t
     pending = {i: c for i in range(N) if (c := asked(i))}
     limit = toolbox.max_tool_calling_iterations
     rounds = 0
+    deadline = None if toolbox.rollout_time_limit is None else time.monotonic() + toolbox.rollout_time_limit
+    answered = {} if answered is None else answered
     while pending and (limit is None or rounds < limit):
-        suffixes: dict[int, list[int]] = {}
-        for i, calls in pending.items():  # run the tools: TRL's rules, and our time limit
-            results = []
-            for call in calls:
-                name, result, failed = _run(toolbox, call)
-                calls_made[i] += 1
-                failures[i] += int(failed)
-                results.append((name, result))
-            suffix = syntax.suffix_ids(tokenizer, results)
-            if len(completion[i]) + len(suffix) <= max_new_tokens:  # else rolled back: the call stays unanswered
-                suffixes[i] = suffix
+        suffixes = _answer(toolbox, tokenizer, pending, answered, deadline, calls_made, failures,
+                           {i: max_new_tokens - len(completion[i]) for i in pending})
         for i, suffix in suffixes.items():
             completion[i] += suffix
             tool_mask[i] += [0] * len(suffix)
@@ -293,7 +328,7 @@ def generate_tool_rollouts(model: Any, tokenizer: Any, prompts: Sequence[Any], t
         rounds += 1
         if going:
             new = _continue(model, tokenizer, syntax, [prompt_rows[i] + completion[i] for i in going],
-                            max(max_new_tokens - len(completion[i]) for i in going),
+                            [max_new_tokens - len(completion[i]) for i in going],
                             None if generator_seed is None else generator_seed + 100_003 * rounds, sampling)
             for i, turn in zip(going, new):
                 turn = turn[: max_new_tokens - len(completion[i])]  # each row's own budget
@@ -304,31 +339,129 @@ def generate_tool_rollouts(model: Any, tokenizer: Any, prompts: Sequence[Any], t
     return _assemble(first, tokenizer, completion, tool_mask, calls_made, failures, stops, device)
 
 
-def _run(toolbox: ToolBox, call: dict) -> tuple[str, Any, bool]:
+def _answer(toolbox: ToolBox, tokenizer: Any, pending: dict[int, list], answered: dict, deadline: float | None,
+            calls_made: list[int], failures: list[int], rooms: dict[int, int]) -> dict[int, list[int]]:
+    """One round: run each pending row's calls (TRL's rules, our time limits; a call in ``answered`` is not run
+    again), count them, and return the tokens that answer each row whose answer fits its ``rooms`` (the others
+    are rolled back: their calls stay unanswered)."""
+    suffixes: dict[int, list[int]] = {}
+    for i, calls in pending.items():
+        results = []
+        for call in calls:
+            key = _call_key(i, calls_made[i], call)
+            if key not in answered:
+                answered[key] = _run(toolbox, call, deadline)
+            name, result, failed = answered[key]
+            calls_made[i] += 1
+            failures[i] += int(failed)
+            results.append((name, result))
+        suffix, unwritable = _suffix(toolbox, tokenizer, results, rooms[i])
+        failures[i] += unwritable
+        if suffix is not None and len(suffix) <= rooms[i]:
+            suffixes[i] = suffix
+    return suffixes
+
+
+def _call_key(row: int, number: int, call: Any) -> tuple:
+    """What identifies one call of a rollout: its row, its number in the row, and what it asks (as text)."""
+    return row, number, safe_text(call)
+
+
+def _text_result(tool: Callable) -> Callable:
+    """``tool`` whose result is turned into text in the call's own thread, within its time limit (an error result,
+    ``{"error": ...}``, stays one)."""
+    def call(**arguments: Any) -> Any:
+        result = tool(**arguments)
+        if isinstance(result, dict) and "error" in result:
+            return {"error": safe_text(result["error"])}
+        return result if isinstance(result, list) else safe_text(result)  # a list: content blocks, as TRL passes
+    call.__name__ = getattr(tool, "__name__", "tool")
+    return call
+
+
+def _run(toolbox: ToolBox, call: Any, deadline: float | None = None) -> tuple[str, Any, bool]:
     """One call: ``(tool name, result, failed)``. TRL's rule for a call type other than ``"function"``
-    (an error result, a failure); the rest is :func:`~grpo_tutorial.calculator.run_tool_call`'s."""
-    if call.get("type") != "function":
-        return call.get("name", "unknown"), {"error": f"Unsupported tool call type: {call.get('type')}"}, True
-    function = call.get("function") or {}
-    name = function.get("name", "unknown")
-    result, failed = run_tool_call(toolbox.tools, name, function.get("arguments"), toolbox.time_limit)
+    (an error result, a failure); the rest is :func:`~grpo_tutorial.calculator.run_tool_call`'s, within
+    the call's time limit and what is left of the rollout's (``deadline``, ``time.monotonic()``'s clock)."""
+    if not isinstance(call, dict) or call.get("type") != "function":
+        kind = call.get("type") if isinstance(call, dict) else type(call).__name__
+        return "unknown", {"error": f"Unsupported tool call type: {safe_text(kind)}"}, True
+    function = call.get("function") if isinstance(call.get("function"), dict) else {}
+    name = safe_text(function.get("name", "unknown"))
+    limit = toolbox.time_limit
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return name, {"error": "the rollout's time for tool calls ran out"}, True
+        limit = left if limit is None else min(limit, left)
+    tools = {key: _text_result(tool) for key, tool in toolbox.tools.items()}
+    result, failed = run_tool_call(tools, name, function.get("arguments"), limit)
     return name, result, failed
 
 
-def _continue(model: Any, tokenizer: Any, syntax: Any, rows: list[list[int]], max_new: int, seed: int | None,
+#: The error result of a tool's answer that the tokenizer cannot write back as it is.
+UNWRITABLE = {"error": "the result holds characters this model's tokenizer cannot write"}
+
+
+def writable(tokenizer: Any, text: str) -> bool:
+    """Whether ``tokenizer`` writes ``text`` back as it is: every character in its vocabulary (none lost to
+    ``<unk>``) and none of it read as a special token (a literal ``<eos>`` would end the row)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    return not special.intersection(ids) and tokenizer.decode(ids) == text
+
+
+def _suffix(toolbox: ToolBox, tokenizer: Any, results: list[tuple[str, Any]], room: int) -> tuple[list[int] | None, int]:
+    """The tokens that answer one row's calls, or None where they cannot fit in ``room`` tokens; and how many of
+    the results the tokenizer could not write (each replaced by :data:`UNWRITABLE`, a failure).
+
+    A result longer than ``room`` times the longest token's characters cannot fit: it is rolled back before
+    the tokenizer reads it, so a tool that answers ten megabytes costs no tokenization."""
+    texts = [result if isinstance(result, list) else safe_text(result) for _, result in results]
+    if sum(len(t) for t in texts if isinstance(t, str)) > room * toolbox.longest_token:
+        return None, 0
+    checked, unwritable = [], 0
+    for (name, result), text in zip(results, texts):
+        error = isinstance(result, dict) and "error" in result
+        if not error and isinstance(text, str) and not writable(tokenizer, text):
+            result, unwritable = dict(UNWRITABLE), unwritable + 1
+        checked.append((safe_text(name), result))
+    return toolbox.syntax.suffix_ids(tokenizer, checked), unwritable
+
+
+def _continue(model: Any, tokenizer: Any, syntax: Any, rows: list[list[int]], budgets: list[int], seed: int | None,
               sampling: dict[str, Any]) -> list[list[int]]:
-    """One batched ``generate`` call that continues ``rows`` (token ids, no re-tokenization); each row's new turn."""
-    stopper = _StopAtCall(syntax, tokenizer)
-    out = generate_from_ids(model, tokenizer, rows, max_new_tokens=max_new, generator_seed=seed,
-                            stopping_criteria=[stopper],
-                            **{k: sampling[k] for k in ("temperature", "top_p", "do_sample", "onednn",
-                                                         "logits_processor") if k in sampling})  # [n, T_new]
+    """One batched ``generate`` call that continues ``rows`` (token ids, no re-tokenization); each row's new turn.
+
+    ``budgets``: the tokens each row may still write. The call generates up to the largest of them, but never
+    past the model's context (``max_position_embeddings``) for the longest row: left-padded, every row's
+    positions advance together. Where that cap cuts a row short of its budget, the rows still writing go on
+    in one more call (rarely: rows of very different lengths near the context's end)."""
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     stops = set(stop_token_ids(model, tokenizer))
-    turns = []
-    for r, row in enumerate(out.tolist()):
-        end = stopper.stopped_at.get(r, len(row))
-        cut = next((k + 1 for k, t in enumerate(row[:end]) if t in stops), end)
-        turns.append(row[:cut])
+    turns: list[list[int]] = [[] for _ in rows]
+    active, part = list(range(len(rows))), 0
+    while active:
+        rows_now = [rows[r] + turns[r] for r in active]
+        want = max(budgets[r] - len(turns[r]) for r in active)
+        max_new = want if not isinstance(context, int) else min(want, context - max(len(row) for row in rows_now))
+        if max_new <= 0:
+            break
+        stopper = _StopAtCall(syntax, tokenizer)
+        out = generate_from_ids(model, tokenizer, rows_now, max_new_tokens=max_new,
+                                generator_seed=None if seed is None else seed + 7_919 * part,
+                                stopping_criteria=[stopper],
+                                **{k: sampling[k] for k in ("temperature", "top_p", "do_sample", "onednn",
+                                                             "logits_processor") if k in sampling})  # [n, T_new]
+        going = []
+        for j, (r, row) in enumerate(zip(active, out.tolist())):
+            end = stopper.stopped_at.get(j, len(row))
+            cut = next((k + 1 for k, t in enumerate(row[:end]) if t in stops), end)
+            turns[r] += row[:cut][: budgets[r] - len(turns[r])]
+            open_ = cut == len(row) and j not in stopper.stopped_at and (not row or row[-1] not in stops)
+            if max_new < want and open_ and len(turns[r]) < budgets[r]:  # cut short by the context cap only
+                going.append(r)
+        active, part = going, part + 1
     return turns
 
 

@@ -310,3 +310,49 @@ def test_the_loss_on_a_tool_batch_is_trls(chat_model, qwen_tokenizer, tmp_path, 
     torch.testing.assert_close(g_ours, g_theirs, atol=1e-12, rtol=1e-9)
     tool = (rollout.tool_mask == 0) & (rollout.completion_mask == 1)
     assert tool.any() and (g_ours[tool] == 0).all()  # no gradient on the tool's tokens, in TRL's nor ours
+
+
+# ---------------------------------------------------------------------------
+# (d) hostile model output on the chat route (issue 54, items 1 and 2)
+# ---------------------------------------------------------------------------
+
+
+def test_a_call_nested_past_the_recursion_limit_is_a_malformed_call(qwen_tokenizer):
+    """981 levels of '[' in a call's arguments: TRL's parser raised RecursionError (it catches ValueError and
+    TypeError only), which ended the rollout; now the turn is a malformed call, plain text, unanswered."""
+    tok = qwen_tokenizer
+    box = ToolBox.build([calculator], tok, chat=True)
+    nested = '<tool_call>\n{"name": "calculator", "arguments": {"expression": ' + "[" * 981 + "]" * 981 + "}}\n</tool_call>"
+    prefix = tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], tools=[calculator],
+                                     add_generation_prompt=True, tokenize=False)
+    turn = tok(nested, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert box.syntax.calls(tok, tok(prefix, add_special_tokens=False)["input_ids"], turn, True, box.tools) is None
+
+
+def test_a_tool_named_with_a_lone_surrogate_gets_an_error_result(chat_model, qwen_tokenizer):
+    r"""JSON lets the model write "\ud800", a lone surrogate, as a tool's name; the error message that names it
+    reached the tokenizer, which raised TypeError. Now the name is escaped in the message the model reads."""
+    tok = qwen_tokenizer
+    conversations = {"What is 1+1?": [call("1+1", name="\\ud800"), "2."]}
+    rollout = ours(chat_model, tok, conversations)
+    text, tool = written(rollout, tok, 0)
+    assert "ud800 not found." in tool and text.endswith("2.<|im_end|>")  # escaped (and the dict's repr escapes again)
+    assert rollout.tool_calls.tolist() == [1, 1] and rollout.tool_failures.tolist() == [1, 1]
+
+
+def test_a_result_holding_a_lone_surrogate_is_escaped(chat_model, qwen_tokenizer):
+    tok = qwen_tokenizer
+
+    def calculator(expression: str) -> str:
+        """A calculator that answers with a lone surrogate.
+
+        Args:
+            expression: anything.
+        """
+        return "4\ud800"
+
+    toolbox = ToolBox.build([calculator], tok, chat=True)
+    conversations = {"What is 2+2?": [call("2+2"), "4."]}
+    rollout = generate_tool_rollouts(chat_model, tok, list(conversations), toolbox, group_size=G, max_new_tokens=260,
+                                     generator_seed=1, logits_processor=[Script(tok, conversations)])
+    assert "4\\ud800" in written(rollout, tok, 0)[1] and rollout.tool_failures.tolist() == [0, 0]
