@@ -237,6 +237,13 @@ class FastSampler:
     on-policy. On a CUDA GPU, a static-cache call that fails (a compiler that
     cannot build the step) is made again with the dynamic cache, which is then
     used from there on, with a warning.
+
+    With tools (:attr:`toolbox`, set by the step), a rollout pauses at each call and
+    continues from token ids (:func:`~grpo_tutorial.tools.generate_tool_rollouts`),
+    from the same model (the merged copy), with the dynamic cache: the rows of each
+    round grow by the tool's answer and a stopping criterion reads them on the host
+    at every token, so a compiled static-cache step would be built again for every
+    width (the history's :data:`COMPILE_SECONDS` is then absent).
     """
 
     def __init__(self, policy: torch.nn.Module, tokenizer: Any, config: Any, *, merge: bool, static: bool,
@@ -246,6 +253,7 @@ class FastSampler:
         self.width = 0  # the prompt width the compiled step was made for; it only grows
         self.shapes: set[tuple] = set()  # (rows, width, budget, dtype) of the compiled steps met so far
         self.warn = WarnOnce()  # GRPOWarning, once per kind and sampler
+        self.toolbox: Any = None  # the step's tools (grpo_tutorial.tools.ToolBox), if it has any
 
     @property
     def evaluation_model(self) -> torch.nn.Module:
@@ -255,12 +263,24 @@ class FastSampler:
     def __call__(self, prompts: list, generator_seed: int) -> Rollout:
         return self.rollout(self.model, prompts, generator_seed)
 
-    def rollout(self, model: torch.nn.Module, prompts: list, generator_seed: int, *, guard: Any = None) -> Rollout:
-        """One ``generate`` call of ``model`` with the config's sampling settings, timed; ``guard``: a logits processor."""
+    def rollout(self, model: torch.nn.Module, prompts: list, generator_seed: int, *, guard: Any = None,
+                answered: dict | None = None) -> Rollout:
+        """One ``generate`` call of ``model`` with the config's sampling settings, timed; ``guard``: a logits processor.
+        With tools, one call per round (``answered``: calls already answered, not run again)."""
         cfg = self.config
         kwargs = sampling_kwargs(cfg, generator_seed=generator_seed,
                                  onednn=cfg.onednn_generation if model.dtype == torch.float32 else None,
                                  logits_processor=() if guard is None else (guard,))
+        if self.toolbox is not None:
+            from .tools import generate_tool_rollouts
+
+            _synchronize()
+            start = time.perf_counter()
+            rollout = generate_tool_rollouts(model, self.tokenizer, prompts, self.toolbox, answered=answered, **kwargs)
+            _synchronize()
+            seconds = time.perf_counter() - start
+            rollout.sampler_stats = {DECODE_MS: 1000 * seconds / max(1, rollout.completion_ids.shape[1])}
+            return rollout
         _synchronize()
         start = time.perf_counter()
         try:

@@ -256,6 +256,22 @@ MASTERED_ACCURACY = 0.8
 
 #: A reward below the mean of the last steps by more than this has fallen (less is the rounding of float32 means).
 FALL = 1e-6
+#: With three or more earlier steps, a fall must also exceed this many of their standard deviations: one step's
+#: reward on a sparse task moves by a few of its own sds from step to step, a collapse by far more.
+FALL_SDS = 3.0
+
+
+def reward_fell(reward: float, earlier: Sequence[float]) -> bool:
+    """Whether ``reward`` fell against the last steps' rewards ``earlier``: below their mean by more than
+    :data:`FALL`, and, with three or more of them, by more than :data:`FALL_SDS` of their standard deviation."""
+    if not earlier or not math.isfinite(reward):
+        return False
+    mean = sum(earlier) / len(earlier)
+    margin = FALL
+    if len(earlier) >= 3:
+        sd = math.sqrt(sum((r - mean) ** 2 for r in earlier) / (len(earlier) - 1))
+        margin = max(margin, FALL_SDS * sd)
+    return reward < mean - margin
 
 
 def check_failure_modes(
@@ -268,8 +284,9 @@ def check_failure_modes(
     reward level and trend: a policy that has *solved* the batch (every
     completion right: accuracy >= 0.8, or rising reward when there is no
     accuracy); one that has *collapsed* (low accuracy and a reward that fell
-    against the last steps); and a task that is still *sparse* for the policy
-    (low accuracy, and no fall: at the first step, or a level reward). The last is
+    against the last steps beyond their step-to-step spread, :func:`reward_fell`);
+    and a task that is still *sparse* for the policy (low accuracy, and no such
+    fall: at the first step, a level reward, or noise on a rare one). The last is
     not a collapse (issue 53: a healthy tool-use run began with 88% such groups),
     and says so. ``history`` is the rows before ``row``.
     """
@@ -294,7 +311,7 @@ def check_failure_modes(
             f"the same reward ({level}), so every advantage is 0. Make the task easier (or warm-start the "
             "model), raise group_size or temperature, or use a reward with partial credit.",
         )
-    elif row["frac_zero_std"] > 0.8 and not (math.isfinite(trend) and trend < -FALL):
+    elif row["frac_zero_std"] > 0.8 and not reward_fell(row["reward_mean"], earlier):
         warn(
             "sparse",
             f"step {step}: {row['frac_zero_std']:.0%} of groups have all-equal rewards while the policy is not "

@@ -220,7 +220,7 @@ def sampler_correction(old_logp: torch.Tensor | None, rollout: Rollout, config: 
         return None, stats
     if old_logp is None:
         raise ValueError("sampler_correction needs the trainer's log-probs of the rollout (old_logp), got None")
-    cfg, mask = config, rollout.completion_mask
+    cfg, mask = config, rollout.loss_mask  # the tokens the sampler sampled: a tool's are not (TRL's mask)
     sampler_logp = sampler_logp.to(old_logp.device, old_logp.dtype)  # [N, T]
     low, high = cfg.vllm_importance_sampling_clip_min, cfg.vllm_importance_sampling_clip_max
     diagnostics = {**mismatch_diagnostics(old_logp, sampler_logp, mask, low, high), **stats}
@@ -251,6 +251,25 @@ def loss_inputs(rollout: Rollout, weights: torch.Tensor | None, rows: torch.Tens
 # ---------------------------------------------------------------------------
 # The sampler copies
 # ---------------------------------------------------------------------------
+
+
+def sample_with(model: torch.nn.Module, tokenizer: Any, prompts: list, toolbox: Any = None, *,
+                answered: dict | None = None, **kwargs: Any) -> Rollout:
+    """One rollout of ``model``: :func:`~grpo_tutorial.rollout.generate_rollouts`, or with a ``toolbox`` (the step's
+    tools) :func:`~grpo_tutorial.tools.generate_tool_rollouts`, which pauses at each call and continues from the
+    token ids (``answered``: its calls already answered, not run again)."""
+    if toolbox is None:
+        return generate_rollouts(model, tokenizer, prompts, **kwargs)
+    from .tools import generate_tool_rollouts
+
+    return generate_tool_rollouts(model, tokenizer, prompts, toolbox, answered=answered, **kwargs)
+
+
+def sampled_only(logp: torch.Tensor, rollout: Rollout) -> torch.Tensor:
+    """A sampler's log-probs ``[N, T]`` kept on the tokens it sampled (float32), 0.0 elsewhere: on padding and on a
+    tool's tokens, as TRL stores them (a top-p sampler's -inf outside its nucleus never meets the mask's 0)."""
+    return torch.where(rollout.loss_mask.bool(), logp.float(), torch.zeros((), dtype=torch.float32,
+                                                                            device=logp.device))
 
 
 @torch.no_grad()
@@ -323,6 +342,14 @@ class SamplerCopy:
     generating (as a generation engine reports its own log-probs); the top-p
     sampler's are those of the nucleus, renormalised (:func:`top_p_logprobs`).
     The step calls :meth:`sync` after every optimizer update.
+
+    With tools (:attr:`toolbox`, set by the step), the copy writes the whole tool
+    rollout (:func:`~grpo_tutorial.tools.generate_tool_rollouts`, pausing at each call,
+    continuing from token ids), and its log-probs of the tool's tokens are 0.0, as
+    TRL's are (nobody sampled them); the correction and its diagnostics read the
+    sampled tokens only (:func:`sampler_correction`). The float16 copy's fallback
+    makes the rollout again with the calls it already answered (``answered``), so no
+    tool runs twice for the same call.
     """
 
     def __init__(self, policy: torch.nn.Module, tokenizer: Any, config: Any, kind: str) -> None:
@@ -343,12 +370,24 @@ class SamplerCopy:
                 self.model.to(torch.bfloat16)
         self.updates = 0  # optimizer updates seen since the copy was made (or reset)
         self.fallbacks = 0  # "float16": rollouts made again in float32
+        self._toolbox: Any = None  # the step's tools (grpo_tutorial.tools.ToolBox), if it has any
+
+    @property
+    def toolbox(self) -> Any:
+        """The step's tools (:class:`~grpo_tutorial.tools.ToolBox`), or None; the float16 copy's engine has them too."""
+        return self._toolbox
+
+    @toolbox.setter
+    def toolbox(self, box: Any) -> None:
+        self._toolbox = box
+        if self.engine is not None:
+            self.engine.toolbox = box
 
     def __call__(self, prompts: list, generator_seed: int) -> Rollout:
         cfg = self.config
         if self.kind == "float16":
             return self._guarded(prompts, generator_seed)
-        rollout = generate_rollouts(self.model, self.tokenizer, prompts, **sampling_kwargs(
+        rollout = sample_with(self.model, self.tokenizer, prompts, self.toolbox, **sampling_kwargs(
             cfg, generator_seed=generator_seed, top_p=cfg.top_p if self.kind == "top_p" else 1.0,
             onednn=None if self.kind == "bfloat16" else cfg.onednn_generation,  # None: off for a bfloat16 model
         ))
@@ -357,26 +396,26 @@ class SamplerCopy:
                                   chunk=cfg.micro_size)
         else:
             logp = score_rollout(self.model, rollout, temperature=cfg.temperature, chunk=cfg.micro_size)
-        rollout.sampler_logprobs = logp.float() * rollout.completion_mask  # [N, Tc], 0 on padding
+        rollout.sampler_logprobs = sampled_only(logp, rollout)  # [N, Tc], 0 on padding and on a tool's tokens
         return rollout
 
     def _guarded(self, prompts: list, generator_seed: int) -> Rollout:
         """The float16 copy's rollout, or (non-finite logits or log-probs) the float32 policy's, with the same seed."""
-        cfg, guard = self.config, NonFiniteGuard()
-        rollout = self.engine.rollout(self.model, prompts, generator_seed, guard=guard)
+        cfg, guard, answered = self.config, NonFiniteGuard(), {}  # answered: the calls made, not made again
+        rollout = self.engine.rollout(self.model, prompts, generator_seed, guard=guard, answered=answered)
         logp = score_rollout(self.model, rollout, temperature=cfg.temperature, chunk=cfg.micro_size)  # [N, Tc]
-        finite = not guard.tripped() and bool(torch.isfinite(logp[rollout.completion_mask.bool()]).all())
+        finite = not guard.tripped() and bool(torch.isfinite(logp[rollout.loss_mask.bool()]).all())
         stats = {**rollout.sampler_stats, FALLBACKS: 0.0}
         if not finite:
             self.fallbacks += 1
             self.engine.warn("float16", "the float16 sampler copy gave non-finite logits or log-probs (a float16 "
                              "overflow); that rollout was made again by the float32 policy. The history's "
                              f"{FALLBACKS!r} counts each; if it is often 1, set GRPOConfig.sampler='policy'")
-            rollout = generate_rollouts(self.policy, self.tokenizer, prompts,
-                                        **sampling_kwargs(cfg, generator_seed=generator_seed))
+            rollout = sample_with(self.policy, self.tokenizer, prompts, self.toolbox, answered=answered,
+                                  **sampling_kwargs(cfg, generator_seed=generator_seed))
             logp = score_rollout(self.policy, rollout, temperature=cfg.temperature, chunk=cfg.micro_size)
             stats[FALLBACKS] = 1.0
-        rollout.sampler_logprobs = logp.float() * rollout.completion_mask  # [N, Tc], 0 on padding
+        rollout.sampler_logprobs = sampled_only(logp, rollout)  # [N, Tc], 0 on padding and on a tool's tokens
         rollout.sampler_stats = stats
         return rollout
 

@@ -78,8 +78,10 @@ class GRPOStep:
         if config.disable_dropout:
             disable_dropout(model)
         self.policies = Policies.default(model, ref_model, config) if policies is None else policies
+        self.toolbox = tool_box(tools, tokenizer, config, sampler)  # None: no tools
         self.sampler = build_sampler(sampler, self.policies.policy, tokenizer, config)  # None: the policy (generate)
-        self.toolbox = tool_box(tools, tokenizer, config, self.sampler)  # None: no tools
+        if self.toolbox is not None and self.sampler is not None:  # a fast sampler or a copy: it pauses for the tools
+            self.sampler.toolbox = self.toolbox
         self.entropy_control = EntropyControl.from_config(config)  # the entropy bonus's coefficient (adaptive: it moves)
         self.params = trainable_parameters(model)
         self.optimizer, self.scheduler = make_optimizer(self.params, config)

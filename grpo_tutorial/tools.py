@@ -259,18 +259,22 @@ class ToolBox:
         return cls(named, syntax, max_tool_calling_iterations, time_limit, rollout_time_limit, max(1, longest))
 
 
-def tool_box(tools: Sequence[Callable] | None, tokenizer: Any, config: Any, sampler: Any = None) -> ToolBox | None:
+def tool_box(tools: Sequence[Callable] | None, tokenizer: Any, config: Any, given_sampler: Any = None) -> ToolBox | None:
     """The step's :class:`ToolBox` for ``tools`` under ``config`` (None without tools).
 
-    The tools need the policy as the sampler: a sampler that is not the learner
-    (``config.sampler``, a ``sampler=`` function) writes whole completions its own way,
-    so it is refused with tools.
+    Every sampler the package builds can pause for a call and continue from token ids: the
+    policy (eager, with merged adapters, with the static cache) and chapter 15's copies
+    (``config.sampler``); the step hands each the tool box. A ``sampler=`` function of the
+    user's (``given_sampler``) writes whole completions its own way, from prompts, so it
+    is refused with tools.
     """
     if tools is None:
         return None
-    if sampler is not None:
-        raise ValueError("tools= needs the policy as its sampler; a sampler that is not the learner (config.sampler "
-                         "other than 'policy', or a sampler= function) cannot pause for a tool call")
+    if given_sampler is not None:
+        raise ValueError(
+            "tools= cannot be used with a sampler= function: a tool rollout pauses at each call and continues from "
+            "the token ids, and a sampler function writes whole completions from the prompts. Leave sampler= out "
+            "(the policy samples, or GRPOConfig.sampler's copy) or run the tools inside your sampler")
     chat = uses_chat_template(tokenizer, config.use_chat_template)
     return ToolBox.build(tools, tokenizer, chat=chat, max_tool_calling_iterations=config.max_tool_calling_iterations,
                          time_limit=config.tool_time_limit, rollout_time_limit=config.tool_rollout_time_limit)

@@ -65,6 +65,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("tests/test_presets.py", "assert cfg.beta == 0.0"): SETTING,
     ("tests/test_pretrained.py", 'assert json.loads((folder / "grpo_tutorial_source.json").read_text())["max_logit_diff_vs_gguf"] == 0.0'): "the cached copy holds the GGUF's dequantized weights, run on one machine: " + SAME_BITS,
     ("tests/test_stats.py", "assert detectable_difference(0.0, n) == 0.0"): "a product with sd = 0: " + TIMES_ZERO,
+    ("tests/test_samplers_with_tools.py", 'assert row["tool_call_count"] == 4.0 and row["tool_failure_count"] == 0.0  # 2 rows x 2 calling prompts'): COUNT,
     ("tests/test_trainer.py", 'assert row["frac_zero_std"] == 1.0 and row["reward_std"] == 0.0'): "equal rewards: " + SAME_BITS,
     ("tests/test_stats.py", "assert proportion_se(0.0, 10) == 0.0 and proportion_se(1.0, 10) == 0.0"):
         "p (1 - p) with p = 0 or 1 is an exact 0, and its square root 0: " + TIMES_ZERO,

@@ -277,3 +277,15 @@ def test_watch_stages_refuses_what_cannot_be_called():
     with pytest.raises(TypeError, match="^watcher must be a function of the stage name, got list$"):
         with watch_stages([]):
             pass
+
+
+def test_a_dip_within_a_sparse_rewards_noise_is_not_a_fall():
+    """A no-tool run's reward is 0 with rare blips (one right answer in 128): the step after a blip is not a
+    collapse. A reward that falls from a steady level by more than its step-to-step spread is."""
+    from grpo_tutorial.metrics import reward_fell
+
+    blips = [0.0, 0.0078, 0.0, 0.0156, 0.0, 0.0078]
+    assert not reward_fell(0.0, blips)
+    assert reward_fell(0.02, [0.2, 0.22, 0.18, 0.21]) and reward_fell(0.2, [0.5, 0.3]) and not reward_fell(0.2, [])
+    said = warnings_for({"frac_zero_std": 0.9, "accuracy": 0.0, "reward_mean": 0.0}, [{"reward_mean": r} for r in blips])
+    assert [kind for kind, _ in said] == ["sparse"]

@@ -70,7 +70,7 @@ WEIGHTS_BLOCK = ("if self.use_vllm and self.vllm_importance_sampling_correction:
 METRICS_BLOCK = ("if self.use_vllm and self.vllm_importance_sampling_correction:", "output = {")
 
 
-def run_trl(logp, sampler_logp, mask, mode, clip_min, clip_max) -> dict:
+def run_trl(logp, sampler_logp, mask, mode, clip_min, clip_max, tool_mask=None) -> dict:
     """Both TRL blocks on these tensors; returns the namespace they ran in (``vllm_importance_sampling_ratio``, ...)."""
     weights_code = trl_block(*WEIGHTS_BLOCK)
     assert "vllm_importance_sampling_ratio = torch.exp(logps_diff)" in weights_code  # the block we mean
@@ -87,7 +87,7 @@ def run_trl(logp, sampler_logp, mask, mode, clip_min, clip_max) -> dict:
     )
     namespace = dict(vars(trl_grpo))  # TRL's module globals: torch, math, nanmin, nanmax, ...
     namespace.update(self=self, old_per_token_logps=logp, sampling_per_token_logps=sampler_logp,
-                     completion_mask=mask, tool_mask=None, mode="train", device=logp.device)
+                     completion_mask=mask, tool_mask=tool_mask, mode="train", device=logp.device)
     exec(compile(weights_code, "trl-weights", "exec"), namespace)
     exec(compile(metrics_code, "trl-metrics", "exec"), namespace)
     namespace["logged"] = {k: v[0] for k, v in self._metrics["train"].items()}
@@ -155,6 +155,33 @@ def test_logged_logp_differences_agree_with_trl():
                                                                 abs=1e-12)
         assert ours["mismatch/logp_diff_max"] == pytest.approx(logged["sampling/sampling_logp_difference/max"],
                                                                abs=1e-12)
+
+
+@pytest.mark.parametrize("mode", IS_MODES)
+def test_with_tools_the_correction_reads_the_sampled_tokens_as_trls_own_code_does(mode):
+    """A tool's tokens were sampled by nobody: TRL gives them a sampling log-prob of 0.0 and computes the ratio and
+    its logged differences over ``completion_mask * tool_mask``; sampler_correction, over ``rollout.loss_mask``."""
+    from grpo_tutorial.mismatch import sampler_correction
+
+    logp, sampler, mask = mismatched(seed=5, nan_tokens=False)
+    tool_mask = torch.ones_like(mask)
+    tool_mask[0, 1:3] = 0  # a tool's answer in the middle of three completions, and one at the end
+    tool_mask[3, 2:4] = 0
+    tool_mask[7, 1:] = 0
+    sampler = torch.where(tool_mask.bool(), sampler, torch.zeros_like(sampler))  # 0.0 there, as TRL stores it
+    config = SimpleNamespace(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=mode,
+                             vllm_importance_sampling_clip_min=0.5, vllm_importance_sampling_clip_max=2.0)
+    rollout = SimpleNamespace(sampler_logprobs=sampler, sampler_stats=None, completion_mask=mask,
+                              loss_mask=mask * tool_mask)
+    weights, diagnostics = sampler_correction(logp, rollout, config)
+    theirs = run_trl(logp, sampler, mask, mode, 0.5, 2.0, tool_mask=tool_mask)
+    torch.testing.assert_close(weights, theirs["vllm_importance_sampling_ratio"], atol=1e-12, rtol=0)
+    for ours_key, trl_key in (("mismatch/logp_diff_mean", "sampling/sampling_logp_difference/mean"),
+                              ("mismatch/logp_diff_max", "sampling/sampling_logp_difference/max")):
+        assert diagnostics[ours_key] == pytest.approx(theirs["logged"][trl_key], abs=1e-12)
+    # the planted bug: the completion mask alone (the tool's tokens read as sampled) gives other weights
+    wrong, _ = sampler_correction(logp, SimpleNamespace(**{**vars(rollout), "loss_mask": mask}), config)
+    assert not torch.allclose(wrong, weights)
 
 
 def test_a_truncate_mode_needs_a_bound_and_bad_inputs_are_refused():

@@ -33,13 +33,30 @@ must be equal and floats equal to rounding. Elsewhere, and for every record made
 before fingerprints existed (all of them made on an AMD EPYC), a machine's kernels
 round differently and long runs diverge, so a check that can still fail for a real
 bug takes over: the deterministic parts exactly (the command, the recipe, the
-seeds), floats that a step computes before sampling can diverge to a stated
-relative tolerance, and what a whole phase learns statistically, against the
+seeds), floats computed before any update to an allowance derived from their dtype, a batch sampled from the
+same weights as the same draw up to ``allowances.FLIPS`` completions, and what a whole phase learns, against the
 spread over the record's seeds (:class:`SeedChecks`: the prediction interval of one
 more seed, each check at the level that keeps the whole family of :data:`SEED_CHECKS`
-at 99%). The planted bugs (GRPO's learning rate 0; the advantages' sign flipped; the
-warm start's learning rate 0) were each seen to fail: the warm start's through
-``reached``, exactly, and GRPO's through the tiny-learning record's gain.
+at 99%), each naming its planted change and asserting that the change lies outside its interval, or, after
+updates where the seeds are too few for that, a planted bound (``tests/allowances.py``). The planted bugs (GRPO's
+learning rate 0; the advantages' sign flipped; the warm start's learning rate 0) were each seen to fail: the warm
+start's through ``reached``, exactly, and GRPO's through the tiny-learning record's gain.
+
+The records made before fingerprints existed are compared the other-kernel way on every machine, so what
+their checks can catch is what that way can (issue 52):
+
+- ``thinking_results.json`` (chapter 13; its command took 5,461 s): step 0's held-out statistics and step 1,
+  sampled from the shipped warm start before any update, are the same draw up to ``allowances.FLIPS``
+  completions: a change to the sampler, the prompts, the reward or the evaluation is caught, and so is a
+  change of step 1's loss, entropy or gradient beyond float32 rounding when no token flipped. Not caught: a
+  change that acts only after the first update (step 2 on is compared on the record's kernels only, which no
+  machine has), and the warm start itself (`make test-records` checks only that it reaches its target).
+- ``smollm2_eval.json`` and its three histories (chapter 9; about 48 minutes): the 'before' evaluation's first
+  batch, greedy from SmolLM2's weights (at most ``FLIPS`` answers may differ), and step 1 of each history, the
+  same draw up to ``FLIPS`` completions. Not caught: anything after step 1 of the runs, and the 'after'
+  evaluation.
+- ``logprob_memory.json`` (`make test-records`): the scorer's loss, entropy and log-probs to float32 rounding,
+  and its peak memory nearer the record's than the 'before' scorer's.
 
 CI runs this file twice, on the machine's kernels (`make test`) and under kernel
 variables that stand in for another CPU (`make test-kernels`). The second pass re-runs
