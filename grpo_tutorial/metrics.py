@@ -9,6 +9,7 @@ where they happen, in the step's update, ``step.py``.)
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
@@ -269,8 +270,7 @@ def reward_fell(reward: float, earlier: Sequence[float]) -> bool:
     mean = sum(earlier) / len(earlier)
     margin = FALL
     if len(earlier) >= 3:
-        sd = math.sqrt(sum((r - mean) ** 2 for r in earlier) / (len(earlier) - 1))
-        margin = max(margin, FALL_SDS * sd)
+        margin = max(margin, FALL_SDS * statistics.stdev(earlier))
     return reward < mean - margin
 
 

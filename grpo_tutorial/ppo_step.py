@@ -23,10 +23,10 @@ variance of the advantages over the real tokens, before whitening) and
 run's :class:`~grpo_tutorial.config.GRPOConfig` settings that assume no critic are
 refused (:func:`~grpo_tutorial.ppo.check_critic_config`).
 
-Not yet: :class:`~grpo_tutorial.trainer.GRPOTrainer` builds its own step and its
-checkpoints hold the policy's state only; a run drives :class:`PPOStep` itself, or
-sets ``trainer.grpo_step`` to one (:mod:`grpo_tutorial.chapters.no_critic`), and
-then cannot be resumed with its value model.
+A run passes the step to the trainer, ``GRPOTrainer(model, tokenizer, rewards,
+config, step=PPOStep(model, tokenizer, rewards, config))``; the trainer's
+checkpoints then hold the value model and its optimizer too
+(:meth:`PPOStep.extra_state`), so a PPO run killed and resumed is the same run.
 """
 
 from __future__ import annotations
@@ -88,6 +88,20 @@ class PPOStep(GRPOStep):
         self.last_batch = (prompts, completions, rewards, per_fn, per_completion)
         row.update(self._critic["row"])
         return row
+
+    # ------------------------------------------------------------------ the checkpoint
+    def extra_state(self) -> dict:
+        """The value model's weights and its optimizer's state (a checkpoint holds them beside the policy's)."""
+        return {"critic": self.critic.state_dict(), "value_optimizer": self.value_optimizer.state_dict()}
+
+    def load_extra_state(self, state: dict) -> None:
+        """Undo :meth:`extra_state`; a checkpoint without the value model (saved by another step) is refused:
+        resumed with a new critic, the run would not be the run."""
+        if "critic" not in state:
+            raise ValueError("this checkpoint holds no value model (it was not saved by a PPOStep); resuming PPO "
+                             "from it would start a new critic. Resume it with the step that saved it")
+        self.critic.load_state_dict(state["critic"])
+        self.value_optimizer.load_state_dict(state["value_optimizer"])
 
     # ------------------------------------------------------------------ 3. advantages
     def advantages(self, scored: dict) -> torch.Tensor:

@@ -94,6 +94,16 @@ class GRPOStep:
     def model(self) -> torch.nn.Module:
         return self.policies.policy
 
+    # ------------------------------------------------------------------ what a checkpoint keeps of the step
+    def extra_state(self) -> dict:
+        """What the step holds beyond the policy, its optimizer and schedule (saved in every checkpoint): GRPO's step
+        holds nothing more; a step with a value model holds it and its optimizer
+        (:class:`~grpo_tutorial.ppo_step.PPOStep`)."""
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        """Undo :meth:`extra_state` from a checkpoint (``{}`` where it held nothing more)."""
+
     def __call__(self, batch: Sequence[dict], state: Any, history: Sequence[dict],
                  more_rows: Callable[[], list[dict]] | None = None) -> dict:
         """One step on ``batch`` (rows with ``prompt`` and ``answer``); returns its history row."""

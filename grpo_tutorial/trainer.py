@@ -62,6 +62,25 @@ __all__ = [
 PROGRESS_FIELDS = {"reward": ("reward_mean", ".3f"), "acc": ("accuracy", ".2f"), "kl": ("kl", ".4f")}
 
 
+def _checked_step(step: Any, model: Any, tokenizer: Any, config: Any, **not_with_a_step: Any) -> GRPOStep:
+    """A step given to the trainer: a GRPOStep built on the trainer's own model, tokenizer and config, with nothing
+    that the step takes itself passed to the trainer too."""
+    if not isinstance(step, GRPOStep):
+        raise TypeError(f"step must be a GRPOStep (or a subclass: PPOStep, MonteCarloStep), got {type(step).__name__}")
+    unwrap = getattr(step.model, "get_base_model", None)  # a PEFT model wraps the model it was given
+    if step.model is not model and not (callable(unwrap) and unwrap() is model):
+        raise ValueError("step= was built on another model than the one given to the trainer; build it on the same")
+    if step.tokenizer is not tokenizer:
+        raise ValueError("step= was built with another tokenizer than the one given to the trainer")
+    if step.config != config:
+        raise ValueError("step= was built with another config than the one given to the trainer; pass the step's")
+    given = sorted(name for name, value in not_with_a_step.items() if value is not None)
+    if given:
+        raise ValueError(f"{', '.join(given)} belong to the step: pass them when you build it, not to the trainer "
+                         "with step=")
+    return step
+
+
 def _step_attribute(name: str) -> property:
     """The trainer's ``name`` is its step's (read and written there)."""
     return property(lambda self: getattr(self.grpo_step, name), lambda self, value: setattr(self.grpo_step, name, value),
@@ -95,6 +114,14 @@ class GRPOTrainer:
             through its chat template, a model without one writes ``<<expression=``
             to the one tool (the calculator, :func:`~grpo_tutorial.calculator.calculator`).
             The tool's tokens are masked out of the loss.
+        step: a built step to run instead of GRPO's own (a
+            :class:`~grpo_tutorial.step.GRPOStep` or a subclass: PPO's
+            :class:`~grpo_tutorial.ppo_step.PPOStep`, the Monte Carlo values'
+            :class:`~grpo_tutorial.vine.MonteCarloStep`, a gallery bug's), built on the
+            same ``model``, ``tokenizer`` and ``config``; its ``ref_model``,
+            ``accuracy_fn``, ``sampler`` and ``tools`` are its own, so they are not
+            passed here too. What it holds beyond the policy (``extra_state``: a value
+            model and its optimizer) goes into every checkpoint.
 
     Attributes:
         grpo_step: the step (:class:`~grpo_tutorial.step.GRPOStep`): the policies,
@@ -123,12 +150,17 @@ class GRPOTrainer:
         accuracy_fn: Callable | None = None,
         sampler: Sampler | None = None,
         tools: Sequence[Callable] | None = None,
+        step: GRPOStep | None = None,
     ) -> None:
         given = GRPOConfig() if config is None else config
-        policies = adapter_policies(model, given, ref_model) if isinstance(given, GRPOConfig) else None  # LoRA
-        self.grpo_step = GRPOStep(model if policies is None else policies.policy, tokenizer, reward_fns, config,
-                                  ref_model, accuracy_fn=accuracy_fn, sampler=sampler, policies=policies,
-                                  tools=tools)
+        if step is not None:
+            self.grpo_step = _checked_step(step, model, tokenizer, given, ref_model=ref_model, accuracy_fn=accuracy_fn,
+                                           sampler=sampler, tools=tools)
+        else:
+            policies = adapter_policies(model, given, ref_model) if isinstance(given, GRPOConfig) else None  # LoRA
+            self.grpo_step = GRPOStep(model if policies is None else policies.policy, tokenizer, reward_fns, config,
+                                      ref_model, accuracy_fn=accuracy_fn, sampler=sampler, policies=policies,
+                                      tools=tools)
         check_reporting(self.config.report_to, self.config.output_dir)  # no output_dir or no TensorBoard: now
         self.state = RunState()
         self.history: list[dict] = []
@@ -190,6 +222,7 @@ class GRPOTrainer:
             self._run_dir(output_dir, "save_checkpoint"), checkpoint_weights(self.model), self.optimizer,
             self.scheduler, self.ref_model,
             meta=meta, history=self.history, appending=self._writers or (), in_place=self.config.checkpoint_in_place,
+            extra=self.grpo_step.extra_state(),  # what the step holds beyond the policy (PPO: its value model)
         )
 
     def load_checkpoint(self, output_dir: str | os.PathLike | None = None) -> bool:
@@ -203,7 +236,7 @@ class GRPOTrainer:
             check_checkpoint_fits(read_meta(find_checkpoint(root)), self.model)
         meta = load_training(
             root, checkpoint_weights(self.model), self.optimizer, self.scheduler, self.ref_model,
-            config=self.config.to_dict(), defaults=GRPOConfig().to_dict(),
+            config=self.config.to_dict(), defaults=GRPOConfig().to_dict(), load_extra=self.grpo_step.load_extra_state,
         )
         if meta is None:
             return False

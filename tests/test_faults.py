@@ -412,6 +412,8 @@ ALLOWED = {
                                "which raises it in the caller",
     ("calculator.py", "run_tool_call"): "TRL's rule: a tool that raises gives the model an {'error': ...} result, "
                                         "counted as a failure (run_tool_call returns failed=True)",
+    ("calculator.py", "safe_text"): "a tool's object whose str() (and repr()) raises is written as a placeholder "
+                                    "the model can read: nothing a tool returns ends the rollout",
 }
 BROAD = {"OSError", "IOError", "EnvironmentError", "Exception", "BaseException", "PermissionError",
          "FileNotFoundError", "BlockingIOError", "FileExistsError", "IsADirectoryError"}

@@ -264,3 +264,93 @@ def test_the_value_models_micro_batches_accumulate_to_the_whole_update(make_smal
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
     assert rows[0]["value_loss"] == pytest.approx(rows[1]["value_loss"], rel=1e-5)
     assert any(g.abs().sum() > 0 for update in grads[0] for g in update)
+
+
+# ---------------------------------------------------------------------------------------- the trainer and its checkpoints
+
+
+def _ppo_trainer(make_small_policy, out=None, **settings):
+    from grpo_tutorial import GRPOTrainer
+
+    model, tok = make_small_policy(seed=0)
+    config = GRPOConfig(**CONFIG, beta=0.05, checkpoint_every=2, output_dir=None if out is None else str(out))
+    step = PPOStep(model, tok, length_reward, config, settings=PPOSettings(**settings))
+    return GRPOTrainer(model, tok, length_reward, config, step=step)
+
+
+def _quiet_train(trainer, rows, steps, **kwargs):
+    import warnings
+
+    from grpo_tutorial.trainer import GRPOWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GRPOWarning)
+        return trainer.train(rows, steps, progress=False, **kwargs)
+
+
+def _comparable(rows):
+    from grpo_tutorial.trainer import TIMING_KEYS
+
+    import json
+
+    return [json.dumps({k: v for k, v in r.items() if k not in TIMING_KEYS and not k.endswith("_seconds")},
+                       sort_keys=True) for r in rows]
+
+
+def test_a_ppo_run_interrupted_and_resumed_is_the_uninterrupted_run(make_small_policy, tmp_path):
+    """Issue 54: the trainer takes the PPO step (step=) and its checkpoints hold the value model and its optimizer,
+    so a run stopped after its checkpoint and resumed gives the uninterrupted history, policy and critic bit for bit.
+    Resumed with a fresh critic (the planted bug: the checkpoint without it), the histories part at the first step
+    after the checkpoint."""
+    rows = ROWS * 8
+    whole = _ppo_trainer(make_small_policy, value_lr=3e-3)
+    uninterrupted = _quiet_train(whole, rows, 5)
+
+    out = tmp_path / "run"
+    first = _ppo_trainer(make_small_policy, out, value_lr=3e-3)
+    _quiet_train(first, rows, 3)  # a checkpoint at step 2; step 3 logged after it (as if killed then)
+    resumed_trainer = _ppo_trainer(make_small_policy, out, value_lr=3e-3)
+    resumed = _quiet_train(resumed_trainer, rows, 5, resume=True)
+    assert _comparable(resumed) == _comparable(uninterrupted)
+    for a, b in ((resumed_trainer.model, whole.model), (resumed_trainer.grpo_step.critic, whole.grpo_step.critic)):
+        assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+
+    # the planted bug: the critic left out of the checkpoint (a fresh one at the resume)
+    fresh = _ppo_trainer(make_small_policy, out, value_lr=3e-3)
+    fresh.grpo_step.load_extra_state = lambda state: None
+    import shutil
+
+    shutil.rmtree(out)
+    _quiet_train(_ppo_trainer(make_small_policy, out, value_lr=3e-3), rows, 3)
+    wrong = _quiet_train(fresh, rows, 5, resume=True)
+    assert _comparable(wrong)[:2] == _comparable(uninterrupted)[:2] and _comparable(wrong)[2:] != _comparable(
+        uninterrupted)[2:]
+
+
+def test_a_ppo_step_refuses_a_checkpoint_without_its_value_model(make_small_policy, tmp_path):
+    from grpo_tutorial import GRPOTrainer
+
+    model, tok = make_small_policy(seed=0)
+    config = GRPOConfig(**CONFIG, checkpoint_every=2, output_dir=str(tmp_path / "run"))
+    _quiet_train(GRPOTrainer(model, tok, length_reward, config), ROWS * 4, 2)  # GRPO's checkpoint: no critic
+    ppo = _ppo_trainer(make_small_policy, tmp_path / "run")
+    with pytest.raises(ValueError, match="holds no value model"):
+        ppo.load_checkpoint()
+
+
+def test_the_trainer_takes_a_step_built_on_its_own_model_only(make_small_policy):
+    from grpo_tutorial import GRPOTrainer
+
+    model, tok = make_small_policy(seed=0)
+    other, _ = make_small_policy(seed=1)
+    config = GRPOConfig(**CONFIG)
+    step = PPOStep(model, tok, length_reward, config)
+    assert GRPOTrainer(model, tok, length_reward, config, step=step).grpo_step is step
+    with pytest.raises(ValueError, match="another model"):
+        GRPOTrainer(other, tok, length_reward, config, step=step)
+    with pytest.raises(ValueError, match="another config"):
+        GRPOTrainer(model, tok, length_reward, GRPOConfig(**{**CONFIG, "seed": 4}), step=step)
+    with pytest.raises(ValueError, match="ref_model belong to the step"):
+        GRPOTrainer(model, tok, length_reward, config, ref_model=other, step=step)
+    with pytest.raises(TypeError, match="step must be a GRPOStep"):
+        GRPOTrainer(model, tok, length_reward, config, step=object())

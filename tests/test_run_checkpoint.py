@@ -122,7 +122,8 @@ def test_training_state_round_trip_and_a_missing_reference(tmp_path):
     optimizer.step()
     scheduler.step()
     state = training_state(model, optimizer, scheduler)
-    assert set(state) == {"model", "optimizer", "scheduler", "ref_model", "rng"} and state["ref_model"] is None
+    assert set(state) == {"model", "optimizer", "scheduler", "ref_model", "rng", "extra"} and state["ref_model"] is None
+    assert state["extra"] == {}  # GRPO's step holds nothing beyond the policy
     write_checkpoint(tmp_path, state, {"step": 1})
 
     other, other_opt, other_sched = parts(1)

@@ -134,10 +134,8 @@ def run_method(method: str, start_model, tokenizer, data: dict[str, list[dict]],
     monte_carlo = MonteCarloSettings() if monte_carlo is None else monte_carlo
     config = recipe.grpo_config(seed, **{**METHODS[method][1], **(changes or {})})
     model = copy.deepcopy(start_model)
-    trainer = GRPOTrainer(model, tokenizer, [correctness_reward], config)
-    # the trainer's loop around another step (the trainer holds nothing else of its own step)
-    trainer.grpo_step = _step_for(method, model, tokenizer, [correctness_reward], config, ppo=ppo,
-                                  monte_carlo=monte_carlo)
+    step = _step_for(method, model, tokenizer, [correctness_reward], config, ppo=ppo, monte_carlo=monte_carlo)
+    trainer = GRPOTrainer(model, tokenizer, [correctness_reward], config, step=step)  # the trainer's loop around it
     eval_seed = EVAL_SEED_OFFSET + seed
 
     def point() -> dict:

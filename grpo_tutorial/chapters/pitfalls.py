@@ -177,7 +177,7 @@ GALLERY_IGNORES = frozenset({
     "eval_batch_size",
     "max_sampling_rounds", "entropy_target", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
     # only with tools (GRPOTrainer(tools=...)), which the gallery's step is never given
-    "max_tool_calling_iterations", "tool_time_limit", "mask_tool_tokens",
+    "max_tool_calling_iterations", "tool_time_limit", "tool_rollout_time_limit", "mask_tool_tokens",
     # only with use_peft, which the gallery refuses
     "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "merge_adapters_for_sampling",
     # only with a sampler copy or the correction, which the gallery refuses

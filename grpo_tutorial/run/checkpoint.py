@@ -56,14 +56,16 @@ __all__ = [
 ]
 
 
-def training_state(model, optimizer, scheduler, ref_model=None) -> dict:
-    """A checkpoint's tensors: weights, optimizer, scheduler, reference (or None) and the global RNGs."""
+def training_state(model, optimizer, scheduler, ref_model=None, extra: dict | None = None) -> dict:
+    """A checkpoint's tensors: weights, optimizer, scheduler, reference (or None), the global RNGs, and ``extra``:
+    what else the run's step holds (a value model and its optimizer; None or ``{}`` when it holds nothing more)."""
     return {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "ref_model": None if ref_model is None else ref_model.state_dict(),
         "rng": capture_rng_state(),
+        "extra": extra or {},
     }
 
 
@@ -170,7 +172,7 @@ def _write_in_place(root: Path, state: dict, meta: dict) -> Path:
 
 def save_training(
     root: str | os.PathLike, model, optimizer, scheduler, ref_model, *, meta: dict, history: Sequence[dict],
-    appending: Sequence[Any] = (), in_place: bool = False,
+    appending: Sequence[Any] = (), in_place: bool = False, extra: dict | None = None,
 ) -> Path:
     """A trainer's save: the history up to this step on disk first, then the atomic checkpoint; return its path.
 
@@ -178,7 +180,8 @@ def save_training(
     ``completions.jsonl``): when they write into ``root``, they are synced, else
     ``root/history.jsonl`` is rewritten to hold ``history``. The history is not
     stored in the checkpoint. ``meta`` is where the run stands (JSON-ready).
-    ``in_place``: overwrite the checkpoint's files (:func:`write_checkpoint`).
+    ``in_place``: overwrite the checkpoint's files (:func:`write_checkpoint`). ``extra``: the step's own
+    state (tensors and the like), given back by :func:`load_training` to its ``load_extra``.
     """
     root = Path(root)
     if appending and all(writer.output_dir == root for writer in appending):
@@ -188,23 +191,29 @@ def save_training(
         with disk_errors(root, root):
             root.mkdir(parents=True, exist_ok=True)
         write_history(root / HISTORY_FILE, history)
-    return write_checkpoint(root, training_state(model, optimizer, scheduler, ref_model), meta, in_place=in_place)
+    return write_checkpoint(root, training_state(model, optimizer, scheduler, ref_model, extra), meta,
+                            in_place=in_place)
 
 
 def load_training(
-    root: str | os.PathLike, model, optimizer, scheduler, ref_model, *, config: dict, defaults: dict
+    root: str | os.PathLike, model, optimizer, scheduler, ref_model, *, config: dict, defaults: dict,
+    load_extra: Callable[[dict], None] | None = None,
 ) -> dict | None:
     """Undo :func:`save_training`'s checkpoint: load its tensors into the objects given, return its meta.
 
     None when ``root`` holds no checkpoint. Warns when the saved config differs
     from ``config`` (:func:`config_changes`) and when the checkpoint holds no
-    reference model for ``ref_model``. The history is the caller's to read back
-    (:func:`~grpo_tutorial.run.history.history_until`).
+    reference model for ``ref_model``. ``load_extra`` gets the step's own state as
+    saved (``{}`` from a checkpoint that has none, or was saved before it existed),
+    before anything else is loaded, so that it can refuse a checkpoint without it.
+    The history is the caller's to read back (:func:`~grpo_tutorial.run.history.history_until`).
     """
     path = find_checkpoint(root)
     if path is None:
         return None
     state, meta = read_checkpoint(path)
+    if load_extra is not None:
+        load_extra(state.get("extra") or {})
     changed = config_changes(meta["config"], config, defaults)
     if changed:
         warn_now(f"resuming from {path} with a different config ({changed}); the resumed run will not "
