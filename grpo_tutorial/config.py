@@ -241,6 +241,12 @@ class GRPOConfig:
         num_completions_to_print: how many completions to log each time,
             drawn at random (seeded by ``seed`` and the step) from the step's
             batch; None = all of them (TRL's default).
+        completions_to_keep: completions kept from every step, printed or
+            not (another seeded draw), in ``output_dir/completions.jsonl`` and
+            the trainer's ``completions``, with what chapter 18's doctor reads:
+            the reference answer, truncation, length, tool calls, and both
+            readings of the answer (:mod:`grpo_tutorial.run.completions`; at
+            most 8 KiB each). 0 keeps none.
         report_to: ``"tensorboard"``: every history row's numbers also go to
             TensorBoard, as scalars ``train/<key>`` at the row's step, in
             ``output_dir/tensorboard/``, flushed as each step ends, so
@@ -366,6 +372,7 @@ class GRPOConfig:
     log_every: int = 1
     log_completions: bool = False
     num_completions_to_print: int | None = None
+    completions_to_keep: int = 8
     report_to: str = "none"
     checkpoint_every: int = 0
     checkpoint_in_place: bool = False
@@ -382,7 +389,7 @@ class GRPOConfig:
         check_int(o, "group_size", self.group_size, 2, hint="; a group needs at least 2 completions to have a baseline")
         for name in ("prompts_per_step", "max_new_tokens", "num_iterations", "log_every", "eval_batch_size"):
             check_int(o, name, getattr(self, name), 1)
-        for name in ("warmup_steps", "checkpoint_every", "seed"):
+        for name in ("warmup_steps", "checkpoint_every", "seed", "completions_to_keep"):
             check_int(o, name, getattr(self, name), 0)
         check_number(o, "temperature", self.temperature, lambda v: v > 0, "a number > 0")
         self._check_sampler()

@@ -672,7 +672,7 @@ def keep_signal_groups(rounds: Sequence[dict], group_size: int, size: int, pad_i
     """DAPO's dynamic sampling: ``size`` groups from several sampling rounds, those with a learning signal first.
 
     Each round is a dict with ``rollout``, ``rewards`` (``[N]``), ``per_fn``
-    (``{name: [N]}``), ``correct`` (a list of N, or None) and ``zero_std``
+    (``{name: [N]}``), ``correct`` (a list of N, or None), ``answers`` (a list of N) and ``zero_std``
     (``[B]``, True for a group whose rewards are all equal). The groups with a
     signal are taken in the order drawn; if there are fewer than ``size``, the
     first zero-std groups fill the step up. Returns one dict of the same keys
@@ -693,7 +693,8 @@ def keep_signal_groups(rounds: Sequence[dict], group_size: int, size: int, pad_i
     correct = None
     if all(r["correct"] is not None for r in rounds):
         correct = [c for r, g in picked for c in r["correct"][g * G : (g + 1) * G]]
-    return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct}
+    answers = [a for r, g in picked for a in r["answers"][g * G : (g + 1) * G]]
+    return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct, "answers": answers}
 
 
 def more_rounds(first: dict, draw: Callable[[int], dict], config: Any, pad_id: int) -> dict:

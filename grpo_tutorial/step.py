@@ -89,6 +89,10 @@ class GRPOStep:
         #: update (stage 4's old-policy pass is then skipped). Tests switch it off to compare both paths.
         self.reuse_on_policy_logprobs = True
         self.last_batch: tuple | None = None  # (prompts, completions, rewards, per_fn, advantages) of the last step
+        #: The last step's completions beyond ``last_batch``, one entry per completion: ``answers`` (the rows'
+        #: reference answers), ``truncated``, ``lengths`` (the policy's tokens), ``tool_calls`` and
+        #: ``tool_failures`` (None without tools). The run keeps a sample of them (:mod:`grpo_tutorial.run.completions`).
+        self.last_details: dict | None = None
 
     @property
     def model(self) -> torch.nn.Module:
@@ -132,6 +136,7 @@ class GRPOStep:
             self.policies.sync_reference()
         clock.lap("update")
         self.last_batch = (rollout.prompts, rollout.completions, scored["rewards"], scored["per_fn"], advantages)
+        self.last_details = completion_details(rollout, scored["answers"])
         # after the step: the history row (its entropy: stage 4's pass, or on-policy the update's own) and warnings
         entropy = update["entropy"] if scores["entropy"] is None else scores["entropy"]  # [N, Tc]
         seconds = {**clock.done(), **scores["seconds"], **update["seconds"]}
@@ -165,7 +170,7 @@ class GRPOStep:
         check_unscorable(rewards, state.warn)
         zero_std = zero_std_groups(rewards, G)  # [B]
         return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct, "zero_std": zero_std,
-                "groups_drawn": len(zero_std)}
+                "groups_drawn": len(zero_std), "answers": answers}
 
     def again(self, round_: int, more_rows: Callable[[], list[dict]], state: Any, clock: StageClock) -> dict:
         """Dynamic sampling's round ``round_``: stages 1 and 2 on ``more_rows()``."""
@@ -297,3 +302,13 @@ class GRPOStep:
              **inputs: Any) -> tuple[torch.Tensor, dict]:
         """One micro-batch's loss and its statistics: :func:`~grpo_tutorial.loss.grpo_loss`."""
         return grpo_loss(logp, old_logp, advantages, mask, **inputs)
+
+
+def completion_details(rollout: Rollout, answers: Sequence) -> dict:
+    """What the run keeps of each completion beyond its text and rewards (:attr:`GRPOStep.last_details`): plain
+    lists, one entry per completion."""
+    calls = None if rollout.tool_calls is None else rollout.tool_calls.tolist()
+    failures = None if rollout.tool_failures is None else rollout.tool_failures.tolist()
+    return {"answers": list(answers), "truncated": rollout.truncated.tolist(),
+            "lengths": [int(n) for n in rollout.loss_mask.sum(dim=1).tolist()], "tool_calls": calls,
+            "tool_failures": failures}

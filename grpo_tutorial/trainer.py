@@ -34,10 +34,10 @@ from .metrics import TIMING_KEYS
 from .models import disable_dropout
 from .objectives import EntropyControl
 from .run.checkpoint import load_model_state, load_training, resume_or_start, save_training
-from .run.completions import CompletionsWriter, sample_completions
+from .run.completions import CompletionsWriter, read_completions, sample_completions
 from .run.history import HistoryWriter, history_until, read_history
 from .run.interrupt import StopAfterStep
-from .run.layout import find_checkpoint, read_meta
+from .run.layout import COMPLETIONS_FILE, find_checkpoint, read_meta
 from .run.lock import run_lock
 from .run.progress import postfix, progress_bar
 from .run.state import RunState, dataset_fingerprint
@@ -165,6 +165,9 @@ class GRPOTrainer:
         self.state = RunState()
         self.history: list[dict] = []
         self.row_listeners: list[Callable[[dict], None]] = []
+        #: The completions kept from every step (``completions_to_keep`` of them, :mod:`~grpo_tutorial.run.completions`)
+        #: and those printed, as written to ``completions.jsonl``: what chapter 18's doctor reads beside the history.
+        self.completions: list[dict] = []
         self._writers: tuple[HistoryWriter, CompletionsWriter] | None = None  # while train() appends
 
     # the step's objects, by the names a user of the trainer knows
@@ -245,6 +248,7 @@ class GRPOTrainer:
             self.grpo_step.sampler.reset()
         self.grpo_step.entropy_control = EntropyControl.from_config(self.config, meta.get("entropy_control"))
         self.history = history_until(root, meta)
+        self.completions = [r for r in read_completions(root / COMPLETIONS_FILE) if r["step"] <= self.state.step]
         return True
 
     def _run_dir(self, output_dir: str | os.PathLike | None, what: str) -> Path:
@@ -293,7 +297,8 @@ class GRPOTrainer:
         cfg = self.config
         out = Path(cfg.output_dir) if cfg.output_dir is not None else None
         with HistoryWriter(out, self.history) as history, \
-                CompletionsWriter(out, self.step, enabled=cfg.log_completions) as completions, \
+                CompletionsWriter(out, self.step, enabled=cfg.log_completions or cfg.completions_to_keep > 0) \
+                as completions, \
                 report_rows(cfg.report_to, out, self.row_listeners, first_step=self.step + 1):  # run/tensorboard.py
             self._writers = (history, completions)
             bar = progress_bar(total=steps, desc="GRPO", initial=min(self.step, steps), unit="step",
@@ -309,8 +314,7 @@ class GRPOTrainer:
                         if bar is not None:  # every step's numbers: on a GPU a step takes seconds to minutes
                             bar.update(1)
                             bar.set_postfix(postfix(row, PROGRESS_FIELDS))
-                        if cfg.log_completions and self.step % cfg.log_every == 0:
-                            self._log_completions(completions, bar)
+                        self._keep_completions(completions, bar)
                         if out is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                             self.save_checkpoint(out)
                             saved_at = self.step
@@ -349,14 +353,28 @@ class GRPOTrainer:
         self.state.epoch, self.state.index = stream.epoch, stream.index
         return row
 
-    def _log_completions(self, writer: CompletionsWriter, bar: Any) -> None:
-        """``log_completions``: this step's sample of completions, to ``completions.jsonl`` and the console."""
+    def _keep_completions(self, writer: CompletionsWriter, bar: Any) -> None:
+        """This step's kept completions (``completions_to_keep``) and, every ``log_every`` steps with
+        ``log_completions``, its printed sample: both to ``completions.jsonl`` and :attr:`completions`, the
+        printed ones to the console too."""
+        cfg = self.config
         prompts, completions, rewards, per_fn, advantages = self.grpo_step.last_batch
-        rows = sample_completions(
-            self.step, prompts, completions, rewards.tolist(), {k: v.tolist() for k, v in per_fn.items()},
-            advantages.tolist(), count=self.config.num_completions_to_print, seed=self.config.seed,
-        )
-        writer.show(rows, total=len(completions), bar=bar)
+        values = (self.step, prompts, completions, rewards.tolist(), {k: v.tolist() for k, v in per_fn.items()},
+                  advantages.tolist())
+        common = {"seed": cfg.seed, "details": self.grpo_step.last_details, "group_size": cfg.group_size}
+        rows = {}
+        if cfg.completions_to_keep:
+            rows = {r["index"]: r for r in sample_completions(*values, count=cfg.completions_to_keep, stream="kept",
+                                                              **common)}
+        shown = []
+        if cfg.log_completions and self.step % cfg.log_every == 0:
+            shown = sample_completions(*values, count=cfg.num_completions_to_print, **common)
+            rows.update({r["index"]: r for r in shown})
+        kept = [rows[i] for i in sorted(rows)]
+        writer.append(kept)
+        self.completions.extend(kept)
+        if shown:
+            writer.show_only(shown, total=len(completions), bar=bar)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, dataset: Sequence[dict], *, batch_size: int | None = None, num_samples: int = 3) -> dict:

@@ -11,6 +11,7 @@ import pytest
 from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
 from grpo_tutorial.run.completions import (
     COMPLETIONS_FILE,
+    ROW_BYTES,
     append_completions,
     format_completions,
     read_completions,
@@ -135,7 +136,7 @@ def _crashing(after_calls: int):
 def _trainer(out=None, reward=partial_credit_reward, **extra):
     model, tok = build_tiny_policy(seed=4)
     settings = dict(prompts_per_step=2, group_size=4, seed=6, max_new_tokens=4, learning_rate=1e-2,
-                    log_completions=True, log_every=2, num_completions_to_print=3)
+                    log_completions=True, log_every=2, num_completions_to_print=3, completions_to_keep=0)
     cfg = GRPOConfig(**{**settings, **extra}, output_dir=None if out is None else str(out))
     return GRPOTrainer(model, tok, reward, cfg)
 
@@ -203,3 +204,142 @@ def test_a_new_run_in_the_directory_starts_a_new_file(tmp_path):
         _trainer(tmp_path, checkpoint_every=2).train(data, 4, progress=False)
         _trainer(tmp_path, checkpoint_every=2).train(data, 2, progress=False)  # resume=False: from step 0
     assert [r["step"] for r in read_completions(tmp_path / COMPLETIONS_FILE)] == [2, 2, 2]
+
+
+# ---------------------------------------------------------------------------
+# The completions every step keeps (completions_to_keep, issue 55): what the doctor reads
+# ---------------------------------------------------------------------------
+
+
+def _kept_trainer(out, **extra):
+    return _trainer(out, **{"log_completions": False, "completions_to_keep": 3, **extra})
+
+
+def test_every_step_keeps_its_sample_with_what_the_doctor_reads(tmp_path):
+    data = make_arithmetic_dataset(64, seed=5, digits=1)
+    trainer = _kept_trainer(tmp_path)
+    seen = []
+    real = trainer.train_step
+
+    def spy(batch, **kwargs):
+        row = real(batch, **kwargs)
+        seen.append((trainer.grpo_step.last_batch, trainer.grpo_step.last_details, [r["answer"] for r in batch]))
+        return row
+
+    trainer.train_step = spy
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train(data, 4, progress=False)
+    rows = read_completions(tmp_path / COMPLETIONS_FILE)
+    assert rows == trainer.completions  # the file and the trainer's list hold the same rows
+    assert [r["step"] for r in rows] == [s for s in (1, 2, 3, 4) for _ in range(3)]
+    readings = 0
+    for row in rows:
+        (prompts, completions, rewards, per_fn, advantages), details, answers = seen[row["step"] - 1]
+        i = row["index"]
+        assert row["group"] == i // 4 and row["prompt"] == prompts[i] and row["completion"] == completions[i]
+        assert row["reward"] == pytest.approx(float(rewards[i])) and row["advantage"] == pytest.approx(float(advantages[i]))
+        assert row["answer"] == answers[i // 4] == details["answers"][i]
+        assert row["truncated"] == details["truncated"][i] and row["length"] == details["lengths"][i]
+        assert 1 <= row["length"] <= 4 and (row["length"] == 4 or not row["truncated"])  # cut: the whole budget
+        assert "tool_calls" not in row  # no tools, no tool fields
+        assert set(row["extracted"]) == set(row["correct"]) == {"lenient", "strict"}
+        assert row["extracted"]["strict"] is None  # the tiny model marks no answer (no tag, box or ####)
+        readings += row["extracted"]["lenient"] is not None
+    assert readings > 0  # some completions hold a number the lenient reading finds
+    # each step's rows are a seeded draw of its own: not the printed sample's, and the same again in another run
+    other = tmp_path / "again"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _kept_trainer(other).train(data, 4, progress=False)
+    assert read_completions(other / COMPLETIONS_FILE) == rows
+
+
+def test_the_lengths_and_truncation_kept_are_the_rollouts(tmp_path):
+    """A budget of 2 tokens: most completions are cut, and a kept row says which, with its length in tokens."""
+    data = make_arithmetic_dataset(64, seed=5, digits=1)
+    trainer = _kept_trainer(None, max_new_tokens=2, completions_to_keep=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train(data, 2, progress=False)
+    rows = trainer.completions
+    assert len(rows) == 16 and {r["index"] for r in rows if r["step"] == 1} == set(range(8))  # 8 of 8: all
+    assert all((r["length"] == 2) == r["truncated"] for r in rows)
+    assert any(r["truncated"] for r in rows)
+
+
+def test_printed_and_kept_rows_share_one_file_each_once(tmp_path, capsys):
+    data = make_arithmetic_dataset(64, seed=5, digits=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = _trainer(tmp_path, completions_to_keep=2)  # prints 3 every 2 steps, keeps 2 every step
+        trainer.train(data, 4, progress=False)
+    rows = read_completions(tmp_path / COMPLETIONS_FILE)
+    by_step = {s: [r["index"] for r in rows if r["step"] == s] for s in (1, 2, 3, 4)}
+    assert len(by_step[1]) == len(by_step[3]) == 2
+    for step in (2, 4):  # the union of the two draws, in batch order, no row twice
+        assert by_step[step] == sorted(set(by_step[step])) and 3 <= len(by_step[step]) <= 5
+    printed = capsys.readouterr().out
+    assert printed.count("3 of 8 completions") == 2 and "step 1:" not in printed
+
+
+def test_keeping_completions_changes_no_number_of_the_run(tmp_path):
+    data = make_arithmetic_dataset(64, seed=5, digits=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kept = _kept_trainer(None, completions_to_keep=8).train(data, 3, progress=False)
+        none = _kept_trainer(None, completions_to_keep=0).train(data, 3, progress=False)
+    drop = lambda rows: [{k: v for k, v in r.items() if not k.endswith("_seconds") and k != "tokens_per_s"} for r in rows]
+    assert json.dumps(drop(kept)) == json.dumps(drop(none))
+
+
+def test_a_resumed_run_keeps_the_same_rows_as_an_uninterrupted_one(tmp_path):
+    data = make_arithmetic_dataset(64, seed=5, digits=1)
+    straight, broken = tmp_path / "straight", tmp_path / "broken"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _kept_trainer(straight).train(data, 6, progress=False)
+        with pytest.raises(_Crash):
+            _kept_trainer(broken, reward=_crashing(4), checkpoint_every=2).train(data, 6, progress=False)
+        resumed = _kept_trainer(broken, checkpoint_every=2)
+        assert resumed.load_checkpoint() and [r["step"] for r in resumed.completions] == [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4]
+        resumed.train(data, 6, resume=True, progress=False)
+    expected = (straight / COMPLETIONS_FILE).read_text(encoding="utf-8")
+    assert (broken / COMPLETIONS_FILE).read_text(encoding="utf-8") == expected
+    assert resumed.completions == read_completions(straight / COMPLETIONS_FILE)
+
+
+def _one_kept(completion, prompt="1+1=", answer="2", fns=None):
+    fns = fns or {"a_reward": [1.0]}
+    details = {"answers": [answer], "truncated": [True], "lengths": [999], "tool_calls": [2], "tool_failures": [1]}
+    (row,) = sample_completions(7, [prompt], [completion], [1.0], fns, [0.5], count=None, seed=0, details=details,
+                                group_size=1)
+    return row
+
+
+@pytest.mark.parametrize("text", ["\x01" * 100_000, "é" * 100_000, "数" * 50_000 + "\n#### 2"])
+def test_a_kept_row_fits_its_bytes_whatever_the_model_writes(text):
+    """Control characters (6 bytes of JSON each), two-byte and three-byte characters, a prompt as long: the row
+    stays within ROW_BYTES, keeps the beginning and end of each text, and its readings are the whole text's."""
+    row = _one_kept(text, prompt=text)
+    line = json.dumps(row, ensure_ascii=False)
+    assert len(line.encode("utf-8")) <= ROW_BYTES
+    assert "characters cut" in row["completion"] and row["completion"].startswith(text[:10])
+    assert row["completion"].endswith(text[-5:])
+    assert row["tool_calls"] == 2 and row["tool_failures"] == 1 and row["truncated"] is True and row["length"] == 999
+    if text.endswith("#### 2"):  # read before the cut: the marked answer at the very end is found
+        assert row["extracted"] == {"lenient": "2", "strict": "2"} and row["correct"] == {"lenient": True, "strict": True}
+
+
+def test_a_row_that_cannot_fit_keeps_its_numbers():
+    fns = {f"reward_function_{i:04d}_with_a_long_name": [1.0] for i in range(500)}
+    row = _one_kept("7", fns=fns)
+    assert row == {"step": 7, "index": 0, "group": 0, "reward": 1.0, "advantage": 0.5, "cut": True}
+
+
+def test_readings_of_marked_and_unmarked_answers():
+    assert _one_kept("so it is 2")["extracted"] == {"lenient": "2", "strict": None}
+    assert _one_kept("so it is 2")["correct"] == {"lenient": True, "strict": False}
+    assert _one_kept("<answer>3</answer>")["correct"] == {"lenient": False, "strict": False}
+    assert _one_kept("2", answer=None)["correct"] is None  # no reference: nothing to match
+    assert _one_kept("2", answer=float("inf"))["correct"] is None  # a reference no reading can match

@@ -173,7 +173,7 @@ GALLERY_REFUSES: dict[str, str] = {
 }
 #: Fields that change nothing in one step: they drive the loop, the files and the evaluation around it.
 GALLERY_IGNORES = frozenset({
-    "log_every", "num_completions_to_print", "report_to", "checkpoint_every", "checkpoint_in_place", "output_dir",
+    "log_every", "num_completions_to_print", "completions_to_keep", "report_to", "checkpoint_every", "checkpoint_in_place", "output_dir",
     "eval_batch_size",
     "max_sampling_rounds", "entropy_target", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta",
     # only with tools (GRPOTrainer(tools=...)), which the gallery's step is never given

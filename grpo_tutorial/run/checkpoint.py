@@ -253,7 +253,7 @@ def resume_or_start(
 #: Fields that may change between a run and its resumption without changing its numbers.
 RESUME_FREE_FIELDS = frozenset(
     {"output_dir", "log_every", "checkpoint_every", "checkpoint_in_place", "eval_batch_size", "log_completions",
-     "num_completions_to_print", "report_to"}
+     "num_completions_to_print", "completions_to_keep", "report_to"}
 )
 
 

@@ -16,6 +16,19 @@ The sample is drawn with a generator seeded by the run's seed and the step, so
 it is the same on every run and after a resume, and it touches no global RNG.
 Resuming cuts the file back to the checkpoint's step, as the history is cut, so
 an interrupted and resumed run leaves the same file as an uninterrupted one.
+
+Whether or not it prints them, a run *keeps* ``GRPOConfig.completions_to_keep``
+completions of every step (8 by default; another seeded draw) in the same file,
+with what chapter 18's doctor reads beside the curves
+(:func:`sample_completions` with ``details``): the row's reference ``answer``,
+``index`` and ``group`` in the batch, whether it was ``truncated``, its
+``length`` in the policy's tokens, its ``tool_calls`` and ``tool_failures``
+(with tools), and both readings of its answer, ``extracted`` and ``correct``,
+``{"lenient": ..., "strict": ...}`` (:func:`~grpo_tutorial.answers.extract_answer`
+and :func:`~grpo_tutorial.answers.marked_answer`), computed on the whole text. A
+kept row is at most :data:`ROW_BYTES` bytes of JSON (a long prompt or completion
+keeps its beginning and its end), so a step adds at most
+``completions_to_keep * ROW_BYTES`` bytes.
 """
 
 from __future__ import annotations
@@ -27,12 +40,18 @@ import random
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..answers import answers_match, completion_to_text, extract_answer, marked_answer
 from ..chat import is_chat_messages
 from .disk import disk_errors
 from .layout import COMPLETIONS_FILE
 
-__all__ = ["COMPLETIONS_FILE", "CompletionsWriter", "append_completions", "format_completions", "read_completions",
-           "sample_completions", "truncate_completions"]
+__all__ = ["COMPLETIONS_FILE", "CompletionsWriter", "ROW_BYTES", "append_completions", "format_completions",
+           "read_completions", "sample_completions", "truncate_completions"]
+
+#: The most bytes (UTF-8 JSON, without its newline) a kept row may take.
+ROW_BYTES = 8192
+#: A kept prompt or completion of chat messages keeps at most this many (the last ones).
+MAX_MESSAGES = 4
 
 
 def _number(value: Any) -> float | None:
@@ -50,24 +69,36 @@ def sample_completions(
     *,
     count: int | None,
     seed: int,
+    details: Mapping[str, Sequence | None] | None = None,
+    group_size: int | None = None,
+    stream: str = "completions",
 ) -> list[dict]:
     """The rows to log for ``step``: ``count`` completions drawn without replacement (None = all), in batch order.
 
     Every sequence has one entry per completion (N of them); ``per_function``
     maps each reward function's name to its N values. The draw depends only on
-    ``seed`` and ``step``.
+    ``seed``, ``step`` and ``stream`` (the printed sample's, or ``"kept"``).
+
+    With ``details`` (:attr:`~grpo_tutorial.step.GRPOStep.last_details`: ``answers``,
+    ``truncated``, ``lengths``, ``tool_calls``, ``tool_failures``) each row is a kept
+    row: those fields, its ``index`` (and ``group``, with ``group_size``) in the batch,
+    both readings of its answer, texts cut to fit :data:`ROW_BYTES` (see the module).
     """
     n = len(completions)
-    for name, values in (("prompts", prompts), ("rewards", rewards), ("advantages", advantages),
-                         *((f"per_function[{k!r}]", v) for k, v in per_function.items())):
+    checked = [("prompts", prompts), ("rewards", rewards), ("advantages", advantages),
+               *((f"per_function[{k!r}]", v) for k, v in per_function.items())]
+    if details is not None:
+        checked += [(f"details[{k!r}]", v) for k, v in details.items() if v is not None]
+    for name, values in checked:
         if len(values) != n:
             raise ValueError(f"{name} has {len(values)} entries but there are {n} completions")
     if count is None or count >= n:
         chosen = list(range(n))
     else:
-        chosen = sorted(random.Random(f"completions:{seed}:{step}").sample(range(n), count))
-    return [
-        {
+        chosen = sorted(random.Random(f"{stream}:{seed}:{step}").sample(range(n), count))
+    rows = []
+    for i in chosen:
+        row = {
             "step": int(step),
             "prompt": prompts[i],
             "completion": completions[i],
@@ -75,8 +106,73 @@ def sample_completions(
             "rewards": {name: _number(values[i]) for name, values in per_function.items()},
             "advantage": _number(advantages[i]),
         }
-        for i in chosen
-    ]
+        if details is not None:
+            row = _kept_row(row, i, details, group_size)
+        rows.append(row)
+    return rows
+
+
+def _readings(completion: Any, answer: Any) -> dict:
+    """Both readings of a completion's answer, and whether each matches ``answer`` (None: no reference to match)."""
+    text = completion_to_text(completion)
+    extracted = {"lenient": extract_answer(text), "strict": marked_answer(text)}
+    correct = None
+    if isinstance(answer, (str, int, float)) and not isinstance(answer, bool):
+        try:
+            correct = {k: answers_match(v, answer) for k, v in extracted.items()}
+        except (TypeError, ValueError):  # a reference that is not a number or a text (inf, say)
+            correct = None
+    return {"extracted": extracted, "correct": correct}
+
+
+def _kept_row(row: dict, i: int, details: Mapping[str, Sequence | None], group_size: int | None) -> dict:
+    """``row`` with the doctor's fields for completion ``i``, its texts cut to fit :data:`ROW_BYTES`."""
+    answer = details["answers"][i] if details.get("answers") is not None else None
+    kept = {"step": row["step"], "index": i, "group": None if group_size is None else i // group_size, **row}
+    kept["answer"] = answer if answer is None or isinstance(answer, (int, float)) else str(answer)
+    for key, name in (("truncated", "truncated"), ("lengths", "length"), ("tool_calls", "tool_calls"),
+                      ("tool_failures", "tool_failures")):
+        if details.get(key) is not None:
+            value = details[key][i]
+            kept[name] = bool(value) if key == "truncated" else int(value)
+    kept.update(_readings(row["completion"], answer))
+    return _fit(kept)
+
+
+def _cut(value: Any, limit: int) -> Any:
+    """A text (or each chat message's content, the last :data:`MAX_MESSAGES` of them) cut to ``limit``
+    characters: its beginning and its end around a marker that says how much was cut."""
+    if is_chat_messages(value):
+        return [{**m, "content": _cut(m["content"], limit)} for m in value[-MAX_MESSAGES:]]
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return text
+    head = limit // 3
+    tail = limit - head
+    return f"{text[:head]} […{len(text) - limit} characters cut…] {text[len(text) - tail:] if tail else ''}"
+
+
+def _size(row: dict) -> int:
+    return len(json.dumps(row, ensure_ascii=False).encode("utf-8"))
+
+
+def _fit(row: dict) -> dict:
+    """``row`` with its texts (prompt, completion, answer and its readings) cut until it takes at most
+    :data:`ROW_BYTES` bytes; a row that cannot fit even so keeps its numbers only."""
+    texts = ("prompt", "completion", "answer")
+    limit = 4096
+    fitted = row
+    while _size(fitted) > ROW_BYTES and limit >= 16:
+        fitted = dict(row)
+        for key in texts:
+            if isinstance(row.get(key), (str, list)):
+                fitted[key] = _cut(row[key], limit)
+        fitted["extracted"] = {k: None if v is None else _cut(v, limit) for k, v in row["extracted"].items()}
+        limit //= 2
+    if _size(fitted) > ROW_BYTES:  # hundreds of reward functions, say: the numbers that matter, and the cut
+        fitted = {k: row[k] for k in ("step", "index", "group", "reward", "advantage") if k in row}
+        fitted["cut"] = True
+    return fitted
 
 
 def append_completions(file, rows: Sequence[dict]) -> None:
@@ -171,7 +267,7 @@ class CompletionsWriter:
     """A run's ``completions.jsonl`` while :meth:`GRPOTrainer.train` runs.
 
     Opening cuts the file back to ``step`` (the checkpoint's; the later steps are
-    redone), and, when ``enabled`` (``log_completions``), opens it for
+    redone), and, when ``enabled`` (``log_completions``, or ``completions_to_keep``), opens it for
     :meth:`append`. With ``output_dir=None`` every method does nothing.
     """
 
@@ -191,9 +287,14 @@ class CompletionsWriter:
                 append_completions(self._handle, rows)
 
     def show(self, rows: Sequence[dict], *, total: int | None = None, bar: Any = None) -> None:
-        """Append ``rows`` and print them: with the progress bar's ``write`` (the bar stays at the
-        bottom), or plainly without a bar, as TRL prints its sample whatever the progress setting."""
+        """Append ``rows`` and print them (:meth:`show_only`)."""
         self.append(rows)
+        self.show_only(rows, total=total, bar=bar)
+
+    @staticmethod
+    def show_only(rows: Sequence[dict], *, total: int | None = None, bar: Any = None) -> None:
+        """Print ``rows``: with the progress bar's ``write`` (the bar stays at the bottom), or plainly without
+        a bar, as TRL prints its sample whatever the progress setting."""
         text = format_completions(rows, total=total)
         if bar is not None:
             bar.write(text)

@@ -1,0 +1,366 @@
+"""``python -m benchmarks.doctor_zoo``: chapter 18's zoo of broken runs, diagnosed by both doctors.
+
+Every case of :data:`grpo_tutorial.chapters.doctor_zoo.CASES` (one fault planted by
+its real cause, or a healthy run) for every seed, with the package's own trainer on
+the tiny model (:func:`~grpo_tutorial.chapters.doctor_zoo.run_case`). Seeds
+``--tuning-seeds`` chose the doctor's thresholds; the rest are held out, and the
+summary reports the held-out runs only:
+
+- ours: a confusion matrix (planted fault x primary finding), each count with its
+  Clopper-Pearson 95% interval; recall counts the planted name as the primary
+  finding at ``fault`` severity; a false alarm is any ``fault`` or ``warning`` on a
+  healthy run;
+- rldoctor 0.2.0 on the same runs, read by its own JSONL reader from the rows TRL
+  would log (:func:`grpo_tutorial.doctor.trl_rows`, TRL's key names, with a config
+  line in TRL's names), and both doctors on rldoctor's own simulated scenarios
+  (``rl_doctor.simulate``).
+
+Runs are kept in ``--cache DIR`` (one file per case and seed), so an interrupted
+command loses only the runs in progress, and a change to the doctor's rules is
+re-diagnosed from the cache without training again. The record,
+``grpo_tutorial/data/doctor_zoo.json``, stores every run's history (the doctor's
+fields), its kept completions (4 per step) and both doctors' verdicts, with the
+command, the package commit, the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as futures
+import contextlib
+import datetime as dt
+import json
+import math
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import LoadSampler, load_average, machine, package_commit, write_atomic  # noqa: E402
+from benchmarks.lab import json_safe, uptime  # noqa: E402
+from grpo_tutorial.chapters.doctor_zoo import CASES, Starts, ZooSettings, run_case  # noqa: E402
+from grpo_tutorial.doctor import DOCTOR_VERSION, FAULTS, Run, diagnose, trl_rows  # noqa: E402
+from grpo_tutorial.doctor.reading import run_from_trl  # noqa: E402
+from grpo_tutorial.run.progress import progress_bar  # noqa: E402
+from grpo_tutorial.stats import clopper_pearson  # noqa: E402
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data" / "doctor_zoo.json"
+SEEDS = tuple(range(15))
+TUNING_SEEDS = tuple(range(5))
+QUICK_SEEDS = (0, 1)
+
+#: rldoctor's detectors (and advantage_collapse's regime) that name each of our faults; the faults not here have
+#: no detector of rldoctor's (reward_bug, extraction_mismatch and tool_never_called need the completions or a tool's
+#: columns; sampler_mismatch needs the sampler's log-probs, which TRL logs only with vLLM).
+RLDOCTOR_NAMES: dict[str, tuple[str, ...]] = {
+    "truncation": ("length_pathology",),
+    "zero_variance_too_hard": ("advantage_collapse:too_hard",),
+    "zero_variance_too_easy": ("advantage_collapse:saturated",),
+    "kl_explosion": ("kl_drift",),
+    "entropy_collapse": ("entropy_collapse",),
+    "non_finite": ("gradient_pathology",),
+    "lr_too_high": ("gradient_pathology",),
+    "format_only": ("reward_composition", "reward_hacking"),
+    "plateau": ("plateau",),
+}
+#: rldoctor's simulated scenarios, and the fault of ours each one shows (None: healthy; "-": none of ours).
+SCENARIO_FAULTS: dict[str, str | None] = {
+    "healthy": None, "entropy_collapse": "entropy_collapse", "saturated_groups": "zero_variance_too_easy",
+    "too_hard": "zero_variance_too_hard", "reward_hacking": "-", "length_hacking": "-", "truncation": "truncation",
+    "kl_blowup": "kl_explosion", "clip_saturation": "-", "grad_spikes": "-", "plateau": "plateau",
+    "format_domination": "format_only",
+}
+SCENARIO_SEEDS = tuple(range(5))
+
+
+# ---------------------------------------------------------------------------
+# Running the zoo
+# ---------------------------------------------------------------------------
+
+
+def _seed_runs(settings: ZooSettings, cases: Sequence[str], seed: int, folder: str, quick: bool) -> list[dict]:
+    """Every case of one seed: from ``folder`` where an earlier invocation finished it, else run and kept there."""
+    starts = Starts(folder, quick=quick)
+    out = []
+    for name in cases:
+        path = Path(folder) / "runs" / f"{name}_seed{seed}.json"
+        if path.exists():
+            out.append(json.loads(path.read_text()))
+            continue
+        result = run_case(name, seed, settings, starts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(json_safe(result)))
+        print(f"  seed {seed:2d} {name:28s} {result['seconds']:6.1f} s" + (
+            f"  (stopped: {result['crashed'][:60]})" if result["crashed"] else ""), flush=True)
+        out.append(result)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The two doctors
+# ---------------------------------------------------------------------------
+
+
+def ours(run: dict) -> dict:
+    """Our doctor's verdict on a stored run: its findings (name, severity) and its primary."""
+    diagnosis = diagnose(Run(run["history"], run["completions"], run["settings"], "grpo_tutorial"))
+    primary = diagnosis.primary
+    return {"findings": [[f.name, f.severity] for f in diagnosis.findings],
+            "primary": None if primary is None else [primary.name, primary.severity],
+            "skipped": [s.check for s in diagnosis.skipped]}
+
+
+def trl_config(settings: dict) -> dict:
+    """A run's settings in TRL's names, as a config line for rldoctor's JSONL reader."""
+    return {"num_generations": settings.get("group_size"), "learning_rate": settings.get("learning_rate"),
+            "beta": settings.get("beta"), "max_completion_length": settings.get("max_new_tokens"),
+            "epsilon": settings.get("clip_eps"),
+            "epsilon_high": settings.get("clip_eps_high") or settings.get("clip_eps"),
+            "loss_type": "grpo", "model_name": "tiny-qwen2"}
+
+
+def _rldoctor_name(finding: Any) -> str:
+    regime = (finding.metrics or {}).get("regime")
+    return f"{finding.detector}:{regime}" if finding.detector == "advantage_collapse" and regime else finding.detector
+
+
+def rldoctor(rows: list[dict], config: dict | None) -> dict:
+    """rldoctor's verdict on rows in TRL's names, read by its own JSONL reader: its problems at WARNING or worse
+    (``[name, severity]``, worst first, as its ``problems`` orders them) and its first."""
+    from rl_doctor import diagnose as rl_diagnose
+    from rl_doctor.detectors.base import Severity
+    from rl_doctor.ingest.base import load_jsonl
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "run.jsonl"
+        lines = ([json.dumps({"config": config})] if config else []) + [json.dumps(json_safe(r)) for r in rows]
+        path.write_text("\n".join(lines) + "\n")
+        result = rl_diagnose(load_jsonl(str(path)))
+    problems = [[_rldoctor_name(f), f.severity.name] for f in result.problems if f.severity >= Severity.WARNING]
+    return {"problems": problems, "first": problems[0] if problems else None}
+
+
+def rldoctor_names(verdict: dict) -> list[str]:
+    """Our fault names for rldoctor's problems (a problem with no fault of ours is left out)."""
+    names = []
+    for detector, _ in verdict["problems"]:
+        names += [fault for fault, theirs in RLDOCTOR_NAMES.items() if detector in theirs]
+    return names
+
+
+def rldoctor_first(verdict: dict) -> list[str]:
+    if verdict["first"] is None:
+        return []
+    return [fault for fault, theirs in RLDOCTOR_NAMES.items() if verdict["first"][0] in theirs]
+
+
+def diagnose_all(runs: list[dict]) -> None:
+    """Both doctors' verdicts, into each run (``ours``, ``rldoctor``)."""
+    for run in runs:
+        run["ours"] = ours(run)
+        run["rldoctor"] = rldoctor(trl_rows(run["history"]), trl_config(run["settings"]))
+
+
+# ---------------------------------------------------------------------------
+# Counting
+# ---------------------------------------------------------------------------
+
+
+def _count(k: int, n: int) -> dict:
+    lo, hi = clopper_pearson(k, n) if n else (math.nan, math.nan)
+    return {"k": k, "n": n, "share": k / n if n else math.nan, "lo": lo, "hi": hi}
+
+
+def confusion(runs: list[dict], doctor: str) -> dict:
+    """Planted fault ("healthy" for none) x the doctor's primary name ("none" when it names no fault or warning),
+    each cell a count with its Clopper-Pearson 95% interval; recall per fault; false alarms on healthy runs."""
+    rows: dict[str, dict[str, int]] = {}
+    recall: dict[str, dict] = {}
+    for run in runs:
+        planted = run["fault"] or "healthy"
+        if doctor == "ours":
+            primary = run["ours"]["primary"]
+            column = primary[0] if primary else "none"
+            hit = bool(primary) and primary[0] == planted and primary[1] == "fault"
+            alarm = any(sev in ("fault", "warning") for _, sev in run["ours"]["findings"])
+        else:
+            first = rldoctor_first(run["rldoctor"])
+            column = first[0] if first else (run["rldoctor"]["first"][0] if run["rldoctor"]["first"] else "none")
+            hit = planted in first
+            alarm = bool(run["rldoctor"]["problems"])
+        rows.setdefault(planted, {}).setdefault(column, 0)
+        rows[planted][column] += 1
+        recall.setdefault(planted, {"k": 0, "n": 0, "alarms": 0, "named": 0})
+        recall[planted]["n"] += 1
+        recall[planted]["k"] += hit
+        recall[planted]["alarms"] += alarm
+        if doctor == "rldoctor":
+            recall[planted]["named"] += planted in rldoctor_names(run["rldoctor"])
+    matrix = {planted: {col: _count(k, sum(cols.values())) for col, k in sorted(cols.items())}
+              for planted, cols in rows.items()}
+    per_fault = {}
+    for planted, r in recall.items():
+        entry = {"primary": _count(r["k"], r["n"])} if planted != "healthy" else {
+            "false_alarms": _count(r["alarms"], r["n"])}
+        if doctor == "rldoctor" and planted != "healthy":
+            entry["named_anywhere"] = _count(r["named"], r["n"])
+        per_fault[planted] = entry
+    return {"matrix": matrix, "per_fault": per_fault}
+
+
+def simulated() -> dict:
+    """Both doctors on rldoctor's simulated scenarios (its 400-step runs, seeds :data:`SCENARIO_SEEDS`)."""
+    from rl_doctor.simulate import SCENARIOS, simulate
+
+    out: dict[str, Any] = {}
+    for scenario in SCENARIOS:
+        entries = []
+        for seed in SCENARIO_SEEDS:
+            records, config = simulate(scenario, seed=seed)
+            run = run_from_trl(records, {"beta": config.get("beta"), "learning_rate": config.get("learning_rate")})
+            diagnosis = diagnose(run)
+            mine = diagnosis.primary
+            theirs = rldoctor(records, config)
+            entries.append({"seed": seed, "ours": None if mine is None else [mine.name, mine.severity],
+                            "ours_all": [[f.name, f.severity] for f in diagnosis.findings],
+                            "rldoctor": theirs["first"], "rldoctor_all": theirs["problems"]})
+        out[scenario] = {"fault": SCENARIO_FAULTS.get(scenario, "-"), "runs": entries}
+    return out
+
+
+def summarize(runs: list[dict], tuning: Sequence[int]) -> dict:
+    held = [r for r in runs if r["seed"] not in tuning]
+    tuned = [r for r in runs if r["seed"] in tuning]
+    both = [f for f in FAULTS if f in RLDOCTOR_NAMES]
+    return {
+        "held_out": {"ours": confusion(held, "ours"), "rldoctor": confusion(held, "rldoctor"),
+                     "runs": len(held), "seeds": sorted({r["seed"] for r in held})},
+        "tuning": {"ours": confusion(tuned, "ours"), "runs": len(tuned), "seeds": sorted(tuning)},
+        "both_observe": both,
+        "only_ours": [f for f in FAULTS if f not in RLDOCTOR_NAMES],
+    }
+
+
+# ---------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.doctor_zoo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0-14)")
+    parser.add_argument("--tuning-seeds", type=int, nargs="+", default=None,
+                        help="the seeds that chose the thresholds (default 0-4); the others are held out")
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--jobs", type=int, default=2, help="seeds run in parallel processes (default 2)")
+    parser.add_argument("--quick", action="store_true", help="seconds-long runs of the test recipes (prove nothing)")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-simulated", action="store_true", help="leave out rldoctor's simulated scenarios")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="default: %(default)s")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="keep each finished run here, and take it again (default: a temporary folder)")
+    return parser
+
+
+def _stamp(settings: ZooSettings, quick: bool) -> dict:
+    return {"settings": settings.to_dict(), "quick": quick}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    code = package_commit()
+    settings = ZooSettings.quick() if args.quick else ZooSettings()
+    seeds = tuple(args.seeds or (QUICK_SEEDS if args.quick else SEEDS))
+    tuning = tuple(args.tuning_seeds if args.tuning_seeds is not None else (
+        QUICK_SEEDS[:1] if args.quick else TUNING_SEEDS))
+    command = "python -m benchmarks.doctor_zoo " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    started = dt.datetime.now(dt.timezone.utc)
+    uptime_start = uptime()
+    print(f"{command.strip()}: {len(seeds)} seeds x {len(args.cases)} cases, jobs={args.jobs}\n  {uptime_start}",
+          flush=True)
+    t0 = time.perf_counter()
+    runs: list[dict] = []
+    with contextlib.ExitStack() as stack, LoadSampler(every=10.0) as sampler:
+        if args.cache is None:
+            folder = stack.enter_context(tempfile.TemporaryDirectory())
+        else:
+            args.cache.mkdir(parents=True, exist_ok=True)
+            stamp, made = args.cache / "zoo.json", json.dumps(_stamp(settings, args.quick), sort_keys=True)
+            if stamp.exists() and stamp.read_text() != made:
+                raise SystemExit(f"error: {args.cache} holds runs of other settings; give another --cache or empty it")
+            stamp.write_text(made)
+            folder = str(args.cache)
+        bar = progress_bar(total=len(seeds), desc="seeds", enabled=not args.no_progress)
+        with futures.ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            pending = [pool.submit(_seed_runs, settings, args.cases, seed, folder, args.quick) for seed in seeds]
+            for done in futures.as_completed(pending):
+                runs += done.result()
+                bar.update(1)
+        bar.close()
+    train_seconds = time.perf_counter() - t0
+    runs.sort(key=lambda r: (r["seed"], list(CASES).index(r["case"])))
+    diagnose_all(runs)
+    out = {
+        "created": started.isoformat(timespec="seconds"),
+        "command": command.strip(),
+        **code,
+        "quick": args.quick,
+        "doctor_version": DOCTOR_VERSION,
+        "rldoctor_version": _rldoctor_version(),
+        "wall_seconds": time.perf_counter() - t0,
+        "train_seconds": train_seconds,
+        "run_seconds": sum(r["seconds"] for r in runs),
+        "jobs": args.jobs,
+        "load": {"uptime_start": uptime_start, "uptime_end": uptime(), "during": sampler.summary(),
+                 "end": load_average()},
+        "machine": machine(1),
+        "settings": settings.to_dict(),
+        "seeds": list(seeds),
+        "tuning_seeds": list(tuning),
+        "cases": {name: {"fault": c.fault, "task": c.task, "cause": c.cause} for name, c in CASES.items()
+                  if name in args.cases},
+        "summary": summarize(runs, tuning),
+        "simulated": None if args.no_simulated else simulated(),
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(json_safe(out), separators=(",", ":"), allow_nan=False) + "\n")
+    report(out)
+    print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB)")
+    return out
+
+
+def _rldoctor_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("rldoctor")
+    except Exception:  # not installed
+        return None
+
+
+def report(out: dict) -> None:
+    summary = out["summary"]["held_out"]
+    print(f"\nheld-out runs: {summary['runs']} (seeds {summary['seeds']}); wall {out['wall_seconds'] / 60:.1f} min")
+    print(f"{'planted':24s} {'ours: primary':>18s} {'rldoctor: first':>18s} {'rldoctor: named':>16s}")
+    for planted, entry in summary["ours"]["per_fault"].items():
+        theirs = summary["rldoctor"]["per_fault"].get(planted, {})
+        if planted == "healthy":
+            mine, other, named = entry["false_alarms"], theirs.get("false_alarms"), None
+            label = "healthy (alarms)"
+        else:
+            mine, other, named = entry["primary"], theirs.get("primary"), theirs.get("named_anywhere")
+            label = planted
+        fmt = lambda c: "" if c is None else f"{c['k']}/{c['n']} [{c['lo']:.2f},{c['hi']:.2f}]"
+        print(f"{label:24s} {fmt(mine):>18s} {fmt(other):>18s} {fmt(named):>16s}")
+
+
+if __name__ == "__main__":
+    main()
