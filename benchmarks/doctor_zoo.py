@@ -85,7 +85,11 @@ SCENARIO_SEEDS = tuple(range(5))
 
 
 def _seed_runs(settings: ZooSettings, cases: Sequence[str], seed: int, folder: str, quick: bool) -> list[dict]:
-    """Every case of one seed: from ``folder`` where an earlier invocation finished it, else run and kept there."""
+    """Every case of one seed: from ``folder`` where an earlier invocation finished it, else run and kept there.
+    One torch thread per process (the tiny model gains nothing from a second, and two processes share the cores)."""
+    import torch
+
+    torch.set_num_threads(1)
     starts = Starts(folder, quick=quick)
     out = []
     for name in cases:
