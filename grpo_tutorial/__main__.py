@@ -1,4 +1,4 @@
-"""Command line: ``python -m grpo_tutorial {train,evaluate,plot,export} ...``.
+"""Command line: ``python -m grpo_tutorial {train,evaluate,plot,export,doctor} ...``.
 
 Examples::
 
@@ -14,6 +14,9 @@ Examples::
 
     python -m grpo_tutorial evaluate --checkpoint runs/tiny
     python -m grpo_tutorial plot runs/tiny --out runs/tiny/curves.png
+
+    # a run that does not learn: what the doctor reads in its curves and completions (chapter 18)
+    python -m grpo_tutorial doctor runs/tiny
 
     # LoRA adapters on every linear layer instead of every weight (pip install peft); the
     # checkpoint holds the adapters; export merges them into the base as one plain model
@@ -72,7 +75,8 @@ BASE_FILE = "base.safetensors"
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser (:func:`grpo_tutorial.cli.build_parser`), each subcommand running its command here."""
-    return cli.build_parser({"train": _cmd_train, "evaluate": _cmd_evaluate, "plot": _cmd_plot, "export": _cmd_export})
+    return cli.build_parser({"train": _cmd_train, "evaluate": _cmd_evaluate, "plot": _cmd_plot, "export": _cmd_export,
+                             "doctor": _cmd_doctor})
 
 
 # ---------------------------------------------------------------------------
@@ -525,6 +529,13 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         fig.savefig(out, dpi=120)
     print(f"wrote {out}")
     return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    """The doctor's verdict on a run (chapter 18): 0 no fault, 1 a fault, 2 a run it cannot read."""
+    from .doctor import main as doctor_main
+
+    return doctor_main([args.run, *(["--json"] if args.json else [])])
 
 
 # ---------------------------------------------------------------------------

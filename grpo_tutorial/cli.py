@@ -274,20 +274,36 @@ def _add_export(subparsers: Any, command: Callable[[argparse.Namespace], int]) -
     x.set_defaults(func=command, model=None, threads=None)
 
 
+def _add_doctor(subparsers: Any, command: Callable[[argparse.Namespace], int]) -> None:
+    """``doctor``'s flags; ``command`` runs it."""
+    d = subparsers.add_parser(
+        "doctor",
+        help="read a run and say why it is not learning (chapter 18)",
+        description="Read a run (a train --out directory, whole or still being written; TRL's output folder or "
+        "trainer_state.json; TensorBoard events) and print the doctor's findings, the primary one first. Exit code: "
+        "0 no fault, 1 a fault, 2 a run it cannot read.",
+        formatter_class=_DefaultsOnceFormatter,
+    )
+    d.add_argument("run", help="a run directory, a history.jsonl, TRL's trainer_state.json or a TensorBoard folder")
+    d.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    d.set_defaults(func=command, model=None, threads=None)
+
+
 def build_parser(commands: Mapping[str, Callable[[argparse.Namespace], int]]) -> argparse.ArgumentParser:
-    """The command line's parser: one subcommand per entry of ``commands`` (train, evaluate, plot, export), whose
+    """The command line's parser: one subcommand per entry of ``commands`` (train, evaluate, plot, export, doctor), whose
     function the parsed arguments carry as ``func``."""
     parser = argparse.ArgumentParser(
         prog="python -m grpo_tutorial",
-        description="GRPO from the ground up: train, evaluate, plot and export from the command line.",
+        description="GRPO from the ground up: train, evaluate, plot, export and diagnose from the command line.",
     )
     parser.add_argument("--traceback", action="store_true", help="show full tracebacks instead of one-line errors")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,evaluate,plot,export}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,evaluate,plot,export,doctor}")
 
     _add_train(sub, commands["train"])
     _add_evaluate(sub, commands["evaluate"])
     _add_plot(sub, commands["plot"])
     _add_export(sub, commands["export"])
+    _add_doctor(sub, commands["doctor"])
     return parser
 
 

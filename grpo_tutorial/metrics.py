@@ -1,15 +1,15 @@
 """After stage 5 of a GRPO step: the history row, the step's output, and the warnings it can raise.
 
-Every number a step logs is assembled here from what the stages returned, and
-:func:`check_failure_modes` reads the row for the failure modes chapters 8 and 10
-show: no learning signal, collapse, truncation. (Non-finite losses are caught
-where they happen, in the step's update, ``step.py``.)
+Every number a step logs is assembled here from what the stages returned. The
+failure modes the rows show (no learning signal, collapse, truncation, and the
+rest) are read by chapter 18's doctor (:mod:`grpo_tutorial.doctor`), live in the
+trainer and afterwards on a run's files; non-finite losses are caught where they
+happen, in the step's update (``step.py``).
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
@@ -24,7 +24,6 @@ __all__ = [
     "STAGE_SECONDS",
     "StageClock",
     "TIMING_KEYS",
-    "check_failure_modes",
     "history_row",
     "stage_seconds",
     "step_row",
@@ -251,94 +250,10 @@ def step_row(
     return row
 
 
-#: Accuracy at or above this, with most groups all-equal, reads as "solved", not "collapsed".
-MASTERED_ACCURACY = 0.8
-
-
-#: A reward below the mean of the last steps by more than this has fallen (less is the rounding of float32 means).
-FALL = 1e-6
-#: With three or more earlier steps, a fall must also exceed this many of their standard deviations: one step's
-#: reward on a sparse task moves by a few of its own sds from step to step, a collapse by far more.
-FALL_SDS = 3.0
-
-
-def reward_fell(reward: float, earlier: Sequence[float]) -> bool:
-    """Whether ``reward`` fell against the last steps' rewards ``earlier``: below their mean by more than
-    :data:`FALL`, and, with three or more of them, by more than :data:`FALL_SDS` of their standard deviation."""
-    if not earlier or not math.isfinite(reward):
-        return False
-    mean = sum(earlier) / len(earlier)
-    margin = FALL
-    if len(earlier) >= 3:
-        margin = max(margin, FALL_SDS * statistics.stdev(earlier))
-    return reward < mean - margin
-
-
-def check_failure_modes(
-    row: dict, history: Sequence[dict], *, group_size: int, learning_rate: float, max_new_tokens: int,
-    warn: Callable[[str, str], None],
-) -> None:
-    """Warn (through ``warn(kind, message)``) about the failure modes ``row`` shows.
-
-    Most groups with all-equal rewards has three causes, told apart by the
-    reward level and trend: a policy that has *solved* the batch (every
-    completion right: accuracy >= 0.8, or rising reward when there is no
-    accuracy); one that has *collapsed* (low accuracy and a reward that fell
-    against the last steps beyond their step-to-step spread, :func:`reward_fell`);
-    and a task that is still *sparse* for the policy (low accuracy, and no such
-    fall: at the first step, a level reward, or noise on a rare one). The last is
-    not a collapse (issue 53: a healthy tool-use run began with 88% such groups),
-    and says so. ``history`` is the rows before ``row``.
-    """
-    step = row["step"]
-    accuracy = row.get("accuracy", math.nan)
-    earlier = [r["reward_mean"] for r in history[-10:] if math.isfinite(r.get("reward_mean", math.nan))]
-    trend = row["reward_mean"] - sum(earlier) / len(earlier) if earlier else math.nan
-    solved = accuracy >= MASTERED_ACCURACY if math.isfinite(accuracy) else (math.isfinite(trend) and trend > 0)
-    level = f"accuracy {accuracy:.2f}" if math.isfinite(accuracy) else f"reward {row['reward_mean']:.3f}"
-    trend_text = f", {trend:+.3f} against the mean of the last {len(earlier)} steps" if earlier else ""
-    if row["frac_zero_std"] > 0.8 and solved:
-        warn(
-            "mastered",
-            f"step {step}: {row['frac_zero_std']:.0%} of groups have all-equal rewards because the policy "
-            f"solves them ({level}{trend_text}): these groups carry no learning signal. Not a collapse; "
-            "give it harder problems to keep learning.",
-        )
-    elif row["frac_zero_std"] == 1.0:
-        warn(
-            "zero_std",
-            f"no learning signal at step {step}: in every group all {group_size} completions got "
-            f"the same reward ({level}), so every advantage is 0. Make the task easier (or warm-start the "
-            "model), raise group_size or temperature, or use a reward with partial credit.",
-        )
-    elif row["frac_zero_std"] > 0.8 and not reward_fell(row["reward_mean"], earlier):
-        warn(
-            "sparse",
-            f"step {step}: {row['frac_zero_std']:.0%} of groups have all-equal rewards while the policy is not "
-            f"solving them ({level}{trend_text}): few groups carry a learning signal yet. Not a collapse: the "
-            "reward has not fallen; a hard task starts this way, and GRPO learns from the groups that vary. If it "
-            "stays so, make the task easier, warm-start further, or raise group_size.",
-        )
-    elif row["frac_zero_std"] > 0.8:
-        warn(
-            "collapse",
-            f"possible collapse at step {step}: {row['frac_zero_std']:.0%} of groups have zero reward "
-            f"std while the policy is not solving them ({level}{trend_text}); healthy tiny-model runs sit "
-            "at about 16-42%. The policy may have become deterministic; lower learning_rate "
-            f"(now {learning_rate:g}) or add a KL penalty (beta).",
-        )
-    if row["frac_truncated"] > 0.5:
-        warn(
-            "truncated",
-            f"step {step}: {row['frac_truncated']:.0%} of completions hit max_new_tokens="
-            f"{max_new_tokens} without an EOS; raise max_new_tokens, or ask for shorter answers.",
-        )
-
-
 def history_row(config: Any, sample: dict, update: dict, entropy: torch.Tensor, seconds: dict[str, float], state: Any,
                 history: Sequence[dict], entropy_coef: float | None = None) -> dict[str, Any]:
-    """A step's history row from what its stages returned (:class:`~grpo_tutorial.step.GRPOStep`'s), checked for
-    failure modes (warned through ``state.warn``).
+    """A step's history row from what its stages returned (:class:`~grpo_tutorial.step.GRPOStep`'s). (The trainer
+    reads the rows for failure modes as they come: chapter 18's doctor, :mod:`grpo_tutorial.doctor`.)
 
     ``sample``: stages 1-2's ``rollout``, ``rewards``, ``per_fn``, ``correct``, ``groups_drawn`` and the
     ``mismatch`` fields; ``update``: stage 5's; ``entropy``: ``[N, Tc]``; ``entropy_coef``: the entropy
@@ -357,8 +272,6 @@ def history_row(config: Any, sample: dict, update: dict, entropy: torch.Tensor, 
     row.update(sample["mismatch"])  # a sampler that is not the learner: how far apart they are (mismatch.py)
     if config.use_adaptive_entropy or config.entropy_coef != 0.0:
         row["entropy_coef"] = entropy_coef
-    check_failure_modes(row, history, group_size=config.group_size, learning_rate=config.learning_rate,
-                        max_new_tokens=config.max_new_tokens, warn=state.warn)
     return row
 
 

@@ -15,7 +15,9 @@ Where other things plug in: ``ref_model`` and ``sampler`` go to the step (its
 is wrapped with LoRA adapters and its policies are :mod:`grpo_tutorial.lora`'s
 (the base is the reference; a checkpoint holds the adapters); each history row also goes
 to every function in :attr:`GRPOTrainer.row_listeners` (a TensorBoard writer,
-say) as the run appends it.
+say) as the run appends it. After each step, chapter 18's doctor reads the run
+so far (:mod:`grpo_tutorial.doctor`), and each fault or warning it finds is a
+``GRPOWarning``, once per run, that names the finding and its chapter.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 
 from ._checks import is_int
 from .config import GRPOConfig
+from .doctor import live_warnings
 from .evaluation import evaluate_policy
 from .lora import adapter_policies, check_checkpoint_fits, checkpoint_meta, checkpoint_weights
 from .metrics import TIMING_KEYS
@@ -315,6 +318,7 @@ class GRPOTrainer:
                             bar.update(1)
                             bar.set_postfix(postfix(row, PROGRESS_FIELDS))
                         self._keep_completions(completions, bar)
+                        self._check_live()
                         if out is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                             self.save_checkpoint(out)
                             saved_at = self.step
@@ -352,6 +356,12 @@ class GRPOTrainer:
             row = self.train_step(stream.draw())
         self.state.epoch, self.state.index = stream.epoch, stream.index
         return row
+
+    def _check_live(self) -> None:
+        """Chapter 18's doctor on the run so far (:func:`~grpo_tutorial.doctor.live_warnings`): each fault or
+        warning it finds is a :class:`GRPOWarning`, once per run, naming the finding and its chapter."""
+        for kind, message in live_warnings(self.history, self.completions, self.config.to_dict()):
+            self.state.warn(kind, message)
 
     def _keep_completions(self, writer: CompletionsWriter, bar: Any) -> None:
         """This step's kept completions (``completions_to_keep``) and, every ``log_every`` steps with

@@ -412,6 +412,13 @@ ALLOWED = {
                                "which raises it in the caller",
     ("calculator.py", "run_tool_call"): "TRL's rule: a tool that raises gives the model an {'error': ...} result, "
                                         "counted as a failure (run_tool_call returns failed=True)",
+    ("doctor/__init__.py", "diagnose"): "a rule that cannot read this run is listed among the skipped checks, with "
+                                        "the error, and the other rules still speak (the doctor never ends in a "
+                                        "traceback)",
+    ("doctor/reading.py", "_trl_completions"): "a parquet file that cannot be read is left out, and the reading "
+                                               "says so in its notes",
+    ("doctor/reading.py", "_read_tensorboard"): "a damaged event file: what was read before it stays, and the "
+                                                "reading says so in its notes",
     ("calculator.py", "safe_text"): "a tool's object whose str() (and repr()) raises is written as a placeholder "
                                     "the model can read: nothing a tool returns ends the rollout",
 }

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import grpo_tutorial.metrics as metrics
-from grpo_tutorial.metrics import TIMING_KEYS, StageClock, check_failure_modes, step_row, timed, watch_stages
+from grpo_tutorial.metrics import TIMING_KEYS, StageClock, step_row, timed, watch_stages
 
 NAN = math.nan
 
@@ -148,67 +148,6 @@ def test_the_committed_old_histories_still_read():
 
 
 # ---------------------------------------------------------------------------
-# check_failure_modes
-# ---------------------------------------------------------------------------
-
-
-def warnings_for(row, history=(), **kwargs):
-    said = []
-    settings = {"group_size": 8, "learning_rate": 1e-4, "max_new_tokens": 4, **kwargs}
-    check_failure_modes({"step": 7, "frac_truncated": 0.0, **row}, list(history), warn=lambda *kw: said.append(kw),
-                        **settings)
-    return said
-
-
-def test_no_signal_message():
-    said = warnings_for({"frac_zero_std": 1.0, "accuracy": 0.0, "reward_mean": 0.0})
-    assert said == [("zero_std",
-                     "no learning signal at step 7: in every group all 8 completions got the same reward (accuracy "
-                     "0.00), so every advantage is 0. Make the task easier (or warm-start the model), raise group_size "
-                     "or temperature, or use a reward with partial credit.")]
-
-
-def test_truncation_message_and_its_threshold():
-    assert warnings_for({"frac_zero_std": 0.0, "reward_mean": 0.1, "frac_truncated": 0.5}) == []  # half is fine
-    said = warnings_for({"frac_zero_std": 0.0, "reward_mean": 0.1, "frac_truncated": 0.75}, max_new_tokens=6)
-    assert said == [("truncated", "step 7: 75% of completions hit max_new_tokens=6 without an EOS; raise "
-                                  "max_new_tokens, or ask for shorter answers.")]
-
-
-def test_collapse_message_names_the_learning_rate_and_the_trend():
-    history = [{"reward_mean": 0.5}, {"reward_mean": NAN}, {"reward_mean": 0.3}]  # a NaN row does not count
-    said = warnings_for({"frac_zero_std": 0.9, "accuracy": 0.1, "reward_mean": 0.2}, history, learning_rate=3e-3)
-    assert said == [("collapse",
-                     "possible collapse at step 7: 90% of groups have zero reward std while the policy is not solving "
-                     "them (accuracy 0.10, -0.200 against the mean of the last 2 steps); healthy tiny-model runs sit at "
-                     "about 16-42%. The policy may have become deterministic; lower learning_rate (now 0.003) or add a "
-                     "KL penalty (beta).")]
-
-
-def test_the_thresholds_are_strict_and_the_trend_reads_the_last_ten_steps():
-    assert warnings_for({"frac_zero_std": 0.8, "accuracy": 0.0, "reward_mean": 0.0}) == []  # > 0.8, not >= 0.8
-    # eleven earlier rows: the first (reward 100) is outside the last ten, so the trend is 0.9 - 0.5 > 0: mastered
-    history = [{"reward_mean": 100.0}] + [{"reward_mean": 0.5}] * 10
-    (said,) = warnings_for({"frac_zero_std": 0.85, "accuracy": NAN, "reward_mean": 0.9}, history)
-    assert said[0] == "mastered" and "(reward 0.900, +0.400 against the mean of the last 10 steps)" in said[1]
-
-
-def test_collapse_and_truncation_are_both_said():
-    history = [{"reward_mean": 0.3}]  # the reward fell: a collapse
-    said = warnings_for({"frac_zero_std": 0.9, "accuracy": 0.1, "reward_mean": 0.1, "frac_truncated": 0.9}, history)
-    assert [kind for kind, _ in said] == ["collapse", "truncated"]
-
-
-def test_equal_rewards_without_a_fall_are_a_sparse_task_not_a_collapse():
-    """Issue 53: chapter 16's healthy run began with 88% of groups all wrong; with nothing to have fallen from (the
-    first step) or a level reward, that is a hard task, not a collapse, and the message says so."""
-    (first,) = warnings_for({"frac_zero_std": 0.88, "accuracy": 0.05, "reward_mean": 0.05})
-    level = warnings_for({"frac_zero_std": 0.88, "accuracy": 0.05, "reward_mean": 0.05}, [{"reward_mean": 0.05}] * 3)
-    assert first[0] == "sparse" and "Not a collapse" in first[1] and "88%" in first[1]
-    assert [kind for kind, _ in level] == ["sparse"]
-
-
-# ---------------------------------------------------------------------------
 # StageClock, timed, watch_stages
 # ---------------------------------------------------------------------------
 
@@ -277,15 +216,3 @@ def test_watch_stages_refuses_what_cannot_be_called():
     with pytest.raises(TypeError, match="^watcher must be a function of the stage name, got list$"):
         with watch_stages([]):
             pass
-
-
-def test_a_dip_within_a_sparse_rewards_noise_is_not_a_fall():
-    """A no-tool run's reward is 0 with rare blips (one right answer in 128): the step after a blip is not a
-    collapse. A reward that falls from a steady level by more than its step-to-step spread is."""
-    from grpo_tutorial.metrics import reward_fell
-
-    blips = [0.0, 0.0078, 0.0, 0.0156, 0.0, 0.0078]
-    assert not reward_fell(0.0, blips)
-    assert reward_fell(0.02, [0.2, 0.22, 0.18, 0.21]) and reward_fell(0.2, [0.5, 0.3]) and not reward_fell(0.2, [])
-    said = warnings_for({"frac_zero_std": 0.9, "accuracy": 0.0, "reward_mean": 0.0}, [{"reward_mean": r} for r in blips])
-    assert [kind for kind, _ in said] == ["sparse"]

@@ -363,7 +363,7 @@ def _trainer_inputs(case: Case, seed: int, starts: Starts, settings: ZooSettings
 def run_case(name: str, seed: int, settings: ZooSettings, starts: Starts) -> dict[str, Any]:
     """Train one zoo run; return ``case``, ``fault``, ``task``, ``seed``, ``steps`` (asked), ``history`` (the
     rows, :data:`HISTORY_KEYS` only), ``completions`` (the kept ones, :data:`COMPLETION_KEYS` only), ``settings``
-    (the run's GRPOConfig as a dict), ``warnings`` (the kinds the trainer warned of), ``crashed`` (the error
+    (the run's GRPOConfig as a dict), ``crashed`` (the error
     that stopped it, or None: a float16 policy ends in one) and ``seconds``."""
     case = CASES[name]
     made = _trainer_inputs(case, seed, starts, settings)
@@ -386,7 +386,6 @@ def run_case(name: str, seed: int, settings: ZooSettings, starts: Starts) -> dic
                     for row in trainer.history],
         "completions": [{k: c[k] for k in COMPLETION_KEYS if k in c} for c in trainer.completions],
         "settings": {k: v for k, v in config.to_dict().items() if k != "output_dir"},
-        "warnings": sorted(trainer.state.warn.issued),
         "crashed": crashed, "seconds": seconds,
     }
 

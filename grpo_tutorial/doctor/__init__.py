@@ -27,7 +27,7 @@ from .reading import Run, RunUnreadable, read_run, trl_rows
 from .rules import RULES
 
 __all__ = ["CAUSE_ORDER", "DOCTOR_VERSION", "Diagnosis", "FAULTS", "Finding", "Run", "RunUnreadable", "Skipped",
-           "diagnose", "live_findings", "read_run", "trl_rows"]
+           "diagnose", "live_findings", "live_warnings", "read_run", "trl_rows"]
 
 #: The version of the rules (``--json``'s ``version``): it changes when a rule or a threshold does.
 DOCTOR_VERSION = "1"
@@ -105,7 +105,11 @@ def diagnose(source: Any) -> Diagnosis:
         if missing:
             skipped.append(Skipped(rule.name, missing))
             continue
-        finding = rule.check(run)
+        try:
+            finding = rule.check(run)
+        except Exception as err:  # allowed broad handler: one rule that cannot read this run must not hide the others
+            skipped.append(Skipped(rule.name, (f"values it could read ({type(err).__name__}: {err})",)))
+            continue
         if finding is not None:
             found.append(finding)
     return Diagnosis(run, choose_primary(found), skipped)
@@ -119,6 +123,19 @@ def live_findings(history: Sequence[dict], completions: Sequence[dict] = (), set
         return []
     run = Run(list(history), list(completions), dict(settings or {}), "memory")
     return [f for f in diagnose(run).findings if f.severity in ("fault", "warning")]
+
+
+def live_warnings(history: Sequence[dict], completions: Sequence[dict] = (), settings: dict | None = None
+                  ) -> list[tuple[str, str]]:
+    """``(name, message)`` for each fault or warning of the run so far (:func:`live_findings`): what the trainer
+    warns of after each step, once per name and run. The message names the step, the finding, what was seen,
+    what to change and the chapter that explains it."""
+    if not history:
+        return []
+    step = history[-1].get("step")
+    return [(f.name, f"step {step}: {f.name} ({f.severity}): {f.summary}. What to change: {f.fix}. See {f.chapter}; "
+                     "chapter 18 reads a whole run (python -m grpo_tutorial doctor OUT)")
+            for f in live_findings(history, completions, settings)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

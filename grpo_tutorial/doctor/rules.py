@@ -190,8 +190,10 @@ def _paid(values: list[float | None]) -> tuple[float, float] | None:
 
 #: A share of kept rows (and at least :data:`MIN_ROWS` of them) that makes a pattern in the completions count.
 MIN_ROWS = 5
-#: reward_bug: a reference without a number, in a task whose references are numbers, paid this often.
+#: reward_bug: a reference without a number, in a task whose references are mostly numbers, paid this often.
 BROKEN_REFERENCE_PAID = 0.5
+#: ... "mostly": at least this share of the kept rows' references hold a number.
+NUMERIC_TASK = 0.5
 
 
 @rule("reward_bug", ["completions", "readings"], "chapter 6 (verifiable rewards) and chapter 18",
@@ -203,7 +205,7 @@ def _reward_bug(self: Rule, run: Run) -> Finding | None:
     if len(numeric) < MIN_ROWS:
         return None
     readable = [_numeric_reference(r["answer"]) for r in numeric]
-    if sum(readable) < 0.8 * len(numeric):  # not a task with numeric references: nothing to say here
+    if sum(readable) < NUMERIC_TASK * len(numeric):  # not a task with numeric references: nothing to say here
         return None
     broken = [r for r, ok in zip(numeric, readable) if not ok]
     if len(broken) < MIN_ROWS:
@@ -445,6 +447,8 @@ def _format_only(self: Rule, run: Run) -> Finding | None:
 ZERO_STD_SHARE = 0.8
 #: Accuracy at or above this is "solved" (too easy), below it "too hard".
 SOLVED = 0.8
+#: Before this many steps, "too hard" needs every group of every step all-equal; after, a score that does not rise.
+HARD_STEPS = 10
 
 
 def _level(run: Run, k: int) -> tuple[str, float | None]:
@@ -476,8 +480,15 @@ def _too_hard(self: Rule, run: Run) -> Finding | None:
     key, level = _level(run, k)
     if level is None or level >= SOLVED:
         return None
-    if len(run.steps) < 3 and end < 1.0:
-        return None  # a hard task may start this way (chapter 16's healthy run began at 88%)
+    shares = _finite(_series(run, "frac_zero_std"))
+    if len(shares) < HARD_STEPS:
+        if min(shares) < 1.0:
+            return None  # a hard task may start this way (chapter 16's healthy run began at 88%): wait and see
+    else:
+        _, score = _score(run)
+        learning = rise(score)
+        if learning is not None and learning.z >= RISE_Z and learning.delta >= LEARNED:
+            return None  # most groups all wrong, but the score rises: a hard start, and the run learns from the rest
     return self.finding(
         "fault",
         f"{_r(end)} of groups had all-equal rewards over the last {k} steps, at {key} {_r(level)}: mostly all wrong, "
