@@ -45,7 +45,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from benchmarks.common import LoadSampler, load_average, machine, package_commit, write_atomic  # noqa: E402
 from benchmarks.lab import json_safe, uptime  # noqa: E402
 from grpo_tutorial.chapters.doctor_zoo import CASES, Starts, ZooSettings, run_case  # noqa: E402
-from grpo_tutorial.doctor import DOCTOR_VERSION, FAULTS, Run, diagnose, trl_rows  # noqa: E402
+from grpo_tutorial.doctor import DOCTOR_VERSION, FAULTS, Run, diagnose, live_findings, trl_rows  # noqa: E402
 from grpo_tutorial.doctor.reading import run_from_trl  # noqa: E402
 from grpo_tutorial.run.progress import progress_bar  # noqa: E402
 from grpo_tutorial.stats import clopper_pearson  # noqa: E402
@@ -164,10 +164,22 @@ def rldoctor_first(verdict: dict) -> list[str]:
     return [fault for fault, theirs in RLDOCTOR_NAMES.items() if verdict["first"][0] in theirs]
 
 
+def live(run: dict) -> list[list]:
+    """What the trainer would have warned of, replayed step by step: ``[step, name, severity]`` for each finding's
+    first warning (:func:`grpo_tutorial.doctor.live_findings` on the rows and kept completions up to that step)."""
+    first: dict[str, list] = {}
+    for i, row in enumerate(run["history"]):
+        kept = [c for c in run["completions"] if c["step"] <= row["step"]]
+        for finding in live_findings(run["history"][: i + 1], kept, run["settings"]):
+            first.setdefault(finding.name, [row["step"], finding.name, finding.severity])
+    return sorted(first.values())
+
+
 def diagnose_all(runs: list[dict]) -> None:
-    """Both doctors' verdicts, into each run (``ours``, ``rldoctor``)."""
+    """Both doctors' verdicts, into each run (``ours``, ``live``, ``rldoctor``)."""
     for run in runs:
         run["ours"] = ours(run)
+        run["live"] = live(run)
         run["rldoctor"] = rldoctor(trl_rows(run["history"]), trl_config(run["settings"]))
 
 
@@ -200,10 +212,13 @@ def confusion(runs: list[dict], doctor: str) -> dict:
             alarm = bool(run["rldoctor"]["problems"])
         rows.setdefault(planted, {}).setdefault(column, 0)
         rows[planted][column] += 1
-        recall.setdefault(planted, {"k": 0, "n": 0, "alarms": 0, "named": 0})
+        recall.setdefault(planted, {"k": 0, "n": 0, "alarms": 0, "named": 0, "live": 0})
         recall[planted]["n"] += 1
         recall[planted]["k"] += hit
         recall[planted]["alarms"] += alarm
+        if doctor == "ours":  # the trainer's live warnings: an alarm on a healthy run, the planted name on a broken one
+            warned = [name for _, name, _ in run.get("live", [])]
+            recall[planted]["live"] += bool(warned) if planted == "healthy" else planted in warned
         if doctor == "rldoctor":
             recall[planted]["named"] += planted in rldoctor_names(run["rldoctor"])
     matrix = {planted: {col: _count(k, sum(cols.values())) for col, k in sorted(cols.items())}
@@ -214,6 +229,8 @@ def confusion(runs: list[dict], doctor: str) -> dict:
             "false_alarms": _count(r["alarms"], r["n"])}
         if doctor == "rldoctor" and planted != "healthy":
             entry["named_anywhere"] = _count(r["named"], r["n"])
+        if doctor == "ours":
+            entry["live"] = _count(r["live"], r["n"])  # healthy: runs warned of; a fault: runs warned of it
         per_fault[planted] = entry
     return {"matrix": matrix, "per_fault": per_fault}
 

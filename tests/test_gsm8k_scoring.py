@@ -93,22 +93,26 @@ def test_the_probe_says_what_to_change_on_a_stand_in_that_truncates_everything(t
     assert probe["frac_truncated"] == 1.0 and probe["completion_len_mean"] == 4
     assert probe["frac_zero_std"] == 1.0 and probe["all_wrong"] == 1.0
     fine, advice = probe_advice(probe, config)
-    assert not fine and len(advice) == 2
-    assert "100% of the completions hit max_new_tokens=4" in advice[0] and "to about 8" in advice[0]
+    assert not fine and [a.split(":")[0] for a in advice] == ["truncation", "zero_variance_too_hard"]  # the cause first
+    assert "1.0 of completions hit max_new_tokens" in advice[0] and "try about 8" in advice[0]
     assert "mostly all wrong" in advice[1] and "group_size" in advice[1]
+    assert probe["kept"][0]["truncated"] and probe["kept"][0]["answer"] == rows[0]["answer"]  # what the doctor read
     again = probe_groups(model, tokenizer, config, rows, reward_fns=correctness_reward, seed=0)
     assert again["completions"] == probe["completions"]  # seeded: the same probe twice
 
 
-def test_the_probe_advice_at_its_limits():
+def test_the_probe_advice_is_the_doctors_at_its_limits():
+    """The probe is a one-step run to the doctor: the same rules and thresholds as a whole run's."""
     config = get_preset(GSM8K_PRESET)
-    good = {"frac_truncated": PROBE_TRUNCATED_LIMIT, "frac_zero_std": PROBE_ZERO_STD_LIMIT,
-            "all_wrong": 0.25, "all_right": 0.25}
+    good = {"frac_truncated": PROBE_TRUNCATED_LIMIT - 0.01, "frac_zero_std": 0.9, "all_wrong": 0.5, "all_right": 0.4}
     fine, advice = probe_advice(good, config)
-    assert fine and len(advice) == 1 and "something to learn from" in advice[0]
-    easy = {**good, "frac_zero_std": 0.75, "all_wrong": 0.0, "all_right": 0.75}
+    assert fine and len(advice) == 1 and "something to learn from" in advice[0]  # most groups equal, not all
+    easy = {**good, "frac_zero_std": 0.9, "all_wrong": 0.0, "all_right": 0.9}
     fine, advice = probe_advice(easy, config)
-    assert not fine and advice == [advice[0]] and "too easy" in advice[0] and "max_new_tokens" not in advice[0]
+    assert not fine and advice[0].startswith("zero_variance_too_easy:") and "harder problems" in advice[0]
+    hard = {**good, "frac_zero_std": 1.0, "all_wrong": 1.0, "all_right": 0.0}
+    assert probe_advice(hard, config)[1][0].startswith("zero_variance_too_hard:")
     cut = {**good, "frac_truncated": 0.5}
     fine, advice = probe_advice(cut, config)
-    assert not fine and "max_new_tokens=512" in advice[0] and "to about 1024" in advice[0]
+    assert not fine and advice[0].startswith("truncation:") and "max_new_tokens=512 now: try about 1024" in advice[0]
+    assert PROBE_TRUNCATED_LIMIT == 0.25 and PROBE_ZERO_STD_LIMIT == 0.8

@@ -71,6 +71,9 @@ from ..rollout import generate_rollouts, sampling_kwargs
 from ..tasks import DatasetUnavailableError, gsm8k_rows, load_gsm8k, train_test_split_arithmetic
 from ..run import dataset_fingerprint, disk_errors, find_checkpoint, read_meta
 from ..run.disk import write_durably
+from ..run.completions import sample_completions
+from ..doctor import Run, diagnose
+from ..doctor.rules import TRUNCATED_SHARE, ZERO_STD_SHARE
 from ..presets import get_preset
 from ..trainer import GRPOConfig, GRPOTrainer
 
@@ -258,8 +261,10 @@ def score_lines(comparison: dict) -> list[str]:
 
 
 #: The probe's limits: above these shares, the probe says what to change before training.
-PROBE_TRUNCATED_LIMIT = 0.25
-PROBE_ZERO_STD_LIMIT = 0.5
+#: The probe's limits are the doctor's (chapter 18): a quarter of the completions cut, ...
+PROBE_TRUNCATED_LIMIT = TRUNCATED_SHARE
+#: ... and most groups all-equal (at one step: every group).
+PROBE_ZERO_STD_LIMIT = ZERO_STD_SHARE
 
 
 def probe_groups(model: Any, tokenizer: Any, config: GRPOConfig, rows: Sequence[dict], *,
@@ -288,8 +293,8 @@ def probe_groups(model: Any, tokenizer: Any, config: GRPOConfig, rows: Sequence[
         config, generator_seed=seed, static_cache=use_static_cache(config, model)))  # as the run samples (a GPU: static)
     seconds = time.perf_counter() - start
     answers = [row["answer"] for row in rows for _ in range(G)]
-    total, _ = compute_rewards(fns, config.reward_weights, rollout.prompts, rollout.completions, answers,
-                               completion_ids=rollout.completion_id_lists())
+    total, per_fn = compute_rewards(fns, config.reward_weights, rollout.prompts, rollout.completions, answers,
+                                    completion_ids=rollout.completion_id_lists())
     right = correctness_reward(rollout.completions, answer=answers)
     rewards = [[float(total[b * G + g]) for g in range(G)] for b in range(len(rows))]
     hits = [[bool(right[b * G + g]) for g in range(G)] for b in range(len(rows))]
@@ -305,43 +310,54 @@ def probe_groups(model: Any, tokenizer: Any, config: GRPOConfig, rows: Sequence[
         "completion_len_mean": float(rollout.completion_lengths.float().mean()),
         "completions": list(rollout.completions),
         "seconds": seconds,
+        # what the doctor reads of each completion (probe_advice): the same fields a run keeps
+        "kept": sample_completions(1, rollout.prompts, list(rollout.completions), total.tolist(),
+                                   {k: v.tolist() for k, v in per_fn.items()}, [0.0] * len(answers), count=None,
+                                   seed=0, details={"answers": answers, "truncated": rollout.truncated.tolist(),
+                                                    "lengths": rollout.completion_lengths.tolist()}, group_size=G),
     }
+
+
+def probe_run(probe: dict) -> Run:
+    """The probe as a one-step run, for the doctor: its shares as the step's row, its completions as kept rows."""
+    right = [h for group in probe.get("right", []) for h in group]
+    totals = [r for group in probe.get("rewards", []) for r in group]
+    row = {"step": 1, "frac_truncated": probe["frac_truncated"], "frac_zero_std": probe["frac_zero_std"]}
+    if right:
+        row["accuracy"] = sum(right) / len(right)
+    elif "all_right" in probe:  # shares only: the groups all right stand for the accuracy's floor
+        row["accuracy"] = probe["all_right"]
+    if totals:
+        row["reward_mean"] = sum(totals) / len(totals)
+    return Run([row], list(probe.get("kept", [])), {}, "memory")
 
 
 def probe_advice(probe: dict, config: GRPOConfig) -> tuple[bool, list[str]]:
     """What :func:`probe_groups` says about the session ahead: ``(fine, sentences)``.
 
-    ``fine`` is False when more than :data:`PROBE_TRUNCATED_LIMIT` of the
-    completions hit the budget (a cut-off answer earns no correctness reward
-    and teaches only "be shorter"), or more than :data:`PROBE_ZERO_STD_LIMIT`
-    of the groups have equal rewards (they teach nothing: the session would
-    spend that share of its samples for no gradient). The sentences say what
-    to change, in the config's own field names.
+    The probe is read by chapter 18's doctor as a one-step run (:func:`probe_run`), with the rules and
+    thresholds it applies to a whole run and to the trainer's live warnings: ``fine`` is False when it finds a
+    fault or a warning, ``truncation`` (:data:`PROBE_TRUNCATED_LIMIT` or more of the completions cut by the
+    budget, the cut ones unpaid) or a zero-variance fault (at one step: every group all-equal). Each sentence
+    names the finding, what the probe showed and what to change, in the config's own field names.
     """
     budget = config.max_new_tokens
-    lines: list[str] = []
-    truncated, zero = probe["frac_truncated"], probe["frac_zero_std"]
-    if truncated > PROBE_TRUNCATED_LIMIT:
-        lines.append(
-            f"{truncated:.0%} of the completions hit max_new_tokens={budget} before they ended: a cut-off "
-            f"answer earns no correctness reward, so that share of the session teaches only brevity. Raise "
-            f"max_new_tokens (to about {2 * budget}: the time estimate grows with it), or ask for shorter "
-            f"answers in the system prompt, and probe again.")
-    if zero > PROBE_ZERO_STD_LIMIT:
-        if probe["all_wrong"] >= probe["all_right"]:
-            lines.append(
-                f"{zero:.0%} of the groups gave all {config.group_size} completions the same reward, mostly all "
-                "wrong: the task is too hard for this model as posed. Give it more room (max_new_tokens), more "
-                "tries per problem (group_size), or easier problems, and probe again.")
-        else:
-            lines.append(
-                f"{zero:.0%} of the groups gave all {config.group_size} completions the same reward, mostly all "
-                "right: the problems are too easy to teach anything. Train on harder ones, and probe again.")
+    diagnosis = diagnose(probe_run(probe))
+    lines = []
+    for finding in diagnosis.findings:
+        if finding.severity == "note":
+            continue
+        text = f"{finding.name}: {finding.summary}. {finding.fix[0].upper() + finding.fix[1:]}"
+        if finding.name == "truncation":
+            text += f" (max_new_tokens={budget} now: try about {2 * budget}; the time estimate grows with it)"
+        lines.append(text + "; then probe again.")
     if lines:
         return False, lines
+    truncated, zero = probe["frac_truncated"], probe["frac_zero_std"]
     return True, [f"{truncated:.0%} of the completions hit the budget of {budget} tokens and {zero:.0%} of the "
-                  f"groups teach nothing (limits: {PROBE_TRUNCATED_LIMIT:.0%} and {PROBE_ZERO_STD_LIMIT:.0%}): "
-                  "the settings give GRPO something to learn from."]
+                  f"groups teach nothing, and the doctor finds no fault in one step's sampling (its limits: "
+                  f"{PROBE_TRUNCATED_LIMIT:.0%} cut, or every group all-equal): the settings give GRPO something to "
+                  "learn from."]
 
 
 def _reward_fns(config: GRPOConfig, reward_fns: Callable | Sequence[Callable] | None) -> list[Callable]:

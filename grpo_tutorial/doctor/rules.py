@@ -317,8 +317,10 @@ def _kl_explosion(self: Rule, run: Run) -> Finding | None:
         first_step=first, kl_first=_r(kl[0][1], 4), kl_max=_r(max(v for _, v in kl), 4), steps_over=len(over))
 
 
-#: lr_too_high: the score's end at most this share of its start, ...
+#: lr_too_high: the score's end at most this share of its start (its first :data:`FALL_START` steps: a collapse
+#: comes within a few), ...
 FALL_SHARE = 0.5
+FALL_START = 3
 #: ... by at least this much ...
 FALL_MIN = 0.05
 #: ... after an update that moved some token's probability this many times (ratio_max) or more.
@@ -330,63 +332,70 @@ BIG_RATIO = 5.0
       "max_grad_norm, and for num_iterations > 1 lower it too")
 def _lr_too_high(self: Rule, run: Run) -> Finding | None:
     key, score = _score(run)
-    change = rise(score)
-    if change is None or change.start <= 0:
+    if len(score) < 2 * FALL_START:
         return None
-    fell = change.end <= FALL_SHARE * change.start and change.start - change.end >= FALL_MIN
-    if not fell:
+    k = window(len(score))
+    start, end = statistics.fmean(score[:FALL_START]), statistics.fmean(score[-min(k, len(score) - FALL_START):])
+    if start <= 0 or not (end <= FALL_SHARE * start and start - end >= FALL_MIN):
         return None
     ratios = run.values("ratio_max")
     moved = [s for s, v in ratios if v >= BIG_RATIO]
-    k = window(len(score))
     if ratios and not [s for s in moved if s <= run.steps[min(len(run.steps) - 1, 2 * k)]["step"]]:
         return None  # it fell without a big step: not the step size (a falling reward has other causes)
+    change = Change(start, end, 0.0)
     return self.finding(
         "fault",
-        f"{key} fell from {_r(change.start)} to {_r(change.end)} (the first and last {k} steps)"
+        f"{key} fell from {_r(change.start)} (the first {FALL_START} steps) to {_r(change.end)} (the last steps)"
         + (f", after updates that moved a token's probability up to {_r(max(v for _, v in ratios), 1)} times "
            f"(ratio_max, first at step {moved[0]})" if moved else "") + ": the steps are too large",
-        start=_r(change.start), end=_r(change.end), window=k, big_ratio_steps=moved[:10])
+        start=_r(change.start), end=_r(change.end), big_ratio_steps=moved[:10])
 
 
 # -- what the completions hit ---------------------------------------------------------
 
 #: truncation: at least this share of completions cut by the budget, ...
 TRUNCATED_SHARE = 0.25
-#: ... and the cut ones paid this rarely (their share of the rows' top reward).
+#: ... and the cut ones paid at most this often, or at most :data:`CUT_PAID_SHARE` of the finished ones' rate
+#: (a cut completion whose whole answer came before the budget is paid: that is not the fault).
 TRUNCATED_PAID = 0.05
+CUT_PAID_SHARE = 0.5
 
 
 @rule("truncation", ["frac_truncated"], "chapter 13 (thinking longer: the budget) and chapter 9 (the probe)",
       "raise max_new_tokens (the probe of chapter 9 suggests a value), or ask for shorter answers; "
       "mask_truncated_completions=True keeps the cut ones out of the loss")
 def _truncation(self: Rule, run: Run) -> Finding | None:
-    cut = _finite(_series(run, "frac_truncated"))
-    if not cut:
+    cut_curve = _finite(_series(run, "frac_truncated"))
+    if not cut_curve:
         return None
-    share = statistics.fmean(cut)
+    share = statistics.fmean(cut_curve)
     if share < TRUNCATED_SHARE:
         return None
     rows = [c for c in run.completions if "truncated" in c and c.get("reward") is not None]
-    truncated = [c for c in rows if c["truncated"]]
-    if len(truncated) >= MIN_ROWS:
-        top = max(c["reward"] for c in rows)
+    cut = [c for c in rows if c["truncated"]]
+    finished = [c for c in rows if not c["truncated"]]
+    if len(cut) >= MIN_ROWS:
         bottom = min(c["reward"] for c in rows)
-        paid = sum(c["reward"] > bottom for c in truncated) / len(truncated) if top > bottom else 0.0
-        if paid > TRUNCATED_PAID:
+        paid_cut = sum(c["reward"] > bottom for c in cut) / len(cut)
+        paid_finished = sum(c["reward"] > bottom for c in finished) / len(finished) if len(finished) >= MIN_ROWS else None
+        costs = paid_cut <= max(TRUNCATED_PAID, CUT_PAID_SHARE * (paid_finished or 0.0))
+        evidence = {"frac_truncated": _r(share), "paid_cut": _r(paid_cut),
+                    "paid_finished": None if paid_finished is None else _r(paid_finished), "cut_kept": len(cut)}
+        if not costs:
             return Finding("truncation", "note",
-                           f"{_r(share)} of completions hit the budget, but {_r(paid)} of the cut ones kept are paid: "
-                           "their answer fits before the cut", {"frac_truncated": _r(share), "cut_paid": _r(paid)},
-                           self.chapter, "")
-        evidence = {"cut_paid": _r(paid), "cut_kept": len(truncated)}
-    else:
-        evidence = {}
+                           f"{_r(share)} of completions hit the budget, but the cut ones kept are paid about as often "
+                           f"as the finished ones ({_r(paid_cut)} against {_r(paid_finished)}): their answer fits before "
+                           "the cut", evidence, self.chapter, "")
+        return self.finding(
+            "fault",
+            f"{_r(share)} of completions hit max_new_tokens on average, and the cut ones kept were paid "
+            f"{_r(paid_cut)} of the time" + (f" against {_r(paid_finished)} for the finished ones"
+                                              if paid_finished is not None else "") + ": the budget cuts answers off",
+            **evidence)
     return self.finding(
-        "fault" if share >= 2 * TRUNCATED_SHARE or evidence else "warning",
-        f"{_r(share)} of completions hit max_new_tokens on average"
-        + (f", and {_r(evidence['cut_paid'])} of the {evidence['cut_kept']} cut ones kept earned any reward"
-           if evidence else "") + ": a cut answer earns nothing",
-        frac_truncated=_r(share), frac_truncated_last=_r(cut[-1]), **evidence)
+        "fault" if share >= 2 * TRUNCATED_SHARE else "warning",
+        f"{_r(share)} of completions hit max_new_tokens on average (no kept completions say whether the cut ones "
+        "lose their reward)", frac_truncated=_r(share), frac_truncated_last=_r(cut_curve[-1]))
 
 
 @rule("tool_never_called", ["tool_call_frequency|tool_call_share"], "chapter 16 (tools in the loop)",
@@ -522,28 +531,35 @@ def _too_easy(self: Rule, run: Run) -> Finding | None:
 # -- a policy that stops exploring, or stops moving ---------------------------------------
 
 #: entropy_collapse: the end's entropy at most this share of the start's, ...
-ENTROPY_SHARE = 0.6
+ENTROPY_SHARE = 0.8
+#: ... the share of all-equal groups up by this much (the policy writes the same completion for a prompt), ...
+ZERO_STD_RISE = 0.12
 #: ... while the score rose by less than this (a policy that learns sharpens too: that is not a collapse).
-LEARNED = 0.05
+LEARNED = 0.15
 
 
-@rule("entropy_collapse", ["entropy", "accuracy|reward_mean"], "chapter 10 (variants: clip-higher) and chapter 4",
+@rule("entropy_collapse", ["entropy", "frac_zero_std", "accuracy|reward_mean"],
+      "chapter 10 (variants: clip-higher) and chapter 4",
       "fewer passes over each batch (num_iterations), a lower learning_rate, clip_eps_high above clip_eps (DAPO's "
       "clip-higher), or an entropy bonus (entropy_coef, use_adaptive_entropy)")
 def _entropy_collapse(self: Rule, run: Run) -> Finding | None:
     entropy = rise(_finite(_series(run, "entropy")))
+    zero = rise(_finite(_series(run, "frac_zero_std")))
     key, score = _score(run)
     learned = rise(score)
-    if entropy is None or learned is None or entropy.start <= 0:
+    if entropy is None or zero is None or learned is None or entropy.start <= 0:
         return None
-    if entropy.end > ENTROPY_SHARE * entropy.start or learned.delta >= LEARNED:
+    if entropy.end > ENTROPY_SHARE * entropy.start or zero.delta < ZERO_STD_RISE or learned.delta >= LEARNED:
         return None
+    if learned.end >= SOLVED:
+        return None  # all-equal groups of right answers: mastery, not a collapse
     return self.finding(
         "fault",
-        f"entropy fell from {_r(entropy.start)} to {_r(entropy.end)} per token while {key} went from "
-        f"{_r(learned.start)} to {_r(learned.end)}: the policy turned deterministic without learning",
-        entropy_start=_r(entropy.start), entropy_end=_r(entropy.end), score_start=_r(learned.start),
-        score_end=_r(learned.end), score_key=key)
+        f"entropy fell from {_r(entropy.start)} to {_r(entropy.end)} per token and the groups whose completions all "
+        f"earned the same went from {_r(zero.start)} to {_r(zero.end)}, while {key} went from {_r(learned.start)} to "
+        f"{_r(learned.end)}: the policy turned deterministic without learning",
+        entropy_start=_r(entropy.start), entropy_end=_r(entropy.end), frac_zero_std_start=_r(zero.start),
+        frac_zero_std_end=_r(zero.end), score_start=_r(learned.start), score_end=_r(learned.end), score_key=key)
 
 
 #: plateau: at least this many steps before a flat curve means anything.
