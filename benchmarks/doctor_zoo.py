@@ -20,7 +20,9 @@ command loses only the runs in progress, and a change to the doctor's rules is
 re-diagnosed from the cache without training again. The record,
 ``grpo_tutorial/data/doctor_zoo.json``, stores every run's history (the doctor's
 fields), its kept completions (4 per step) and both doctors' verdicts, with the
-command, the package commit, the machine and its load.
+command, the package commit, the machine and its load; ``invocations`` lists every
+invocation that trained runs of the cache (wall time, load, runs made), since a
+record re-made from its cache after a change to the rules trains nothing.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ def _seed_runs(settings: ZooSettings, cases: Sequence[str], seed: int, folder: s
         result = run_case(name, seed, settings, starts)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(json_safe(result)))
+        result["made_here"] = True
         print(f"  seed {seed:2d} {name:28s} {result['seconds']:6.1f} s" + (
             f"  (stopped: {result['crashed'][:60]})" if result["crashed"] else ""), flush=True)
         out.append(result)
@@ -327,7 +330,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         bar.close()
     train_seconds = time.perf_counter() - t0
     runs.sort(key=lambda r: (r["seed"], list(CASES).index(r["case"])))
+    made_here = sum(1 for r in runs if r.get("made_here"))
+    for r in runs:
+        r.pop("made_here", None)
     diagnose_all(runs)
+    load = {"uptime_start": uptime_start, "uptime_end": uptime(), "during": sampler.summary(), "end": load_average()}
+    invocations = _invocations(None if args.cache is None else args.cache, {
+        "started": started.isoformat(timespec="seconds"), "command": command.strip(), **code,
+        "wall_seconds": train_seconds, "runs_made": made_here, "load": load, "jobs": args.jobs})
     out = {
         "created": started.isoformat(timespec="seconds"),
         "command": command.strip(),
@@ -339,8 +349,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "train_seconds": train_seconds,
         "run_seconds": sum(r["seconds"] for r in runs),
         "jobs": args.jobs,
-        "load": {"uptime_start": uptime_start, "uptime_end": uptime(), "during": sampler.summary(),
-                 "end": load_average()},
+        "load": load,
+        "invocations": invocations,
         "machine": machine(1),
         "settings": settings.to_dict(),
         "seeds": list(seeds),
@@ -356,6 +366,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report(out)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB)")
     return out
+
+
+def _invocations(cache: Path | None, this: dict) -> list[dict]:
+    """Every invocation that trained runs of this cache (its command, commit, wall time, load and how many runs it
+    made), this one appended when it made any: the record's runs may come from several, after an interruption."""
+    if cache is None:
+        return [this]
+    path = cache / "invocations.json"
+    made = json.loads(path.read_text()) if path.exists() else []
+    if this["runs_made"]:
+        made.append(json_safe(this))
+        write_atomic(path, json.dumps(made, indent=1))
+    return made
 
 
 def _rldoctor_version() -> str | None:

@@ -108,6 +108,7 @@ PROVENANCE = {
     "rollout_speed.json": ("rollout_speed.json", None),  # made on lent GPUs by two scripts that import no package code
     "tool_results.json": ("tool_results.json", None),
     "no_critic_results.json": ("no_critic_results.json", None),
+    "doctor_zoo.json": ("doctor_zoo.json", None),
 }
 #: Chapter 15's record (issue 35).
 MISMATCH_RECORD = "sampler_mismatch.json"
@@ -1117,3 +1118,74 @@ def test_no_critic_record_reproduces_its_first_steps():
         assert all(math.isnan(got[k]) for k in unset), (method, {k: got[k] for k in unset})
         _same_step({k: v for k, v in got.items() if k not in unset}, {k: v for k, v in row.items() if k not in unset},
                    NO_CRITIC_TIMING, f"no_critic_results.json {method}")
+
+
+# ---------------------------------------------------------------------------
+# Chapter 18: the doctor's zoo
+# ---------------------------------------------------------------------------
+
+ZOO_RECORD = "doctor_zoo.json"
+#: The run the test trains again: a cheap one (chapter 8's seed-0 warm start, shared through `make test`'s cache,
+#: and 50 steps), whose verdict is what chapter 18's first section shows live.
+ZOO_RERUN = ("extraction_mismatch", 0)
+
+
+def _zoo_record():
+    from benchmarks import doctor_zoo as bench
+
+    record = read_data(ZOO_RECORD)
+    args = bench.build_parser().parse_args(script_args(record["command"], "benchmarks.doctor_zoo"))
+    assert not args.quick and not record["quick"] and record["doctor_version"]
+    seeds = args.seeds or list(bench.SEEDS)
+    assert record["seeds"] == seeds and record["tuning_seeds"] == (args.tuning_seeds or list(bench.TUNING_SEEDS))
+    assert sorted({(r["case"], r["seed"]) for r in record["runs"]}) == sorted(
+        (case, seed) for case in args.cases for seed in seeds)
+    return bench, record
+
+
+def test_zoo_record_verdicts_are_the_doctors_on_its_runs():
+    """Every stored verdict is what the doctor of this commit says of the stored run (a change to a rule or a
+    threshold fails here until the record is re-made: `python -m benchmarks.doctor_zoo --cache DIR` re-diagnoses
+    its cached runs without training), and the summary is its runs'."""
+    from benchmarks.lab import json_safe
+
+    bench, record = _zoo_record()
+    for run in record["runs"]:
+        assert bench.ours(run) == run["ours"], (run["case"], run["seed"])
+    assert json_safe(bench.summarize(record["runs"], record["tuning_seeds"])) == record["summary"]
+    one_per_case = {}
+    for run in record["runs"]:
+        one_per_case.setdefault(run["case"], run)
+    for run in one_per_case.values():  # the live replay, for one seed of each case (all of them: a minute)
+        assert bench.live(run) == [list(x) for x in run["live"]], run["case"]
+    pytest.importorskip("rl_doctor")
+    for run in one_per_case.values():
+        assert bench.rldoctor(bench.trl_rows(run["history"]), bench.trl_config(run["settings"])) == run["rldoctor"]
+
+
+@pytest.mark.slow
+def test_zoo_record_reproduces_one_run():
+    """One case of the zoo trained again by its own code: on the record's kernels its history and kept completions
+    bit for bit; on others (another draw of every float), the verdict the record backs, the planted fault named
+    as primary."""
+    from grpo_tutorial.chapters.doctor_zoo import Starts, ZooSettings, run_case
+    from grpo_tutorial.doctor import Run, diagnose
+
+    bench, record = _zoo_record()
+    case, seed = ZOO_RERUN
+    stored = next(r for r in record["runs"] if (r["case"], r["seed"]) == (case, seed))
+    settings = ZooSettings(**{**ZooSettings().to_dict(), **record["settings"]})
+    assert settings == ZooSettings()  # the record's settings are the command's
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        got = run_case(case, seed, settings, Starts(os.environ.get("GRPO_WARM_START_CACHE")))
+    finally:
+        torch.set_num_threads(previous)
+    got = json.loads(json.dumps(bench.json_safe(got)))
+    assert got["settings"] == stored["settings"] and got["crashed"] == stored["crashed"]
+    if same_kernels(record):
+        assert got["history"] == stored["history"]
+        assert got["completions"] == stored["completions"]
+    primary = diagnose(Run(got["history"], got["completions"], got["settings"])).primary
+    assert (primary.name, primary.severity) == (case, "fault") == tuple(stored["ours"]["primary"])

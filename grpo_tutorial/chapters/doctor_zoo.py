@@ -236,8 +236,8 @@ class Starts:
             data = make_recipe_data(recipe)
             model, tokenizer = build_recipe_model(recipe, seed)
             untrained = copy.deepcopy(model)
-            warm_start(model, tokenizer, data, recipe, seed, progress=False,
-                       cache="" if self.folder is None else str(self.folder / "warm_starts"))
+            warm_start(model, tokenizer, data, recipe, seed, progress=False,  # no folder: make test's cache, if set
+                       cache=None if self.folder is None else str(self.folder / "warm_starts"))
             self._made[key] = (model, tokenizer, untrained, data)
         return self._made[key]
 
@@ -263,7 +263,7 @@ class Starts:
             recipe = ToolRecipe.quick() if self.quick else ToolRecipe()
             data = make_tool_data(recipe)
             model, tokenizer = build_tool_model(recipe, 0)
-            cache = "" if self.folder is None else str(self.folder / "warm_starts")
+            cache = None if self.folder is None else str(self.folder / "warm_starts")
             if calls:
                 info = warm_start(model, tokenizer, data, recipe, 0, progress=False, cache=cache)
                 self._made["tool_steps"] = info["steps"]

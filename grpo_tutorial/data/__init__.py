@@ -72,6 +72,10 @@ safetensors``                   chapter 13 trains live (weights, not readable
                                 each, the held-out curves, the advantages'
                                 variance, the critic's explained variance, memory
                                 and seconds per step (``python -m benchmarks.no_critic``)
+``doctor_zoo.json``             chapter 18's zoo: runs with one planted fault
+                                each and healthy runs, 15 seeds, their histories
+                                and kept completions, and both doctors' verdicts
+                                (``python -m benchmarks.doctor_zoo``)
 ``community/``                  chapter 9's run records shared by readers, one
                                 ``run_record.json`` each (written by the notebook on
                                 their GPU; ``chapters.run_record.community_records``
@@ -108,6 +112,7 @@ DATA_FILES = (
     "rollout_speed.json",
     "tool_results.json",
     "no_critic_results.json",
+    "doctor_zoo.json",
 )
 
 
