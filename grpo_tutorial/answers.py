@@ -30,6 +30,7 @@ from fractions import Fraction
 from .chat import is_chat_messages
 
 __all__ = [
+    "answer_readings",
     "answers_match",
     "canonical_number",
     "completion_texts",
@@ -361,3 +362,25 @@ def references_for(answer: object, n: int, name: str = "answer") -> list:
         raise ValueError(f"{name} has {len(answer)} items but there are {n} completions; expected one per completion")
     return list(answer)
 
+
+
+def answer_readings(completion: object, answer: object) -> dict:
+    """Both readings of a completion's answer and whether each matches ``answer``: what a run keeps of each kept
+    completion (:mod:`~grpo_tutorial.run.completions`) and chapter 18's doctor reads.
+
+    ``{"extracted": {"lenient": ..., "strict": ...}, "correct": {"lenient": ..., "strict": ...}}``: the lenient
+    reading is :func:`extract_answer`'s, the strict one :func:`marked_answer`'s (``#### 42`` or a boxed answer
+    only); ``correct`` is None when there is no reference to match (``answer`` None or not a number or text).
+
+    >>> answer_readings("6 * 7 = 42", 42)["correct"]
+    {'lenient': True, 'strict': False}
+    """
+    text = completion_to_text(completion)
+    extracted = {"lenient": extract_answer(text), "strict": marked_answer(text)}
+    correct = None
+    if isinstance(answer, (str, int, float)) and not isinstance(answer, bool):
+        try:
+            correct = {k: answers_match(v, answer) for k, v in extracted.items()}
+        except (TypeError, ValueError):  # a reference that is not a number or a text (inf, say)
+            correct = None
+    return {"extracted": extracted, "correct": correct}

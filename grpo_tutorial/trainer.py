@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .answers import answer_readings
 from ._checks import is_int
 from .config import GRPOConfig
 from .doctor import live_warnings
@@ -172,6 +173,7 @@ class GRPOTrainer:
         #: and those printed, as written to ``completions.jsonl``: what chapter 18's doctor reads beside the history.
         self.completions: list[dict] = []
         self._writers: tuple[HistoryWriter, CompletionsWriter] | None = None  # while train() appends
+        self._last_kept: tuple[list[dict], list[dict], int] = ([], [], 0)  # train_step's, for train() to write
 
     # the step's objects, by the names a user of the trainer knows
     model = property(lambda self: self.grpo_step.model, doc="The policy, trained in place.")
@@ -202,10 +204,14 @@ class GRPOTrainer:
         by ``dynamic_sampling``) returns the next ``prompts_per_step`` rows of the
         data stream; :meth:`train` passes it. The row (its fields:
         :func:`~grpo_tutorial.metrics.step_row`) is also appended to
-        :attr:`history`; it describes the groups the step trains on.
+        :attr:`history`; it describes the groups the step trains on. The step's kept
+        completions join :attr:`completions`, and the doctor's live warnings (chapter
+        18) read the run so far.
         """
         row = self.grpo_step(batch, self.state, self.history, more_rows)
         self.history.append(row)
+        self._last_kept = self._keep_completions()
+        self._check_live()
         return row
 
     # ------------------------------------------------------------------ checkpoints
@@ -310,6 +316,7 @@ class GRPOTrainer:
             try:
                 with StopAfterStep() as stop:
                     while self.step < steps:
+                        self._last_kept = ([], [], 0)  # a wrapped train_step that keeps nothing writes nothing
                         row = self._next_step(dataset)
                         history.append(row)
                         for listener in self.row_listeners:  # e.g. a TensorBoard writer
@@ -317,8 +324,10 @@ class GRPOTrainer:
                         if bar is not None:  # every step's numbers: on a GPU a step takes seconds to minutes
                             bar.update(1)
                             bar.set_postfix(postfix(row, PROGRESS_FIELDS))
-                        self._keep_completions(completions, bar)
-                        self._check_live()
+                        kept, shown, total = self._last_kept
+                        completions.append(kept)
+                        if shown:
+                            completions.show_only(shown, total=total, bar=bar)
                         if out is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                             self.save_checkpoint(out)
                             saved_at = self.step
@@ -363,15 +372,16 @@ class GRPOTrainer:
         for kind, message in live_warnings(self.history, self.completions, self.config.to_dict()):
             self.state.warn(kind, message)
 
-    def _keep_completions(self, writer: CompletionsWriter, bar: Any) -> None:
+    def _keep_completions(self) -> tuple[list[dict], list[dict], int]:
         """This step's kept completions (``completions_to_keep``) and, every ``log_every`` steps with
-        ``log_completions``, its printed sample: both to ``completions.jsonl`` and :attr:`completions`, the
-        printed ones to the console too."""
+        ``log_completions``, its printed sample, both added to :attr:`completions`; returned with the step's number
+        of completions for :meth:`train` to write to ``completions.jsonl`` and print."""
         cfg = self.config
         prompts, completions, rewards, per_fn, advantages = self.grpo_step.last_batch
         values = (self.step, prompts, completions, rewards.tolist(), {k: v.tolist() for k, v in per_fn.items()},
                   advantages.tolist())
-        common = {"seed": cfg.seed, "details": self.grpo_step.last_details, "group_size": cfg.group_size}
+        common = {"seed": cfg.seed, "details": self.grpo_step.last_details, "group_size": cfg.group_size,
+                  "readings": answer_readings}
         rows = {}
         if cfg.completions_to_keep:
             rows = {r["index"]: r for r in sample_completions(*values, count=cfg.completions_to_keep, stream="kept",
@@ -381,10 +391,8 @@ class GRPOTrainer:
             shown = sample_completions(*values, count=cfg.num_completions_to_print, **common)
             rows.update({r["index"]: r for r in shown})
         kept = [rows[i] for i in sorted(rows)]
-        writer.append(kept)
         self.completions.extend(kept)
-        if shown:
-            writer.show_only(shown, total=len(completions), bar=bar)
+        return kept, shown, len(completions)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, dataset: Sequence[dict], *, batch_size: int | None = None, num_samples: int = 3) -> dict:

@@ -38,11 +38,12 @@ pytestmark = pytest.mark.usefixtures("hub_offline")
 @pytest.mark.parametrize(
     "argv, expected",
     [
-        ([], "{train,evaluate,plot,export}"),
+        ([], "{train,evaluate,plot,export,doctor}"),
         (["train"], "--group-size"),
         (["evaluate"], "--checkpoint"),
         (["plot"], "--smooth"),
         (["export"], "merge_and_unload"),
+        (["doctor"], "--json"),
     ],
 )
 def test_help_for_every_subcommand(argv, expected, capsys):
@@ -525,7 +526,9 @@ def test_a_variant_trains_from_the_command_line(run_dir, capsys, flags):
         elif name.startswith("--"):
             assert config[field] is True, field
     completions = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
-    assert [c["step"] for c in completions] == [1] * 4 + [2] * 4  # RUN_FIELDS: 4 completions each time
+    # completions_to_keep (8) keeps all 8 of each step's completions; the 4 printed (RUN_FIELDS) are among them
+    assert [c["step"] for c in completions] == [1] * 8 + [2] * 8
+    assert all(c["index"] == i % 8 for i, c in enumerate(completions))
     printed = capsys.readouterr().out
     assert "step 2: 4 of 8 completions" in printed and f"and {out / 'completions.jsonl'}" in printed
 
@@ -562,7 +565,7 @@ def test_the_flags_live_in_cli_and_each_subcommand_runs_its_command():
                  "parse_rewards", "resolve_run_defaults"):
         assert getattr(entry, name) is getattr(cli, name), name
     argv = {"train": ["train", "--out", "o"], "evaluate": ["evaluate"], "plot": ["plot", "h", "--out", "p.png"],
-            "export": ["export", "--checkpoint", "c", "--out", "o"]}
+            "export": ["export", "--checkpoint", "c", "--out", "o"], "doctor": ["doctor", "run", "--json"]}
     commands = {name: (lambda args, name=name: name) for name in argv}
     for name, args in argv.items():
         assert build_parser().parse_args(args).func is getattr(entry, f"_cmd_{name}")

@@ -358,7 +358,7 @@ def test_trl_names_both_ways():
     assert back.steps[0]["reward/correctness_reward"] == 0.3
 
 
-def test_trl_trainer_state_written_by_trls_own_trainer(tmp_path):
+def test_trl_trainer_state_written_by_trls_own_trainer(tmp_path, small_policy):
     """TRL 1.16's GRPOTrainer, two steps of the tiny model on CPU: its trainer_state.json (and, with
     log_completions, its parquet completions) read as a run, TRL's names mapped to ours."""
     trl = pytest.importorskip("trl")
@@ -367,7 +367,7 @@ def test_trl_trainer_state_written_by_trls_own_trainer(tmp_path):
 
     from grpo_tutorial.chapters.trl_multiprocess import _checkpointing_off
 
-    model, tok = build_tiny_policy(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    model, tok = small_policy
     model.save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
     args = trl.GRPOConfig(

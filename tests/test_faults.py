@@ -417,6 +417,9 @@ ALLOWED = {
                                         "traceback)",
     ("doctor/reading.py", "_trl_completions"): "a parquet file that cannot be read is left out, and the reading "
                                                "says so in its notes",
+    ("doctor/reading.py", "_our_settings"): "a checkpoint copy or run.json that cannot be read: the next is tried; "
+                                            "a folder with none has no settings, and the rules that need them are "
+                                            "listed as skipped",
     ("doctor/reading.py", "_read_tensorboard"): "a damaged event file: what was read before it stays, and the "
                                                 "reading says so in its notes",
     ("calculator.py", "safe_text"): "a tool's object whose str() (and repr()) raises is written as a placeholder "

@@ -170,7 +170,8 @@ def test_load_model_state_without_a_checkpoint(tmp_path):
 
 def test_the_fields_a_resume_may_change():
     assert RESUME_FREE_FIELDS == {"output_dir", "log_every", "checkpoint_every", "checkpoint_in_place",
-                                  "eval_batch_size", "log_completions", "num_completions_to_print", "report_to"}
+                                  "eval_batch_size", "log_completions", "num_completions_to_print", "report_to",
+                                  "completions_to_keep"}
 
 
 def test_config_changes_word_for_word():

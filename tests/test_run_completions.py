@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 
+from grpo_tutorial.answers import answer_readings
 from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
 from grpo_tutorial.run.completions import (
     COMPLETIONS_FILE,
@@ -313,7 +314,7 @@ def _one_kept(completion, prompt="1+1=", answer="2", fns=None):
     fns = fns or {"a_reward": [1.0]}
     details = {"answers": [answer], "truncated": [True], "lengths": [999], "tool_calls": [2], "tool_failures": [1]}
     (row,) = sample_completions(7, [prompt], [completion], [1.0], fns, [0.5], count=None, seed=0, details=details,
-                                group_size=1)
+                                group_size=1, readings=answer_readings)
     return row
 
 

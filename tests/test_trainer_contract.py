@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import warnings
 
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, evaluate_policy, make_arithmetic_dataset
+from grpo_tutorial.doctor import CAUSE_ORDER
 from grpo_tutorial.rewards import correctness_reward, partial_credit_reward
 from grpo_tutorial.sft import SFTConfig
 
@@ -144,11 +146,15 @@ def test_checkpoint_size_does_not_grow_with_the_run(tmp_path, make_small_policy)
     model, tok = make_small_policy(num_layers=1)
     cfg = GRPOConfig(prompts_per_step=2, group_size=2, max_new_tokens=2, checkpoint_every=2, output_dir=str(tmp_path))
     trainer = GRPOTrainer(model, tok, partial_credit_reward, cfg)
-    sizes = []
+    sizes, warned = [], []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for steps in (2, 20):
             trainer.train(_data(), steps, progress=False)
-            sizes.append((tmp_path / "checkpoint" / "trainer_state.json").stat().st_size)
+            state = json.loads((tmp_path / "checkpoint" / "trainer_state.json").read_text())
+            warned.append(state.pop("warned"))
+            sizes.append(len(json.dumps(state)))
     assert abs(sizes[1] - sizes[0]) < 16  # a few digits of the step counter, not 18 more history rows
+    # what grows besides: the names of the doctor's findings already warned about, at most one each
+    assert set(warned[0]) <= set(warned[1]) <= set(CAUSE_ORDER) and len(warned[1]) == len(set(warned[1]))
     assert len((tmp_path / "history.jsonl").read_text().splitlines()) == 20

@@ -678,4 +678,5 @@ def test_the_troubleshooting_page_quotes_the_current_messages(small_policy, make
 
     missing = [q for q in quoted if q not in page]
     assert not missing, "book/troubleshooting.md no longer quotes these messages:\n" + "\n".join(missing)
-    assert len(quoted) == 37  # 30 errors; zero std, truncated (twice), unscorable, non-finite, float16, static cache
+    assert len(quoted) == 37  # 30 errors; the doctor's truncation and zero variance, unscorable, non-finite (the
+    # step's and the doctor's), float16, static cache

@@ -327,12 +327,12 @@ def _trainer_inputs(case: Case, seed: int, starts: Starts, settings: ZooSettings
         if case.reference == "untrained":
             ref = copy.deepcopy(untrained)
     elif case.task == "thinking":
-        from .thinking import _rewards
+        from .thinking import reward_functions
 
         model, tokenizer, recipe, data = starts.thinking()
         config = recipe.grpo_config(seed)
         rows = data["train"]
-        rewards = _rewards({"correct": "correct", "format": "format"}[case.reward], config, seed)
+        rewards = reward_functions({"correct": "correct", "format": "format"}[case.reward], config, seed)
     elif case.task == "tool_use":
         from ..calculator import calculator
         from .tool_use import tool_answer_reward

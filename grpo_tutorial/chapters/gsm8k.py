@@ -64,7 +64,7 @@ from .gpu_estimates import (  # noqa: F401  (chapter 9 and the benchmarks import
     t4_step_estimate,
 )
 from .._checks import check_flag, check_int
-from ..answers import answers_match, completion_to_text, extract_answer, last_boxed, last_number
+from ..answers import answer_readings, answers_match, completion_to_text, extract_answer, last_boxed, last_number
 from ..rewards import compute_rewards, correctness_reward
 from ..fast_sampler import use_static_cache
 from ..rollout import generate_rollouts, sampling_kwargs
@@ -314,7 +314,8 @@ def probe_groups(model: Any, tokenizer: Any, config: GRPOConfig, rows: Sequence[
         "kept": sample_completions(1, rollout.prompts, list(rollout.completions), total.tolist(),
                                    {k: v.tolist() for k, v in per_fn.items()}, [0.0] * len(answers), count=None,
                                    seed=0, details={"answers": answers, "truncated": rollout.truncated.tolist(),
-                                                    "lengths": rollout.completion_lengths.tolist()}, group_size=G),
+                                                    "lengths": rollout.completion_lengths.tolist()}, group_size=G,
+                                   readings=answer_readings),
     }
 
 

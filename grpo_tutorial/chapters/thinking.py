@@ -56,6 +56,7 @@ __all__ = [
     "load_warm_start",
     "make_thinking_data",
     "random_reward",
+    "reward_functions",
     "run_variant",
     "save_warm_start",
     "summarize_thinking",
@@ -243,7 +244,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], str]] = {
 }
 
 
-def _rewards(kind: str, config: GRPOConfig, seed: int) -> list[Callable]:
+def reward_functions(kind: str, config: GRPOConfig, seed: int) -> list[Callable]:
+    """The reward functions a variant's ``reward`` names: ``correct``, ``random`` (seeded by ``seed``),
+    ``format`` (format only) or ``correct+soft_overlong`` (DAPO's length penalty, from ``config``'s budget)."""
     if kind == "correct":
         return [correctness_reward]
     if kind == "random":
@@ -379,7 +382,7 @@ def run_variant(variant: str, start_model, tokenizer, data: dict[str, list[dict]
     _, changes, reward = VARIANTS[variant]
     config = recipe.grpo_config(seed, **changes)
     model = copy.deepcopy(start_model)
-    trainer = GRPOTrainer(model, tokenizer, _rewards(reward, config, seed), config)
+    trainer = GRPOTrainer(model, tokenizer, reward_functions(reward, config, seed), config)
     eval_seed = EVAL_SEED_OFFSET + seed
     return run_from_warm_start(variant, seed, trainer, data["train"], recipe,
                                lambda: heldout_stats(model, tokenizer, data["test"], config, eval_seed),

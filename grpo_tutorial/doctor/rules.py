@@ -31,13 +31,18 @@ __all__ = ["RULES", "Rule", "rise", "window"]
 # ---------------------------------------------------------------------------
 
 
+def _steps(k: int) -> str:
+    return "step" if k == 1 else f"{k} steps"
+
+
 def _finite(values: Sequence[float]) -> list[float]:
     return [v for v in values if math.isfinite(v)]
 
 
 def window(n: int) -> int:
-    """Steps in the start and end windows of a run of ``n`` steps: a fifth of it, between 3 and 10."""
-    return max(3, min(10, n // 5))
+    """Steps in the start and end windows of a run of ``n`` steps: a fifth of it, between 3 and 10 (all of a
+    shorter run's steps)."""
+    return max(1, min(n, max(3, min(10, n // 5))))
 
 
 @dataclass(frozen=True)
@@ -374,8 +379,8 @@ def _truncation(self: Rule, run: Run) -> Finding | None:
     rows = [c for c in run.completions if "truncated" in c and c.get("reward") is not None]
     cut = [c for c in rows if c["truncated"]]
     finished = [c for c in rows if not c["truncated"]]
-    if len(cut) >= MIN_ROWS:
-        bottom = min(c["reward"] for c in rows)
+    bottom = min((c["reward"] for c in rows), default=None)
+    if len(cut) >= MIN_ROWS and any(c["reward"] > bottom for c in rows):  # all paid alike: they cannot tell
         paid_cut = sum(c["reward"] > bottom for c in cut) / len(cut)
         paid_finished = sum(c["reward"] > bottom for c in finished) / len(finished) if len(finished) >= MIN_ROWS else None
         costs = paid_cut <= max(TRUNCATED_PAID, CUT_PAID_SHARE * (paid_finished or 0.0))
@@ -394,8 +399,9 @@ def _truncation(self: Rule, run: Run) -> Finding | None:
             **evidence)
     return self.finding(
         "fault" if share >= 2 * TRUNCATED_SHARE else "warning",
-        f"{_r(share)} of completions hit max_new_tokens on average (no kept completions say whether the cut ones "
-        "lose their reward)", frac_truncated=_r(share), frac_truncated_last=_r(cut_curve[-1]))
+        f"{_r(share)} of completions hit max_new_tokens on average (the kept completions cannot say whether the "
+        "cut ones lose their reward: too few, or all paid alike)", frac_truncated=_r(share),
+        frac_truncated_last=_r(cut_curve[-1]))
 
 
 @rule("tool_never_called", ["tool_call_frequency|tool_call_share"], "chapter 16 (tools in the loop)",
@@ -500,7 +506,7 @@ def _too_hard(self: Rule, run: Run) -> Finding | None:
             return None  # most groups all wrong, but the score rises: a hard start, and the run learns from the rest
     return self.finding(
         "fault",
-        f"{_r(end)} of groups had all-equal rewards over the last {k} steps, at {key} {_r(level)}: mostly all wrong, "
+        f"{_r(end)} of groups had all-equal rewards over the last {_steps(k)}, at {key} {_r(level)}: mostly all wrong, "
         "so most groups teach nothing",
         frac_zero_std_start=_r(start), frac_zero_std_end=_r(end), level=_r(level), level_key=key)
 

@@ -38,9 +38,8 @@ import math
 import os
 import random
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from ..answers import answers_match, completion_to_text, extract_answer, marked_answer
 from ..chat import is_chat_messages
 from .disk import disk_errors
 from .layout import COMPLETIONS_FILE
@@ -72,6 +71,7 @@ def sample_completions(
     details: Mapping[str, Sequence | None] | None = None,
     group_size: int | None = None,
     stream: str = "completions",
+    readings: Callable[[Any, Any], dict] | None = None,
 ) -> list[dict]:
     """The rows to log for ``step``: ``count`` completions drawn without replacement (None = all), in batch order.
 
@@ -82,7 +82,10 @@ def sample_completions(
     With ``details`` (:attr:`~grpo_tutorial.step.GRPOStep.last_details`: ``answers``,
     ``truncated``, ``lengths``, ``tool_calls``, ``tool_failures``) each row is a kept
     row: those fields, its ``index`` (and ``group``, with ``group_size``) in the batch,
-    both readings of its answer, texts cut to fit :data:`ROW_BYTES` (see the module).
+    what ``readings(completion, answer)`` reads of its answer
+    (:func:`~grpo_tutorial.answers.answer_readings`: both readings and whether each
+    matches; the run machinery reads no answers itself), texts cut to fit
+    :data:`ROW_BYTES` (see the module).
     """
     n = len(completions)
     checked = [("prompts", prompts), ("rewards", rewards), ("advantages", advantages),
@@ -107,25 +110,13 @@ def sample_completions(
             "advantage": _number(advantages[i]),
         }
         if details is not None:
-            row = _kept_row(row, i, details, group_size)
+            row = _kept_row(row, i, details, group_size, readings)
         rows.append(row)
     return rows
 
 
-def _readings(completion: Any, answer: Any) -> dict:
-    """Both readings of a completion's answer, and whether each matches ``answer`` (None: no reference to match)."""
-    text = completion_to_text(completion)
-    extracted = {"lenient": extract_answer(text), "strict": marked_answer(text)}
-    correct = None
-    if isinstance(answer, (str, int, float)) and not isinstance(answer, bool):
-        try:
-            correct = {k: answers_match(v, answer) for k, v in extracted.items()}
-        except (TypeError, ValueError):  # a reference that is not a number or a text (inf, say)
-            correct = None
-    return {"extracted": extracted, "correct": correct}
-
-
-def _kept_row(row: dict, i: int, details: Mapping[str, Sequence | None], group_size: int | None) -> dict:
+def _kept_row(row: dict, i: int, details: Mapping[str, Sequence | None], group_size: int | None,
+              readings: Callable[[Any, Any], dict] | None) -> dict:
     """``row`` with the doctor's fields for completion ``i``, its texts cut to fit :data:`ROW_BYTES`."""
     answer = details["answers"][i] if details.get("answers") is not None else None
     kept = {"step": row["step"], "index": i, "group": None if group_size is None else i // group_size, **row}
@@ -135,7 +126,8 @@ def _kept_row(row: dict, i: int, details: Mapping[str, Sequence | None], group_s
         if details.get(key) is not None:
             value = details[key][i]
             kept[name] = bool(value) if key == "truncated" else int(value)
-    kept.update(_readings(row["completion"], answer))
+    if readings is not None:
+        kept.update(readings(row["completion"], answer))
     return _fit(kept)
 
 
