@@ -101,8 +101,11 @@ def test_kl_explosion_from_the_first_step_and_a_healthy_penalty():
 def test_entropy_collapse_is_not_a_policy_that_sharpens_as_it_learns():
     acc = curve(0.24, 0.21, 50, 0.02, 4)
     collapsed = healthy_rows(accuracy=acc, reward_mean=acc, entropy=curve(0.66, 0.33, 50, 0.01, 5),
-                             frac_zero_std=curve(0.24, 0.64, 50, 0.03, 6))
+                             frac_zero_std=curve(0.24, 0.64, 50, 0.03, 6), clip_frac=0.13)  # 16 passes clip a lot
     assert primary_of(collapsed) == ("entropy_collapse", "fault")
+    # the same curves from one pass over each batch (nothing clipped): a slow learner sharpening, as chapter 6's fix
+    one_pass = [dict(row, clip_frac=0.0) for row in collapsed]
+    assert "entropy_collapse" not in diagnose(one_pass).names()
     learned = curve(0.19, 0.68, 50, 0.02, 7)  # chapter 13's healthy run: entropy 0.39 -> 0.045 while it learns
     assert "entropy_collapse" not in diagnose(healthy_rows(accuracy=learned, reward_mean=learned,
                                                            entropy=curve(0.39, 0.045, 50, 0.005, 8))).names()
@@ -114,7 +117,16 @@ def test_plateau_and_a_slow_learner():
     assert "barely move the policy" in diagnose(healthy_rows(accuracy=flat, reward_mean=flat, ratio_max=1.01)).primary.summary
     slow = curve(0.23, 0.29, 50, 0.02, 10)
     assert "plateau" not in diagnose(healthy_rows(accuracy=slow, reward_mean=slow)).names()
-    assert "plateau" not in diagnose(healthy_rows(12, accuracy=flat[:12], reward_mean=flat[:12])).names()  # too short
+    for n in (12, rules.PLATEAU_STEPS - 1):  # too short to tell a slow learner from a flat one
+        assert "plateau" not in diagnose(healthy_rows(n, accuracy=flat[:n], reward_mean=flat[:n])).names()
+    # one pass over each batch: the ratio is 1 by construction, and says nothing of the step size
+    assert "barely move" not in diagnose(healthy_rows(accuracy=flat, reward_mean=flat, ratio_max=1.0)).primary.summary
+    # a rise too noisy to bound below 0.04, but short of significance, while the entropy has not moved: flat
+    drifting = curve(0.20, 0.225, 50, 0.035, 30)
+    still = healthy_rows(accuracy=drifting, reward_mean=drifting, entropy=curve(0.69, 0.68, 50, 0.005, 31))
+    assert primary_of(still) == ("plateau", "fault") and "entropy stayed within" in diagnose(still).primary.summary
+    moving = healthy_rows(accuracy=drifting, reward_mean=drifting, entropy=curve(0.69, 0.60, 50, 0.005, 31))
+    assert "plateau" not in diagnose(moving).names()
 
 
 def test_zero_variance_too_hard_too_easy_and_mastered():
@@ -151,6 +163,12 @@ def test_truncation_reads_whether_the_cut_completions_are_paid():
         return out
 
     assert primary_of(Run(rows, kept(False))) == ("truncation", "fault")
+    # most completions cut, and the cut ones paid less often than the finished ones (if more than half as often)
+    less = [dict(c, reward=1.0 if c["step"] % 3 == 0 or not c["truncated"] and c["step"] % 2 == 0 else 0.0)
+            for c in kept(False)]
+    assert primary_of(Run(rows, less)) == ("truncation", "fault")
+    alike = [dict(c, reward=0.0) for c in kept(False)]  # all paid alike: the rows cannot tell, the curve still can
+    assert "cannot say" in diagnose(Run(rows, alike)).primary.summary
     d = diagnose(Run(rows, kept(True)))
     assert "truncation" in d.names("note") and "truncation" not in d.names("fault")  # the answer fits before the cut
     assert "truncation" not in diagnose(healthy_rows(40)).names()
@@ -188,6 +206,13 @@ def test_extraction_mismatch_reads_the_completions():
     assert primary_of(Run(rows, kept)) == ("extraction_mismatch", "fault")
     fair = [dict(c, reward=1.0, rewards={"my_reward": 1.0}) if c["correct"]["lenient"] else c for c in kept]
     assert "extraction_mismatch" not in diagnose(Run(rows, fair)).names()
+    # every kept row right and paid alike (a solved task): none was left unpaid
+    solved = [_completion(c["step"], c["answer"], c["answer"], 1.0, c["answer"], None) for c in kept]
+    assert "extraction_mismatch" not in diagnose(Run(rows, solved)).names()
+    # a monitor weighted 0 (chapter 6's contains_plus) gives them nothing: it is not the reward
+    monitored = [dict(c, rewards={"my_reward": 1.0 if c["correct"]["lenient"] else 0.0, "monitor": 0.0}) for c in kept]
+    assert "extraction_mismatch" not in diagnose(Run(rows, monitored, {"reward_weights": [1.0, 0.0]})).names()
+    assert "extraction_mismatch" in diagnose(Run(rows, monitored, {"reward_weights": [0.0, 1.0]})).names()
 
 
 def test_reward_bug_reads_the_references():

@@ -84,3 +84,18 @@ def test_top_p_below_one_is_refused_for_training(top_p):
     with pytest.raises(ValueError, match="GRPOConfig.top_p must be 1.0 for training.*full softmax"):
         GRPOConfig(top_p=top_p)
     assert GRPOConfig(top_p=1.0).top_p == 1.0
+
+
+def test_a_live_warning_needs_its_finding_on_the_last_steps():
+    """A curve read mid-run moves with each step: a finding warns only when the doctor also found it on the run as
+    it stood at each of the LIVE_STEPS - 1 steps before (chapter 6's fix sharpens for a few steps, then learns)."""
+    from grpo_tutorial.doctor import LIVE_STEPS, diagnose
+
+    rows = healthy_rows(18, kl=[0.01] * 9 + [3.0] * 9)  # the KL to the reference passes 1 nat at step 10
+    first = min(n for n in range(1, 19) if "kl_explosion" in diagnose(rows[:n]).names("fault"))
+    assert first == 10  # the doctor finds it on the run up to step 10 ...
+    for n in range(first, first + LIVE_STEPS - 1):  # ... and the live warning waits until it held LIVE_STEPS times
+        assert "kl_explosion" not in said(rows[:n]), n
+    assert "kl_explosion" in said(rows[:first + LIVE_STEPS - 1])
+    # a finding on the last step's reading only is not said yet
+    assert said(rows[:10]) == {} and "kl_explosion" in diagnose(rows[:10]).names("fault")

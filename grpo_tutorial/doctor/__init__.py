@@ -26,8 +26,8 @@ from .findings import CAUSE_ORDER, Finding, Skipped, choose_primary
 from .reading import Run, RunUnreadable, read_run, trl_rows
 from .rules import RULES
 
-__all__ = ["CAUSE_ORDER", "DOCTOR_VERSION", "Diagnosis", "FAULTS", "Finding", "Run", "RunUnreadable", "Skipped",
-           "diagnose", "live_findings", "live_warnings", "read_run", "trl_rows"]
+__all__ = ["CAUSE_ORDER", "DOCTOR_VERSION", "LIVE_STEPS", "Diagnosis", "FAULTS", "Finding", "Run", "RunUnreadable",
+           "Skipped", "diagnose", "live_findings", "live_warnings", "read_run", "trl_rows"]
 
 #: The version of the rules (``--json``'s ``version``): it changes when a rule or a threshold does.
 DOCTOR_VERSION = "1"
@@ -115,14 +115,33 @@ def diagnose(source: Any) -> Diagnosis:
     return Diagnosis(run, choose_primary(found), skipped)
 
 
+#: A live warning needs its finding on the run as read at each of this many last steps (all of them, in a
+#: shorter run): a curve read mid-run moves with each new step, and one step's dip is not a finding.
+LIVE_STEPS = 3
+
+
+def _alarms(history: Sequence[dict], completions: Sequence[dict], settings: dict) -> list[Finding]:
+    run = Run(list(history), list(completions), settings, "memory")
+    return [f for f in diagnose(run).findings if f.severity in ("fault", "warning")]
+
+
 def live_findings(history: Sequence[dict], completions: Sequence[dict] = (), settings: dict | None = None
                   ) -> list[Finding]:
     """The faults and warnings of a run so far (the trainer's live warnings): :func:`diagnose` on the rows and
-    kept completions up to now."""
+    kept completions up to now, each finding kept only if :func:`diagnose` also found it (at ``fault`` or
+    ``warning``) on the run as it stood at each of the :data:`LIVE_STEPS` - 1 steps before."""
     if not history:
         return []
-    run = Run(list(history), list(completions), dict(settings or {}), "memory")
-    return [f for f in diagnose(run).findings if f.severity in ("fault", "warning")]
+    settings = dict(settings or {})
+    found = _alarms(history, completions, settings)
+    for back in range(1, min(LIVE_STEPS, len(history))):
+        if not found:
+            break
+        last = history[-1 - back].get("step")
+        earlier = {f.name for f in _alarms(history[:-back], [c for c in completions if c.get("step", 0) <= last],
+                                           settings)}
+        found = [f for f in found if f.name in earlier]
+    return found
 
 
 def live_warnings(history: Sequence[dict], completions: Sequence[dict] = (), settings: dict | None = None

@@ -187,6 +187,16 @@ def _numeric_reference(answer) -> bool:
     return isinstance(answer, str) and last_number(answer) is not None
 
 
+def _counted(run: Run, rows: list[dict]) -> list[str]:
+    """The reward functions that count in the reward: the kept rows' functions, less those the run's
+    ``reward_weights`` weigh 0 (monitors, logged and never rewarded)."""
+    names = list(dict.fromkeys(k for r in rows for k in r["rewards"]))
+    weights = run.setting("reward_weights")
+    if isinstance(weights, (list, tuple)) and len(weights) == len(names):
+        names = [n for n, w in zip(names, weights) if w]
+    return sorted(names)
+
+
 def _paid(values: list[float | None]) -> tuple[float, float] | None:
     """A reward function's lowest and highest values among the kept rows (None: it scored none)."""
     scored = [v for v in values if v is not None and math.isfinite(v)]
@@ -215,7 +225,7 @@ def _reward_bug(self: Rule, run: Run) -> Finding | None:
     broken = [r for r, ok in zip(numeric, readable) if not ok]
     if len(broken) < MIN_ROWS:
         return None
-    for name in sorted({k for r in rows for k in r["rewards"]}):
+    for name in _counted(run, rows):
         span = _paid([r["rewards"].get(name) for r in rows])
         if span is None or span[0] == span[1]:
             continue
@@ -246,10 +256,12 @@ def _extraction_mismatch(self: Rule, run: Run) -> Finding | None:
     unmarked_right = [r for r in rows if r["correct"].get("lenient") and r.get("extracted", {}).get("strict") is None]
     if len(unmarked_right) < max(MIN_ROWS, UNMARKED_RIGHT_SHARE * len(rows)):
         return None
-    for name in sorted({k for r in rows for k in r["rewards"]}):
+    for name in _counted(run, rows):
         span = _paid([r["rewards"].get(name) for r in rows])
         if span is None:
             continue
+        if span[0] == span[1] and span[0] > 0:
+            continue  # it paid every kept row alike, and something: these rows were not left unpaid
         unpaid = [r for r in unmarked_right if r["rewards"].get(name) is not None and r["rewards"][name] == span[0]]
         marked_right = [r for r in rows if r["correct"].get("strict")]
         marked_paid = [r for r in marked_right if r["rewards"].get(name) == span[1]]
@@ -361,7 +373,8 @@ def _lr_too_high(self: Rule, run: Run) -> Finding | None:
 #: truncation: at least this share of completions cut by the budget, ...
 TRUNCATED_SHARE = 0.25
 #: ... and the cut ones paid at most this often, or at most :data:`CUT_PAID_SHARE` of the finished ones' rate
-#: (a cut completion whose whole answer came before the budget is paid: that is not the fault).
+#: (a cut completion whose whole answer came before the budget is paid: that is not the fault); when at least
+#: twice :data:`TRUNCATED_SHARE` are cut, paid less often than the finished ones at all.
 TRUNCATED_PAID = 0.05
 CUT_PAID_SHARE = 0.5
 
@@ -383,7 +396,8 @@ def _truncation(self: Rule, run: Run) -> Finding | None:
     if len(cut) >= MIN_ROWS and any(c["reward"] > bottom for c in rows):  # all paid alike: they cannot tell
         paid_cut = sum(c["reward"] > bottom for c in cut) / len(cut)
         paid_finished = sum(c["reward"] > bottom for c in finished) / len(finished) if len(finished) >= MIN_ROWS else None
-        costs = paid_cut <= max(TRUNCATED_PAID, CUT_PAID_SHARE * (paid_finished or 0.0))
+        costs = paid_cut <= max(TRUNCATED_PAID, CUT_PAID_SHARE * (paid_finished or 0.0)) or (
+            share >= 2 * TRUNCATED_SHARE and paid_finished is not None and paid_cut < paid_finished)
         evidence = {"frac_truncated": _r(share), "paid_cut": _r(paid_cut),
                     "paid_finished": None if paid_finished is None else _r(paid_finished), "cut_kept": len(cut)}
         if not costs:
@@ -540,8 +554,12 @@ def _too_easy(self: Rule, run: Run) -> Finding | None:
 ENTROPY_SHARE = 0.8
 #: ... the share of all-equal groups up by this much (the policy writes the same completion for a prompt), ...
 ZERO_STD_RISE = 0.12
-#: ... while the score rose by less than this (a policy that learns sharpens too: that is not a collapse).
+#: ... while the score rose by less than this (a policy that learns sharpens too: that is not a collapse), ...
 LEARNED = 0.15
+#: ... under updates that clip at least this share of tokens on average, where the run logs it: steps that
+#: over-fit their batch (many passes, a large step). The zoo's healthy runs clip at most 0.011, its
+#: 16-pass runs 0.12 or more; chapter 6's one-pass fix sharpens for a while with none clipped.
+CLIPPED = 0.05
 
 
 @rule("entropy_collapse", ["entropy", "frac_zero_std", "accuracy|reward_mean"],
@@ -559,6 +577,9 @@ def _entropy_collapse(self: Rule, run: Run) -> Finding | None:
         return None
     if learned.end >= SOLVED:
         return None  # all-equal groups of right answers: mastery, not a collapse
+    clipped = _finite(_series(run, "clip_frac"))
+    if clipped and statistics.fmean(clipped) < CLIPPED:
+        return None  # near on-policy steps cannot over-fit their batch: a slow learner sharpening (chapter 6's fix)
     return self.finding(
         "fault",
         f"entropy fell from {_r(entropy.start)} to {_r(entropy.end)} per token and the groups whose completions all "
@@ -568,10 +589,16 @@ def _entropy_collapse(self: Rule, run: Run) -> Finding | None:
         frac_zero_std_end=_r(zero.end), score_start=_r(learned.start), score_end=_r(learned.end), score_key=key)
 
 
-#: plateau: at least this many steps before a flat curve means anything.
-PLATEAU_STEPS = 20
+#: plateau: at least this many steps before a flat curve means anything (a slow learner's rise shows against
+#: the noise of a batch's accuracy only after tens of steps: chapter 6's fix is flat for its first 28).
+PLATEAU_STEPS = 40
 #: The score's rise whose 95% upper bound stays below this is no rise.
 PLATEAU_RISE = 0.04
+#: ... or a rise short of significance (:data:`RISE_Z`) while the entropy stays within this share of its start:
+#: a policy that learns, or forgets, moves its entropy (the zoo's healthy runs by 6% or more in 50 steps).
+PLATEAU_ENTROPY = 0.05
+#: A ratio_max within this of 1 is the ratio of a single pass over the batch (1 by construction), not a measure.
+RATIO_MOVED = 1e-4
 
 
 @rule("plateau", ["accuracy|reward_mean", "frac_zero_std"], "chapter 8 (the tiny model's learning curve)",
@@ -585,15 +612,20 @@ def _plateau(self: Rule, run: Run) -> Finding | None:
     zero = _zero_variance(run)
     if change is None or zero is None or zero[1] >= ZERO_STD_SHARE:
         return None  # groups without a signal: the zero-variance rules speak
-    if change.delta + 1.96 * change.se >= PLATEAU_RISE:
-        return None
+    entropy = rise(_finite(_series(run, "entropy")))
+    still = entropy is not None and entropy.start > 0 and abs(entropy.end / entropy.start - 1) < PLATEAU_ENTROPY
+    if change.delta + 1.96 * change.se >= PLATEAU_RISE and not (still and change.z < RISE_Z):
+        return None  # it may be rising; unless the policy's entropy has not moved and the rise is not significant
     ratios = _finite(_series(run, "ratio_max"))
-    moving = f"; the updates barely move the policy (ratio_max at most {_r(max(ratios))})" if ratios and max(
-        ratios) < 1.1 else ""
+    # with one pass over each batch the ratio is 1 by construction: then ratio_max says nothing of the step size
+    moving = f"; the updates barely move the policy (ratio_max at most {_r(max(ratios))})" if ratios and (
+        1 + RATIO_MOVED < max(ratios) < 1.1) else ""
     return self.finding(
         "fault",
         f"{key} went from {_r(change.start)} to {_r(change.end)} over {len(score)} steps (a rise of at most "
-        f"{_r(change.delta + 1.96 * change.se)} at 95%) while {_r(1 - zero[1])} of groups carried a signal{moving}",
+        f"{_r(change.delta + 1.96 * change.se)} at 95%) while {_r(1 - zero[1])} of groups carried a signal"
+        + (f", and the entropy stayed within {_r(abs(entropy.end / entropy.start - 1))} of its start" if still else "")
+        + moving,
         start=_r(change.start), end=_r(change.end), upper=_r(change.delta + 1.96 * change.se),
         ratio_max=_r(max(ratios)) if ratios else None)
 
