@@ -46,8 +46,8 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from benchmarks.common import LoadSampler, load_average, machine, package_commit, write_atomic  # noqa: E402
 from benchmarks.lab import json_safe, uptime  # noqa: E402
-from grpo_tutorial.chapters.doctor_zoo import CASES, Starts, ZooSettings, run_case  # noqa: E402
-from grpo_tutorial.doctor import DOCTOR_VERSION, FAULTS, Run, diagnose, live_findings, trl_rows  # noqa: E402
+from grpo_tutorial.chapters.doctor_zoo import CASES, Starts, ZooSettings, as_run, run_case  # noqa: E402
+from grpo_tutorial.doctor import DOCTOR_VERSION, FAULTS, diagnose, live_findings, trl_rows  # noqa: E402
 from grpo_tutorial.doctor.reading import run_from_trl  # noqa: E402
 from grpo_tutorial.run.progress import progress_bar  # noqa: E402
 from grpo_tutorial.stats import clopper_pearson  # noqa: E402
@@ -116,7 +116,7 @@ def _seed_runs(settings: ZooSettings, cases: Sequence[str], seed: int, folder: s
 
 def ours(run: dict) -> dict:
     """Our doctor's verdict on a stored run: its findings (name, severity) and its primary."""
-    diagnosis = diagnose(Run(run["history"], run["completions"], run["settings"], "grpo_tutorial"))
+    diagnosis = diagnose(as_run(run))
     primary = diagnosis.primary
     return {"findings": [[f.name, f.severity] for f in diagnosis.findings],
             "primary": None if primary is None else [primary.name, primary.severity],

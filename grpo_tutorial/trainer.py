@@ -39,6 +39,7 @@ from .models import disable_dropout
 from .objectives import EntropyControl
 from .run.checkpoint import load_model_state, load_training, resume_or_start, save_training
 from .run.completions import CompletionsWriter, read_completions, sample_completions
+from .run.crash import clear_crash, write_crash
 from .run.history import HistoryWriter, history_until, read_history
 from .run.interrupt import StopAfterStep
 from .run.layout import COMPLETIONS_FILE, find_checkpoint, read_meta
@@ -305,6 +306,8 @@ class GRPOTrainer:
         dataset = self._begin(dataset, steps, resume=resume)
         cfg = self.config
         out = Path(cfg.output_dir) if cfg.output_dir is not None else None
+        if out is not None:
+            clear_crash(out)  # a new attempt: an older one's error no longer describes the run
         with HistoryWriter(out, self.history) as history, \
                 CompletionsWriter(out, self.step, enabled=cfg.log_completions or cfg.completions_to_keep > 0) \
                 as completions, \
@@ -337,6 +340,10 @@ class GRPOTrainer:
                             raise KeyboardInterrupt(f"training interrupted after step {self.step}; {saved}")
                 if out is not None and cfg.checkpoint_every and saved_at != self.step:
                     self.save_checkpoint(out)
+            except Exception as err:
+                if out is not None:  # kept for the doctor (chapter 18): the history cannot say why it stopped
+                    write_crash(out, self.step + 1, err)
+                raise
             finally:
                 self._writers = None
                 if bar is not None:

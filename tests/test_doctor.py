@@ -424,3 +424,30 @@ def test_trl_trainer_state_written_by_trls_own_trainer(tmp_path, small_policy):
     except ImportError:
         return
     assert {c["step"] for c in d.run.completions} == {1, 2} and "correctness_reward" in d.run.completions[0]["rewards"]
+
+
+def test_a_run_that_died_sampling_from_non_finite_weights(tmp_path, monkeypatch):
+    """A float16 policy's weights go non-finite and the next step dies inside generate, before it has a row: the
+    trainer keeps the error in crash.json, the doctor names non_finite from it, and a new attempt removes it."""
+    trainer = _train(tmp_path / "run", steps=2)
+    real = trainer.grpo_step.sample
+
+    def dies(*args, **kwargs):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+
+    monkeypatch.setattr(trainer.grpo_step, "sample", dies)
+    with pytest.raises(RuntimeError, match="probability tensor"):
+        trainer.train(make_arithmetic_dataset(32, seed=2, digits=1), 4, resume=True, progress=False)
+    crash = json.loads((tmp_path / "run" / "crash.json").read_text())
+    assert crash == {"step": 3, "error": "RuntimeError",
+                     "message": "probability tensor contains either `inf`, `nan` or element < 0"}
+    found = diagnose(tmp_path / "run")
+    assert (found.primary.name, found.primary.severity) == ("non_finite", "fault")
+    assert "died at step 3" in found.primary.summary
+    assert primary_of(read_run(tmp_path / "run").steps) != ("non_finite", "fault")  # the history alone cannot tell
+    monkeypatch.setattr(trainer.grpo_step, "sample", real)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train(make_arithmetic_dataset(32, seed=2, digits=1), 3, resume=True, progress=False)
+    assert not (tmp_path / "run" / "crash.json").exists()
+    assert "non_finite" not in diagnose(tmp_path / "run").names()

@@ -420,6 +420,10 @@ ALLOWED = {
     ("doctor/reading.py", "_our_settings"): "a checkpoint copy or run.json that cannot be read: the next is tried; "
                                             "a folder with none has no settings, and the rules that need them are "
                                             "listed as skipped",
+    ("doctor/reading.py", "_crash"): "no crash.json, or one cut while written: the run is read without it",
+    ("run/crash.py", "write_crash"): "the step's own error is raised either way; a disk that cannot take this note "
+                                     "beside it leaves the run without it",
+    ("run/crash.py", "read_crash"): "no crash.json, or one that cannot be read: None, as for a run that did not crash",
     ("doctor/reading.py", "_read_tensorboard"): "a damaged event file: what was read before it stays, and the "
                                                 "reading says so in its notes",
     ("calculator.py", "safe_text"): "a tool's object whose str() (and repr()) raises is written as a placeholder "

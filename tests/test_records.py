@@ -1168,8 +1168,8 @@ def test_zoo_record_reproduces_one_run():
     """One case of the zoo trained again by its own code: on the record's kernels its history and kept completions
     bit for bit; on others (another draw of every float), the verdict the record backs, the planted fault named
     as primary."""
-    from grpo_tutorial.chapters.doctor_zoo import Starts, ZooSettings, run_case
-    from grpo_tutorial.doctor import Run, diagnose
+    from grpo_tutorial.chapters.doctor_zoo import Starts, ZooSettings, as_run, run_case
+    from grpo_tutorial.doctor import diagnose
 
     bench, record = _zoo_record()
     case, seed = ZOO_RERUN
@@ -1187,5 +1187,5 @@ def test_zoo_record_reproduces_one_run():
     if same_kernels(record):
         assert got["history"] == stored["history"]
         assert got["completions"] == stored["completions"]
-    primary = diagnose(Run(got["history"], got["completions"], got["settings"])).primary
+    primary = diagnose(as_run(got)).primary
     assert (primary.name, primary.severity) == (case, "fault") == tuple(stored["ours"]["primary"])

@@ -44,12 +44,13 @@ import torch
 
 from ..answers import answers_match, extract_answer, last_number, marked_answer
 from ..config import GRPOConfig
+from ..doctor import Run
 from ..rewards import correctness_reward
 from ..tasks import make_arithmetic_dataset
 from ..trainer import GRPOTrainer
 from ..warn import GRPOWarning
 
-__all__ = ["CASES", "Case", "HISTORY_KEYS", "Starts", "ZooSettings", "marked_only_reward", "number_words",
+__all__ = ["CASES", "Case", "HISTORY_KEYS", "Starts", "ZooSettings", "as_run", "marked_only_reward", "number_words",
            "run_case", "unreadable_is_right_reward", "words_for_some_references"]
 
 #: The history fields a zoo run keeps: what the doctor's rules and TRL's logs read (no timings).
@@ -388,6 +389,17 @@ def run_case(name: str, seed: int, settings: ZooSettings, starts: Starts) -> dic
         "settings": {k: v for k, v in config.to_dict().items() if k != "output_dir"},
         "crashed": crashed, "seconds": seconds,
     }
+
+
+def as_run(record: dict) -> Run:
+    """A stored zoo run (:func:`run_case`'s dict) as the doctor reads it: what a run folder would hold, its
+    ``crashed`` error as the trainer's ``crash.json`` (:mod:`grpo_tutorial.run.crash`) at the step after the last."""
+    crash = None
+    if record.get("crashed"):
+        error, _, message = record["crashed"].partition(": ")
+        last = record["history"][-1]["step"] if record["history"] else 0
+        crash = {"step": last + 1, "error": error, "message": message}
+    return Run(record["history"], record["completions"], record["settings"], "grpo_tutorial", crash=crash)
 
 
 def _reward_functions(row: dict) -> dict:

@@ -59,8 +59,8 @@ _OURS_TO_TRL = {ours: trl for trl, ours in TRL_KEYS.items()}
 #: Names that only TRL's logs use: a TensorBoard or JSONL source holding one of them is read as TRL's.
 _TRL_ONLY = {"reward", "frac_reward_zero_std", "completions/clipped_ratio", "completions/mean_length"}
 
-HISTORY_FILE, COMPLETIONS_FILE, CHECKPOINT, CHECKPOINT_OLD = (
-    "history.jsonl", "completions.jsonl", "checkpoint", "checkpoint.old")
+HISTORY_FILE, COMPLETIONS_FILE, CHECKPOINT, CHECKPOINT_OLD, CRASH_FILE = (
+    "history.jsonl", "completions.jsonl", "checkpoint", "checkpoint.old", "crash.json")
 
 
 class RunUnreadable(ValueError):
@@ -79,6 +79,8 @@ class Run:
         partial: the reading left something out (a cut last line, a damaged line, a run still being written).
         notes: what was left out, in words.
         where: the path read (None in memory).
+        crash: the error that ended the run (``step``, ``error``, ``message``: this package's ``crash.json``),
+            else None.
     """
 
     steps: list[dict]
@@ -88,6 +90,7 @@ class Run:
     partial: bool = False
     notes: list[str] = field(default_factory=list)
     where: str | None = None
+    crash: dict | None = None
 
     def values(self, key: str) -> list[tuple[int, float]]:
         """``(step, value)`` for every step that logged a finite-or-not number under ``key`` (None: left out)."""
@@ -203,7 +206,18 @@ def _read_our_folder(root: Path) -> Run:
             partial = True
             notes.append(f"completions of {len({c['step'] for c in later})} steps past the history's last; left out")
             completions = [c for c in completions if c not in later]
-    return Run(steps, completions, _our_settings(root), "grpo_tutorial", partial, notes, str(root))
+    return Run(steps, completions, _our_settings(root), "grpo_tutorial", partial, notes, str(root), _crash(root))
+
+
+def _crash(root: Path) -> dict | None:
+    """``crash.json`` (:mod:`grpo_tutorial.run.crash`), read here without importing the run machinery."""
+    try:
+        data = json.loads((root / CRASH_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # no crash, or a file cut while written: nothing to add
+        return None
+    if isinstance(data, dict) and isinstance(data.get("step"), int) and isinstance(data.get("error"), str):
+        return {"step": data["step"], "error": data["error"], "message": str(data.get("message", ""))}
+    return None
 
 
 def _is_trl_state(data: Any) -> bool:

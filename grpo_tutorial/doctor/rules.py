@@ -17,6 +17,7 @@ against the step-to-step noise of the curve (:func:`rise`).
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -148,6 +149,9 @@ def rule(name: str, needs: Sequence[str], chapter: str, fix: str):
 
 # -- non-finite numbers ------------------------------------------------------
 
+#: An error that ended the run and says a number went non-finite (``torch.multinomial`` on NaN probabilities, ...).
+NON_FINITE_CRASH = re.compile(r"\b(nan|inf|infinity|non-finite)\b", re.IGNORECASE)
+
 #: Keys that are always computed: a null (a NaN written as JSON) or an infinity in them is a non-finite number.
 ALWAYS_COMPUTED = ("loss", "grad_norm", "entropy")
 
@@ -161,6 +165,15 @@ def _non_finite(self: Rule, run: Run) -> Finding | None:
     skips = [(s, v) for s, v in run.values("skipped_updates")]
     skipped_at = [s for (s, v), (_, before) in zip(skips, [(0, 0.0)] + skips[:-1]) if v > before]
     steps = sorted(set(bad) | set(skipped_at))
+    crash = run.crash if run.crash and NON_FINITE_CRASH.search(f"{run.crash['error']}: {run.crash['message']}") \
+        else None
+    if crash:  # the weights went non-finite and the next step died sampling from them, before writing a row
+        return self.finding(
+            "fault",
+            f"the run died at step {crash['step']} with {crash['error']}: {crash['message'][:120]}"
+            + (f", after {len(steps)} step(s) with a non-finite loss or gradient" if steps else
+               ", a non-finite number in the weights or the logits that no logged step shows"),
+            steps=steps, crash=crash)
     if not steps:
         return None
     last = run.steps[-1]["step"]

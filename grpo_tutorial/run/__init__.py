@@ -15,7 +15,8 @@ Module             What it holds
 ``state``          where a run stands (step, data position, dataset), checkpoint form
 ``interrupt``      Ctrl-C: finish the step, save, stop
 ``progress``       progress bars for a terminal, Colab and the book
-``completions``    ``log_completions``: a few completions shown and kept in ``completions.jsonl``
+``completions``    every step's kept sample, and ``log_completions``' shown ones, in ``completions.jsonl``
+``crash``          ``crash.json``: the error that ended the last attempt, for the doctor
 ``tensorboard``    ``report_to="tensorboard"``: each step's numbers as TensorBoard scalars, live
 =================  ================================================================
 

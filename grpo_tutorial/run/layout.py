@@ -11,8 +11,12 @@
 
     ``.lock``  held while a run uses the directory (:mod:`~grpo_tutorial.run.lock`).
 
-    ``completions.jsonl``  a few completions every ``log_every`` steps, with
+    ``completions.jsonl``  every step's kept sample of completions
+    (``completions_to_keep``), and the few shown every ``log_every`` steps with
     ``log_completions`` (:mod:`~grpo_tutorial.run.completions`).
+
+    ``crash.json``  the error that ended the last attempt, if a step raised
+    (:mod:`~grpo_tutorial.run.crash`); removed when the run starts again.
 
     ``run.json``, ``eval.json``  the command line's arguments and config, and
     its evaluations (``python -m grpo_tutorial train``).
@@ -48,6 +52,7 @@ __all__ = [
     "CHECKPOINT_OLD",
     "CHECKPOINT_TMP",
     "COMPLETIONS_FILE",
+    "CRASH_FILE",
     "EVAL_FILE",
     "HISTORY_FILE",
     "LOCK_FILE",
@@ -63,6 +68,7 @@ __all__ = [
 
 HISTORY_FILE = "history.jsonl"
 COMPLETIONS_FILE = "completions.jsonl"
+CRASH_FILE = "crash.json"
 CHECKPOINT = "checkpoint"
 CHECKPOINT_TMP = "checkpoint.tmp"
 CHECKPOINT_OLD = "checkpoint.old"
