@@ -127,6 +127,8 @@ def test_plateau_and_a_slow_learner():
     assert primary_of(still) == ("plateau", "fault") and "entropy stayed within" in diagnose(still).primary.summary
     moving = healthy_rows(accuracy=drifting, reward_mean=drifting, entropy=curve(0.69, 0.60, 50, 0.005, 31))
     assert "plateau" not in diagnose(moving).names()
+    falling = curve(0.20, 0.05, 50, 0.01, 32)  # a fall is not a plateau: raising the learning rate is no fix for it
+    assert "plateau" not in diagnose(healthy_rows(accuracy=falling, reward_mean=falling)).names()
 
 
 def test_zero_variance_too_hard_too_easy_and_mastered():

@@ -627,6 +627,8 @@ def _plateau(self: Rule, run: Run) -> Finding | None:
         return None  # groups without a signal: the zero-variance rules speak
     entropy = rise(_finite(_series(run, "entropy")))
     still = entropy is not None and entropy.start > 0 and abs(entropy.end / entropy.start - 1) < PLATEAU_ENTROPY
+    if change.z <= -RISE_Z:
+        return None  # falling, not flat: the rules for a fall speak (format_only, lr_too_high, ...)
     if change.delta + 1.96 * change.se >= PLATEAU_RISE and not (still and change.z < RISE_Z):
         return None  # it may be rising; unless the policy's entropy has not moved and the rise is not significant
     ratios = _finite(_series(run, "ratio_max"))
