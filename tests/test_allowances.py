@@ -235,7 +235,7 @@ ALLOWANCES: dict[tuple[str, str], tuple[str, str]] = {
         (PLANTED, "a run at ten times the learning rate: planted, the recipe's own rate (the reward stays near its start, above 0.1; no groups all equal)"),
     ('notebooks/08_tiny_transformer.ipynb', 'assert max(zero_std_fast[:10]) > 0.9'):
         (PLANTED, "a run at ten times the learning rate: planted, the recipe's own rate (the reward stays near its start, above 0.1; no groups all equal)"),
-    ('notebooks/08_tiny_transformer.ipynb', 'assert fast_eval["accuracy"] < 0.05 and caught'):
+    ('notebooks/08_tiny_transformer.ipynb', 'assert fast_eval["accuracy"] < 0.05'):
         (PLANTED, "a run at ten times the learning rate: planted, the recipe's own rate (the reward stays near its start, above 0.1; no groups all equal)"),
     ('notebooks/08_tiny_transformer.ipynb', 'assert target**G + (1 - target)**G < (0.1**G + 0.9**G)  # fewer at 0.6 than at 0.1'):
         (DTYPE, 'arithmetic on constants'),

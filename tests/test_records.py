@@ -108,7 +108,7 @@ PROVENANCE = {
     "rollout_speed.json": ("rollout_speed.json", None),  # made on lent GPUs by two scripts that import no package code
     "tool_results.json": ("tool_results.json", None),
     "no_critic_results.json": ("no_critic_results.json", None),
-    "doctor_zoo.json": ("doctor_zoo.json", None),
+    "doctor_zoo.json.gz": ("doctor_zoo.json.gz", None),  # gzip: 300 runs' histories and completions
 }
 #: Chapter 15's record (issue 35).
 MISMATCH_RECORD = "sampler_mismatch.json"
@@ -1124,7 +1124,7 @@ def test_no_critic_record_reproduces_its_first_steps():
 # Chapter 18: the doctor's zoo
 # ---------------------------------------------------------------------------
 
-ZOO_RECORD = "doctor_zoo.json"
+ZOO_RECORD = "doctor_zoo.json.gz"
 #: The run the test trains again: a cheap one (chapter 8's seed-0 warm start, shared through `make test`'s cache,
 #: and 50 steps), whose verdict is what chapter 18's first section shows live.
 ZOO_RERUN = ("extraction_mismatch", 0)

@@ -36,13 +36,15 @@ TAG = "committed-data"
 def test_every_data_file_is_listed_and_readable():
     from grpo_tutorial.data import DATA_FILES, read_data
 
-    on_disk = sorted(p.name for p in DATA_DIR.iterdir() if p.suffix in (".json", ".jsonl", ".safetensors"))
+    on_disk = sorted(p.name for p in DATA_DIR.iterdir() if p.suffix in (".json", ".jsonl", ".safetensors")
+                     or p.name.endswith(".json.gz"))
     assert on_disk == sorted(DATA_FILES)
     assert read_data("tiny_learning.json")["runs"][0]["seed"] == 0
     assert [run["seed"] for run in read_data("tiny_learning.json")["runs"]] == list(range(8))
     history = read_data("smollm2_history.jsonl")
     assert len(history) == read_data("smollm2_eval.json")["steps"]
     assert [row["step"] for row in history] == list(range(1, len(history) + 1))
+    assert read_data("doctor_zoo.json.gz")["runs"]  # gzip-compressed, read as JSON
     with pytest.raises(ValueError, match=r"no committed data file named 'missing.json'; the package ships \["):
         read_data("missing.json")
 

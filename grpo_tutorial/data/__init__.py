@@ -72,7 +72,7 @@ safetensors``                   chapter 13 trains live (weights, not readable
                                 each, the held-out curves, the advantages'
                                 variance, the critic's explained variance, memory
                                 and seconds per step (``python -m benchmarks.no_critic``)
-``doctor_zoo.json``             chapter 18's zoo: runs with one planted fault
+``doctor_zoo.json.gz``       chapter 18's zoo: runs with one planted fault
                                 each and healthy runs, 15 seeds, their histories
                                 and kept completions, and both doctors' verdicts
                                 (``python -m benchmarks.doctor_zoo``)
@@ -87,6 +87,7 @@ safetensors``                   chapter 13 trains live (weights, not readable
 
 from __future__ import annotations
 
+import gzip
 import json
 from importlib import resources
 from typing import Any
@@ -112,12 +113,13 @@ DATA_FILES = (
     "rollout_speed.json",
     "tool_results.json",
     "no_critic_results.json",
-    "doctor_zoo.json",
+    "doctor_zoo.json.gz",
 )
 
 
 def read_data(name: str) -> Any:
-    """The content of the shipped file ``name``: a ``.json`` file's value, or a ``.jsonl`` file's list of rows.
+    """The content of the shipped file ``name``: a ``.json`` file's value (gzip-compressed for ``.json.gz``, a
+    record too large to ship as text), or a ``.jsonl`` file's list of rows.
 
     >>> read_data("tiny_learning.json")["runs"][0]["seed"]
     0
@@ -127,6 +129,8 @@ def read_data(name: str) -> Any:
                          "grpo_tutorial.chapters.thinking.load_warm_start()")
     if name not in DATA_FILES:
         raise ValueError(f"no committed data file named {name!r}; the package ships {list(DATA_FILES)}")
+    if name.endswith(".json.gz"):
+        return json.loads(gzip.decompress(resources.files(__name__).joinpath(name).read_bytes()).decode("utf-8"))
     text = resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
     if name.endswith(".jsonl"):
         return [json.loads(line) for line in text.splitlines() if line.strip()]
