@@ -169,6 +169,9 @@ def test_truncation_reads_whether_the_cut_completions_are_paid():
     less = [dict(c, reward=1.0 if c["step"] % 3 == 0 or not c["truncated"] and c["step"] % 2 == 0 else 0.0)
             for c in kept(False)]
     assert primary_of(Run(rows, less)) == ("truncation", "fault")
+    all_cut = [dict(c, truncated=True) for c in kept(True)]  # every kept one cut, some paid: nothing to compare
+    assert "too few finished to compare" in next(f for f in diagnose(Run(rows, all_cut)).findings
+                                                 if f.name == "truncation").summary
     alike = [dict(c, reward=0.0) for c in kept(False)]  # all paid alike: the rows cannot tell, the curve still can
     assert "cannot say" in diagnose(Run(rows, alike)).primary.summary
     d = diagnose(Run(rows, kept(True)))

@@ -414,10 +414,11 @@ def _truncation(self: Rule, run: Run) -> Finding | None:
         evidence = {"frac_truncated": _r(share), "paid_cut": _r(paid_cut),
                     "paid_finished": None if paid_finished is None else _r(paid_finished), "cut_kept": len(cut)}
         if not costs:
+            compared = (f"about as often as the finished ones ({_r(paid_cut)} against {_r(paid_finished)})"
+                        if paid_finished is not None else f"{_r(paid_cut)} of the time (too few finished to compare)")
             return Finding("truncation", "note",
-                           f"{_r(share)} of completions hit the budget, but the cut ones kept are paid about as often "
-                           f"as the finished ones ({_r(paid_cut)} against {_r(paid_finished)}): their answer fits before "
-                           "the cut", evidence, self.chapter, "")
+                           f"{_r(share)} of completions hit the budget, but the cut ones kept are paid {compared}: "
+                           "their answer fits before the cut", evidence, self.chapter, "")
         return self.finding(
             "fault",
             f"{_r(share)} of completions hit max_new_tokens on average, and the cut ones kept were paid "
