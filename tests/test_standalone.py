@@ -114,6 +114,7 @@ def test_the_notebooks_tag_their_committed_data_cells():
     assert len(_tagged_cells("13_thinking_longer.ipynb")) >= 1
     assert len(_tagged_cells("16_tools_in_the_loop.ipynb")) >= 2  # the imports, then the record
     assert len(_tagged_cells("17_why_no_critic.ipynb")) >= 2  # the imports, then the record and its figures
+    assert len(_tagged_cells("18_my_run_is_not_learning.ipynb")) >= 6  # the imports, the zoo, its figures, mysteries
 
 
 CHECK_CELL = textwrap.dedent(
