@@ -27,6 +27,7 @@ Chapter  Module                What it holds
 12-15    ``sweep``             the sweep runner of 14 and 15 (a setting from a seed's warm start), 12's seed start
 16       ``tool_use``          multiplication with a calculator in the loop: warm start, variants, statistics
 17       ``no_critic``         GRPO, RLOO, PPO with a value model and Monte Carlo values on long addition
+18       ``doctor_zoo``        the zoo of runs with one planted fault each, and healthy ones, for the doctor
 =======  ====================  ==================================================================
 
 This package ``__init__`` imports nothing, so importing one chapter's tools does
