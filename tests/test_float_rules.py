@@ -85,6 +85,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("notebooks/10_variants_and_pitfalls.ipynb", "assert applied[0] == 0.0  # no bonus before the first measurement"): SETTING,
     ("notebooks/10_variants_and_pitfalls.ipynb", 'assert all(a == 0.0 for a, e in zip(applied[1:], measured) if e > CONTROL["target"])'): SETTING,
     ("notebooks/12_grpo_lab.ipynb", 'assert row["ratio_mean"] == 1.0 and row["clip_frac"] == 0.0'): "one update per batch: exp(logp - the same logp detached) = 1, and nothing is clipped: " + SAME_BITS,
+    ("notebooks/18_my_run_is_not_learning.ipynb", 'assert all(r["reward_mean"] == 0.0 for r in strict.history)  # not one marked answer: the reward never paid'): "a mean of rewards that are each exactly 0.0 (the function returns the literal 0.0 when no answer is marked)",
     ("notebooks/14_lora.ipynb", 'assert lora_trainer.ref_model is None and history[0]["kl"] == 0.0'): "a fresh adapter adds exactly 0 (its B is 0): " + SAME_BITS,
 }
 

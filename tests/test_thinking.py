@@ -115,7 +115,7 @@ def test_every_variant_is_a_valid_config_with_the_same_completions_per_step():
         config = recipe.grpo_config(0, **changes)
         assert config.prompts_per_step * config.group_size == base.prompts_per_step * base.group_size, name
         assert description and reward in ("correct", "random", "format", "correct+soft_overlong")
-        assert thinking._rewards(reward, config, 0)
+        assert thinking.reward_functions(reward, config, 0)
     losses = {thinking.VARIANTS[v][1].get("loss_type") for v in ("dr_grpo", "dapo", "bnpo")}
     assert losses == {"dr_grpo", "dapo", "bnpo"}
     # the loss-type variants change the aggregation and nothing else
