@@ -95,7 +95,7 @@ def test_the_probe_says_what_to_change_on_a_stand_in_that_truncates_everything(t
     fine, advice = probe_advice(probe, config)
     assert not fine and [a.split(":")[0] for a in advice] == ["truncation", "zero_variance_too_hard"]  # the cause first
     assert "1.0 of completions hit max_new_tokens" in advice[0] and "try about 8" in advice[0]
-    assert "mostly all wrong" in advice[1] and "group_size" in advice[1]
+    assert "the same low reward" in advice[1] and "group_size" in advice[1]
     assert probe["kept"][0]["truncated"] and probe["kept"][0]["answer"] == rows[0]["answer"]  # what the doctor read
     again = probe_groups(model, tokenizer, config, rows, reward_fns=correctness_reward, seed=0)
     assert again["completions"] == probe["completions"]  # seeded: the same probe twice

@@ -534,8 +534,8 @@ def _too_hard(self: Rule, run: Run) -> Finding | None:
             return None  # most groups all wrong, but the score rises: a hard start, and the run learns from the rest
     return self.finding(
         "fault",
-        f"{_r(end)} of groups had all-equal rewards over the last {_steps(k)}, at {key} {_r(level)}: mostly all wrong, "
-        "so most groups teach nothing",
+        f"{_r(end)} of groups had all-equal rewards over the last {_steps(k)}, at {key} {_r(level)}: most groups "
+        "earn the same low reward, so they teach nothing",
         frac_zero_std_start=_r(start), frac_zero_std_end=_r(end), level=_r(level), level_key=key)
 
 
