@@ -255,8 +255,12 @@ def _reward_bug(self: Rule, run: Run) -> Finding | None:
     return None
 
 
-#: extraction_mismatch: kept rows whose answer is right but unmarked, and unpaid, at least this share of the rows.
+#: extraction_mismatch: kept rows whose answer is right but unmarked, and unpaid, at least this share of the rows; ...
 UNMARKED_RIGHT_SHARE = 0.05
+#: ... nearly all of them given the reward function's lowest value (a strict reading leaves them all unpaid), ...
+UNPAID_SHARE = 0.9
+#: ... while it pays at least half the marked right answers (it does pay a right answer when it can read it).
+MARKED_PAID_SHARE = 0.5
 
 
 @rule("extraction_mismatch", ["completions", "readings"], "chapter 6 (verifiable rewards) and chapter 18",
@@ -278,7 +282,8 @@ def _extraction_mismatch(self: Rule, run: Run) -> Finding | None:
         unpaid = [r for r in unmarked_right if r["rewards"].get(name) is not None and r["rewards"][name] == span[0]]
         marked_right = [r for r in rows if r["correct"].get("strict")]
         marked_paid = [r for r in marked_right if r["rewards"].get(name) == span[1]]
-        if len(unpaid) >= 0.9 * len(unmarked_right) and (not marked_right or len(marked_paid) >= 0.5 * len(marked_right)):
+        if len(unpaid) >= UNPAID_SHARE * len(unmarked_right) and (
+                not marked_right or len(marked_paid) >= MARKED_PAID_SHARE * len(marked_right)):
             return self.finding(
                 "fault",
                 f"{len(unmarked_right)} of {len(rows)} kept completions hold the right answer without marking it "
@@ -606,11 +611,15 @@ def _entropy_collapse(self: Rule, run: Run) -> Finding | None:
 #: plateau: at least this many steps before a flat curve means anything (a slow learner's rise shows against
 #: the noise of a batch's accuracy only after tens of steps: chapter 6's fix is flat for its first 28).
 PLATEAU_STEPS = 40
+#: The normal quantile of a two-sided 95% interval: a rise's upper bound is its delta + Z95 standard errors.
+Z95 = 1.96
 #: The score's rise whose 95% upper bound stays below this is no rise.
 PLATEAU_RISE = 0.04
 #: ... or a rise short of significance (:data:`RISE_Z`) while the entropy stays within this share of its start:
 #: a policy that learns, or forgets, moves its entropy (the zoo's healthy runs by 6% or more in 50 steps).
 PLATEAU_ENTROPY = 0.05
+#: A ratio_max within this of 1 (but above RATIO_MOVED) says the updates barely move the policy.
+RATIO_STILL = 0.1
 #: A ratio_max within this of 1 is the ratio of a single pass over the batch (1 by construction), not a measure.
 RATIO_MOVED = 1e-4
 
@@ -630,32 +639,33 @@ def _plateau(self: Rule, run: Run) -> Finding | None:
     still = entropy is not None and entropy.start > 0 and abs(entropy.end / entropy.start - 1) < PLATEAU_ENTROPY
     if change.z <= -RISE_Z:
         return None  # falling, not flat: the rules for a fall speak (format_only, lr_too_high, ...)
-    if change.delta + 1.96 * change.se >= PLATEAU_RISE and not (still and change.z < RISE_Z):
+    if change.delta + Z95 * change.se >= PLATEAU_RISE and not (still and change.z < RISE_Z):
         return None  # it may be rising; unless the policy's entropy has not moved and the rise is not significant
     ratios = _finite(_series(run, "ratio_max"))
     # with one pass over each batch the ratio is 1 by construction: then ratio_max says nothing of the step size
     moving = f"; the updates barely move the policy (ratio_max at most {_r(max(ratios))})" if ratios and (
-        1 + RATIO_MOVED < max(ratios) < 1.1) else ""
+        1 + RATIO_MOVED < max(ratios) < 1 + RATIO_STILL) else ""
     return self.finding(
         "fault",
         f"{key} went from {_r(change.start)} to {_r(change.end)} over {len(score)} steps (a rise of at most "
-        f"{_r(change.delta + 1.96 * change.se)} at 95%) while {_r(1 - zero[1])} of groups carried a signal"
+        f"{_r(change.delta + Z95 * change.se)} at 95%) while {_r(1 - zero[1])} of groups carried a signal"
         + (f", and the entropy stayed within {_r(abs(entropy.end / entropy.start - 1))} of its start" if still else "")
         + moving,
-        start=_r(change.start), end=_r(change.end), upper=_r(change.delta + 1.96 * change.se),
+        start=_r(change.start), end=_r(change.end), upper=_r(change.delta + Z95 * change.se),
         ratio_max=_r(max(ratios)) if ratios else None)
 
 
 # -- notes ----------------------------------------------------------------------------------
 
-#: A loss this close to 0 on most steps is GRPO's normal state, not a fault.
+#: A loss this close to 0 on most steps (this share of them) is GRPO's normal state, not a fault.
 LOSS_NEAR_ZERO = 0.05
+LOSS_NEAR_ZERO_SHARE = 0.8
 
 
 @rule("loss_near_zero", ["loss"], "chapter 4 (the clipped objective)", "")
 def _loss_near_zero(self: Rule, run: Run) -> Finding | None:
     loss = _finite(_series(run, "loss"))
-    if not loss or statistics.fmean([abs(v) < LOSS_NEAR_ZERO for v in loss]) < 0.8:
+    if not loss or statistics.fmean([abs(v) < LOSS_NEAR_ZERO for v in loss]) < LOSS_NEAR_ZERO_SHARE:
         return None
     return Finding(
         "loss_near_zero", "note",
