@@ -110,28 +110,43 @@ def planted_bound(what: str, value: float, *, honest: float, planted: float | Ma
     return margin
 
 
-#: A planted bound against a record's seeds is asserted only where its margin is at least this many of the seeds'
-#: standard deviations: an honest draw on other kernels is one more seed, and falls past 3.5 sd with probability
-#: about 2e-4 (one-sided, normal), so a family of ten such checks fails an honest machine about 0.2% of the time.
-MIN_SEED_SDS = 3.5
+#: A planted bound against a record's seeds is asserted only where an honest draw falls past it with probability at
+#: most this (one-sided): an honest run on other kernels is one more draw of the record's seeds' process, so its
+#: spread is the prediction interval of one more draw, t(n-1) * sd * sqrt(1 + 1/n) (Student's t: the seeds' sd is
+#: itself an estimate, so with 5 seeds the gate is 5.0 sd, with 8 seeds 3.7 sd, with 20 seeds 3.0 sd). A fixed
+#: count of sd would understate it: 3.5 sd with 5 seeds fails an honest draw 1.7% of the time, not the normal 2e-4.
+SEED_FALSE_ALARM = 0.005
+
+
+def seed_gate(seeds: Sequence[float]) -> float:
+    """How far from the seeds' mean an honest draw may fall (one-sided probability :data:`SEED_FALSE_ALARM`): the
+    margin a planted bound needs before it is asserted."""
+    from grpo_tutorial.stats import prediction_half_width
+
+    return prediction_half_width(list(seeds), 1 - 2 * SEED_FALSE_ALARM)
 
 
 def seeds_planted_bound(what: str, value: float, seeds: Sequence[float], *, planted: float, bug: str) -> bool:
     """A planted bound whose honest value is the mean of a record's seeds, asserted only where it can tell the bug
-    from an honest draw: its margin at least :data:`MIN_SEED_SDS` of the seeds' standard deviation. Otherwise it
-    prints why it is not asserted (the caller names where that bug is caught) and returns False."""
+    from an honest draw: its margin at least :func:`seed_gate` (the seeds' prediction interval at a one-sided
+    :data:`SEED_FALSE_ALARM`). Otherwise it prints why it is not asserted (the caller names where that bug is
+    caught) and returns False."""
     import statistics
 
     honest, sd = statistics.mean(seeds), statistics.stdev(seeds)
     margin = abs(planted - honest) * SHARE
-    if margin < MIN_SEED_SDS * sd:
+    gate = seed_gate(seeds)
+    if margin < gate:
         log_check(category=PLANTED, check=what, value=value, honest=honest, planted=planted, bug=bug,
-                  margin=margin, used=abs(value - honest) / margin, passed=None, note="not asserted: under 3.5 sd")
+                  margin=margin, used=abs(value - honest) / margin, passed=None,
+                  note=f"not asserted: margin {margin / sd:.1f} sd under the gate {gate / sd:.1f} sd")
         print(f"planted bound: {what}: {value:.6g} here; {len(seeds)} seeds {honest:.6g} (sd {sd:.3g}), {bug} "
-              f"{planted:.6g}: a margin of {margin / sd:.1f} sd, under {MIN_SEED_SDS}: not asserted")
+              f"{planted:.6g}: a margin of {margin / sd:.1f} sd, under the {gate / sd:.1f} sd an honest draw may "
+              f"fall from {len(seeds)} seeds' mean (one-sided {SEED_FALSE_ALARM}): not asserted")
         return False
     planted_bound(what, value, honest=honest, planted=planted, bug=bug)
-    print(f"  ({len(seeds)} seeds: sd {sd:.3g}; the margin is {margin / sd:.1f} of their sd)")
+    print(f"  ({len(seeds)} seeds: sd {sd:.3g}; the margin is {margin / sd:.1f} of their sd, the gate "
+          f"{gate / sd:.1f})")
     return True
 
 

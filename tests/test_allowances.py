@@ -552,6 +552,31 @@ def test_an_allowance_planted_without_a_category_fails_the_scan(tmp_path):
     assert [key for key in unlisted if key not in already] == [("tests/test_records.py", planted.strip())]
 
 
+def test_the_seed_gate_is_students_prediction_interval():
+    """A planted bound against a record's seeds is asserted only where an honest draw falls past it with probability
+    at most SEED_FALSE_ALARM: with 5 seeds that takes 5.04 sd (t(4) at 0.995 is 4.604, times sqrt(1 + 1/5)), so a
+    margin of 4.7 sd (chapter 14's accuracy before GRPO) is not asserted, and one of 7.9 sd (chapter 16's length at
+    step 0) is, and then fails on the bug's side."""
+    import math
+    import statistics
+
+    import pytest
+    from allowances import SEED_FALSE_ALARM, seed_gate, seeds_planted_bound
+
+    assert SEED_FALSE_ALARM == 0.005
+    seeds = [0.374, 0.38, 0.316, 0.336, 0.296]
+    mean, sd = statistics.mean(seeds), statistics.stdev(seeds)
+    assert seed_gate(seeds) / sd == pytest.approx(4.604095 * math.sqrt(1.2), rel=1e-5)
+    assert seed_gate(seeds + [0.31, 0.35, 0.33]) / statistics.stdev(seeds + [0.31, 0.35, 0.33]) == pytest.approx(
+        3.499483 * math.sqrt(1.125), rel=1e-5)  # 8 seeds: t(7) at 0.995
+    near = mean - 2 * 4.7 * sd  # a planted value whose half-way margin is 4.7 sd
+    assert not seeds_planted_bound("gate: 4.7 sd", near, seeds, planted=near, bug="the bug itself")
+    far = mean - 2 * 7.9 * sd
+    assert seeds_planted_bound("gate: 7.9 sd, an honest draw", mean - 3 * sd, seeds, planted=far, bug="planted")
+    with pytest.raises(AssertionError, match="side of the planted bug"):
+        seeds_planted_bound("gate: 7.9 sd, the bug's value", far, seeds, planted=far, bug="planted")
+
+
 def table(found: Counter | None = None) -> str:
     """The list, by category: what ``python tests/test_allowances.py`` prints."""
     found = found_allowances() if found is None else found
