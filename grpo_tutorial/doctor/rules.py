@@ -216,6 +216,13 @@ def _paid(values: list[float | None]) -> tuple[float, float] | None:
     return (min(scored), max(scored)) if scored else None
 
 
+def _paid_spans(run: Run, rows: list[dict]) -> list[tuple[str, tuple[float, float]]]:
+    """Each reward function that counts (:func:`_counted`) and scored some kept row, with its lowest and highest
+    value among them: what the completion rules compare a pattern's rows with."""
+    spans = [(name, _paid([r["rewards"].get(name) for r in rows])) for name in _counted(run, rows)]
+    return [(name, span) for name, span in spans if span is not None]
+
+
 #: A share of kept rows (and at least :data:`MIN_ROWS` of them) that makes a pattern in the completions count.
 MIN_ROWS = 5
 #: reward_bug: a reference without a number, in a task whose references are mostly numbers, paid this often.
@@ -238,9 +245,8 @@ def _reward_bug(self: Rule, run: Run) -> Finding | None:
     broken = [r for r, ok in zip(numeric, readable) if not ok]
     if len(broken) < MIN_ROWS:
         return None
-    for name in _counted(run, rows):
-        span = _paid([r["rewards"].get(name) for r in rows])
-        if span is None or span[0] == span[1]:
+    for name, span in _paid_spans(run, rows):
+        if span[0] == span[1]:
             continue
         paid = [r for r in broken if r["rewards"].get(name) == span[1]]
         if len(paid) >= MIN_ROWS and len(paid) >= BROKEN_REFERENCE_PAID * len(broken):
@@ -273,10 +279,7 @@ def _extraction_mismatch(self: Rule, run: Run) -> Finding | None:
     unmarked_right = [r for r in rows if r["correct"].get("lenient") and r.get("extracted", {}).get("strict") is None]
     if len(unmarked_right) < max(MIN_ROWS, UNMARKED_RIGHT_SHARE * len(rows)):
         return None
-    for name in _counted(run, rows):
-        span = _paid([r["rewards"].get(name) for r in rows])
-        if span is None:
-            continue
+    for name, span in _paid_spans(run, rows):
         if span[0] == span[1] and span[0] > 0:
             continue  # it paid every kept row alike, and something: these rows were not left unpaid
         unpaid = [r for r in unmarked_right if r["rewards"].get(name) is not None and r["rewards"][name] == span[0]]
