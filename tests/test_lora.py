@@ -262,7 +262,12 @@ def test_a_given_peft_model_is_trained_as_it_is_against_a_frozen_copy_of_its_ada
     rollout = generate_rollouts(start, tok, ["1+2=", "5+5="], group_size=4, max_new_tokens=3, generator_seed=0)
     with trainer.grpo_step.policies.reference() as reference:  # the starting policy, as in TRL
         assert torch.equal(score_rollout(reference, rollout), score_rollout(start, rollout))
-    assert quiet(trainer.train_step, rows()[:4])["kl"] == 0.0
+    # The reference is a frozen copy of the adapter: the policy's numbers in other tensors. Where the kernels round
+    # the step's two passes alike the KL is exactly 0; elsewhere (MKL_ENABLE_INSTRUCTIONS=AVX2 here: 1.2e-15) it is
+    # float32 rounding squared: log-probs within 1.2e-5 relative of each other (the derivation in the test above)
+    # and |log p| under 4 give a KL of at most (4.8e-5)^2 / 2 = 1.2e-9. The bare base as the reference (the bug
+    # this rules out: the pretrained adapter dropped) gives 0.012.
+    assert quiet(trainer.train_step, rows()[:4])["kl"] <= (4 * 64 * 3 * 6e-8) ** 2 / 2
 
 
 def test_refusals(small_policy, make_tiny_policy):
