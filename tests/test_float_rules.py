@@ -41,7 +41,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("tests/test_lab.py", "assert L.pass_at_k(8, 0, 8) == 0.0"): "an empty product, 1 - 1: " + SETTING,
     ("tests/test_lora.py", 'assert row["kl"] == 0.0  # exactly: the on-policy pass and the reference pass see the same numbers'): "a fresh adapter adds exactly 0 (its B is 0): " + SAME_BITS,
     ("tests/test_lora.py", 'assert len(dropouts) == 2 * 7 and all(m.p == 0.0 for m in dropouts)  # disable_dropout reached PEFT\'s modules'): SETTING,
-    ("tests/test_lora.py", 'assert quiet(trainer.train_step, rows()[:4])["kl"] == 0.0'): "a fresh adapter adds exactly 0 (its B is 0): " + SAME_BITS,
     ("tests/test_loss.py", 'assert stats["ratio_mean"] == 1.0 and stats["clip_frac"] == 0.0'): "exp(logp - logp.detach()) = exp(0) = 1: " + SAME_BITS,
     ("tests/test_loss.py", "assert logp.grad.item() == 0.0"): TIMES_ZERO,
     ("tests/test_loss.py", 'assert loss.item() == pytest.approx(expected.item(), rel=1e-12) and stats["clip_frac"] == 0.0'): COUNT,
