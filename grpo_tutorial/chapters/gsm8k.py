@@ -330,7 +330,7 @@ def probe_run(probe: dict) -> Run:
         row["accuracy"] = probe["all_right"]
     if totals:
         row["reward_mean"] = sum(totals) / len(totals)
-    return Run([row], list(probe.get("kept", [])), {}, "memory")
+    return Run([row], list(probe.get("kept", [])), {}, "probe")
 
 
 def probe_advice(probe: dict, config: GRPOConfig) -> tuple[bool, list[str]]:

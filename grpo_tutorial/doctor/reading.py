@@ -75,7 +75,8 @@ class Run:
         steps: one dict per logged step, in this package's history names, in step order (``step`` in each).
         completions: kept completion rows (:mod:`grpo_tutorial.run.completions`; TRL's: fewer fields).
         settings: the run's settings where the source records them (``GRPOConfig`` fields), else {}.
-        source: ``"grpo_tutorial"``, ``"trl"``, ``"tensorboard"`` or ``"memory"``.
+        source: ``"grpo_tutorial"``, ``"trl"``, ``"tensorboard"``, ``"memory"``, or ``"probe"`` (chapter 9's
+            probe: one step's sampling without an update, read at its one step as advice before a run).
         partial: the reading left something out (a cut last line, a damaged line, a run still being written).
         notes: what was left out, in words.
         where: the path read (None in memory).

@@ -22,6 +22,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from ..stats import clopper_pearson
 from .findings import Finding
 from .reading import Run
 
@@ -500,6 +501,14 @@ ZERO_STD_SHARE = 0.8
 SOLVED = 0.8
 #: Before this many steps, "too hard" needs every group of every step all-equal; after, a score that does not rise.
 HARD_STEPS = 10
+#: Before HARD_STEPS, "too hard" needs the groups that varied to be too few to teach: with m of the n groups seen
+#: mixed, the one-sided 95% upper bound on a group's chance of a signal (Clopper-Pearson) below one group a step
+#: (1 / B, B the groups of a step, the run's prompts_per_step). Where the run does not say B, every group of at
+#: least this many steps all-equal: the bound's limit for many groups, 3 / n (the rule of three), is below 1 / B once
+#: n > 3B. A probe (one step's sampling read as advice before a run) is read at its one step: every group all-equal.
+#: One step cannot tell a hopeless run from a sparse start: chapter 16's healthy run, at about 2% of completions
+#: right, draws a first step with all of its 16 groups of 8 all wrong about once in 13 runs ((1 - 0.02) ** 128).
+HOPELESS_STEPS = 4
 
 
 def _level(run: Run, k: int) -> tuple[str, float | None]:
@@ -518,6 +527,18 @@ def _zero_variance(run: Run) -> tuple[float, float, int] | None:
     return statistics.fmean(shares[:k]), statistics.fmean(shares[-k:]), k
 
 
+def _hopeless(run: Run, shares: Sequence[float]) -> bool:
+    """The first steps' groups say, at 95%, that fewer than one group a step would carry a signal
+    (:data:`HOPELESS_STEPS`)."""
+    if run.source == "probe":
+        return min(shares) == 1.0
+    groups = run.settings.get("prompts_per_step")
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        return min(shares) == 1.0 and len(shares) >= HOPELESS_STEPS
+    mixed = sum(round((1.0 - share) * groups) for share in shares)
+    return clopper_pearson(mixed, groups * len(shares), level=0.90)[1] < 1 / groups
+
+
 @rule("zero_variance_too_hard", ["frac_zero_std", "accuracy|reward_mean"], "chapter 2 (group advantages) and chapter 9 "
       "(the probe)", "give the model easier problems, a warm start (supervised steps), more room (max_new_tokens) "
       "or more tries (group_size), or a reward with partial credit")
@@ -532,10 +553,9 @@ def _too_hard(self: Rule, run: Run) -> Finding | None:
     if level is None or level >= SOLVED:
         return None
     shares = _finite(_series(run, "frac_zero_std"))
-    if len(shares) < HARD_STEPS:
-        if min(shares) < 1.0:
-            return None  # a hard task may start this way (chapter 16's healthy run began at 88%): wait and see
-    else:
+    if len(shares) < HARD_STEPS and not _hopeless(run, shares):
+        return None  # a hard task may start this way (chapter 16's healthy run began at 88%): wait and see
+    if len(shares) >= HARD_STEPS:
         _, score = _score(run)
         learning = rise(score)
         if learning is not None and learning.z >= RISE_Z and learning.delta >= LEARNED:
