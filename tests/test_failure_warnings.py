@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 
-from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
+from grpo_tutorial import GRPOConfig, GRPOTrainer, make_arithmetic_dataset
 from grpo_tutorial.doctor import live_warnings
 from grpo_tutorial.trainer import GRPOWarning
 
@@ -107,12 +107,12 @@ def never_pays(completions, **kwargs):
     return [0.0] * len(completions)
 
 
-def test_the_trainer_warns_each_finding_once_with_the_doctors_words():
+def test_the_trainer_warns_each_finding_once_with_the_doctors_words(make_tiny_policy):
     """The tiny model under a reward that never pays: every group all-equal, from the first step, on any kernels. The
     trainer says so once (not at every step), as a GRPOWarning that names the finding: the doctor finds it at step 3
     (4 groups a step, none of 12 mixed: the 95% bound on a group's chance of a signal, 0.221, is below 1/4) and the
     live warning holds it for LIVE_STEPS readings, to step 5."""
-    model, tok = build_tiny_policy(seed=0)
+    model, tok = make_tiny_policy(seed=0)
     trainer = GRPOTrainer(model, tok, never_pays,
                           GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=4, learning_rate=1e-4, seed=0))
     with warnings.catch_warnings(record=True) as caught:

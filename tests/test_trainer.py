@@ -155,9 +155,12 @@ def test_equal_rewards_leave_parameters_exactly_unchanged(small_policy):
     model, tok = small_policy
     before = snapshot(model)
     trainer = GRPOTrainer(model, tok, constant_reward, config(beta=0.0, weight_decay=0.0))
-    with pytest.warns(GRPOWarning, match=r"zero_variance_too_(hard|easy) \(fault\): 1.0 of groups had all-equal"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         row = trainer.train_step(data()[:2])
     assert row["frac_zero_std"] == 1.0 and row["reward_std"] == 0.0
+    # one step of all-equal groups is not yet a fault: the doctor asks for enough groups (tests/test_failure_warnings.py)
+    assert not any("zero_variance" in str(w.message) for w in caught)
     assert row["loss"] == 0.0
     assert same_params(before, snapshot(model))
 

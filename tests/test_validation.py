@@ -648,7 +648,15 @@ def test_the_troubleshooting_page_quotes_the_current_messages(small_policy, make
     def some_none(completions, **kwargs):
         return [None if i % 4 == 0 else float(i) for i in range(len(completions))]
 
-    quoted += _warnings_of(lambda: GRPOTrainer(model, tok, constant, small_config()).train_step(rows))
+    def steps(reward, n: int) -> None:
+        trainer = GRPOTrainer(model, tok, reward, small_config())
+        unreachable = [{"prompt": "3+5=", "answer": "8000"}, {"prompt": "2+3=", "answer": "5000"}]  # 4 digits in 3
+        for _ in range(n):  # tokens: the accuracy the message quotes is 0.0 on any kernels
+            trainer.train_step(unreachable)
+
+    # every group all-equal: the doctor finds it at step 3 (2 groups a step, none of 6 mixed: a bound of 0.39 on a
+    # group's chance of a signal, below one group a step), and the live warning holds it three readings, to step 5
+    quoted += _warnings_of(lambda: steps(constant, 5))
     quoted += _warnings_of(lambda: GRPOTrainer(model, tok, some_none, small_config()).train_step(rows))
     real_loss = step_module.grpo_loss
     monkeypatch.setattr(step_module, "grpo_loss", lambda *a, **k: (lambda out: (out[0] * math.nan, out[1]))(real_loss(*a, **k)))
