@@ -122,26 +122,6 @@ def machine(threads: int) -> dict[str, Any]:
     return info
 
 
-def package_commit() -> dict[str, Any]:
-    """The git commit of the code that makes a record, and whether its tree had uncommitted changes.
-
-    Every committed record (``grpo_tutorial/data/``) stores these beside its command,
-    so that ``tests/test_records.py`` can re-run the command at the code that made it.
-    Outside a git checkout both are None.
-    """
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    # the code only: records being written into grpo_tutorial/data/ do not make it dirty
-    status = git("status", "--porcelain", "--", "grpo_tutorial", "benchmarks", ":(exclude)grpo_tutorial/data")
-    return {"package_commit": commit, "package_dirty": None if status is None else bool(status)}
-
-
 def set_threads(threads: int) -> None:
     """Use ``threads`` intra-op threads (and one inter-op thread) in this process."""
     import torch

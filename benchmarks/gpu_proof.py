@@ -72,7 +72,8 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import torch  # noqa: E402
 
-from benchmarks.common import ROOT, package_commit  # noqa: E402
+from benchmarks.common import ROOT  # noqa: E402
+from grpo_tutorial.chapters.run_record import package_commit  # noqa: E402
 
 DEFAULT_OUT = ROOT / "grpo_tutorial" / "data" / "gpu_proof.json"
 DRY_RUN_OUT = ROOT / "runs" / "gpu_proof_dry_run.json"  # runs/ is not committed

@@ -23,7 +23,6 @@ import concurrent.futures as futures
 import contextlib
 import datetime as dt
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -35,7 +34,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import LoadSampler, load_average, machine, open_cache, package_commit, write_atomic  # noqa: E402
+from benchmarks.common import LoadSampler, load_average, machine, open_cache, write_atomic  # noqa: E402
+from grpo_tutorial.chapters.run_record import json_safe, package_commit  # noqa: E402
 from grpo_tutorial.run.progress import progress_bar  # noqa: E402
 from grpo_tutorial.chapters.lab import LAB_METHODS, LabSettings, run_seed, summarize_lab  # noqa: E402
 from grpo_tutorial.chapters.recipes import TinyAdditionRecipe  # noqa: E402
@@ -54,17 +54,6 @@ def uptime() -> str:
         return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def json_safe(value: Any) -> Any:
-    """NaN and infinities become null (strict JSON), recursively."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
 
 
 def settings_for(args: argparse.Namespace) -> LabSettings:

@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
-    from benchmarks.common import package_commit
+    from grpo_tutorial.chapters.run_record import package_commit
 
     args = build_parser().parse_args(argv)
     code = package_commit()  # at the start: the code that runs, whatever changes while it runs

@@ -38,8 +38,9 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import LoadSampler, load_average, machine, package_commit  # noqa: E402
-from benchmarks.lab import json_safe, uptime  # noqa: E402
+from benchmarks.common import LoadSampler, load_average, machine  # noqa: E402
+from grpo_tutorial.chapters.run_record import json_safe, package_commit  # noqa: E402
+from benchmarks.lab import uptime  # noqa: E402
 from grpo_tutorial.chapters.mismatch_lab import MismatchSweep, run_sweep_seed, summarize_mismatch  # noqa: E402
 from grpo_tutorial.chapters.recipes import TinyAdditionRecipe  # noqa: E402
 from grpo_tutorial.run.progress import progress_bar  # noqa: E402

@@ -42,8 +42,9 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import torch  # noqa: E402
 
-from benchmarks.common import LoadSampler, load_average, machine, open_cache, package_commit, write_atomic  # noqa: E402
-from benchmarks.lab import json_safe, uptime  # noqa: E402
+from benchmarks.common import LoadSampler, load_average, machine, open_cache, write_atomic  # noqa: E402
+from grpo_tutorial.chapters.run_record import json_safe, package_commit  # noqa: E402
+from benchmarks.lab import uptime  # noqa: E402
 from grpo_tutorial.chapters.no_critic import METHODS, run_method, summarize_methods  # noqa: E402
 from grpo_tutorial.chapters.thinking import (  # noqa: E402
     ThinkingRecipe, build_thinking_model, load_warm_start, make_thinking_data, warm_start,

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import package_commit  # noqa: E402
+from grpo_tutorial.chapters.run_record import package_commit  # noqa: E402
 from grpo_tutorial import GRPOTrainer, correctness_reward, load_policy  # noqa: E402
 from grpo_tutorial.chapters.gsm8k import smollm2_cpu_data  # noqa: E402
 from grpo_tutorial.chapters.recipes import accuracy_with_se, paired_gain  # noqa: E402

@@ -20,7 +20,8 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.common import ROOT, package_commit
+from benchmarks.common import ROOT
+from grpo_tutorial.chapters.run_record import package_commit
 
 COMMAND = "python -m benchmarks.step_policy"
 

@@ -39,7 +39,8 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import torch  # noqa: E402
 
-from benchmarks.common import LoadSampler, machine, package_commit  # noqa: E402
+from benchmarks.common import LoadSampler, machine  # noqa: E402
+from grpo_tutorial.chapters.run_record import package_commit  # noqa: E402
 from grpo_tutorial.chapters.recipes import (  # noqa: E402
     FLAT_SETTINGS,
     TinyAdditionRecipe,

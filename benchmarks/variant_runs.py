@@ -37,8 +37,9 @@ from typing import Any, Callable
 
 import torch
 
-from benchmarks.common import LoadSampler, load_average, machine, open_cache, package_commit, write_atomic
-from benchmarks.lab import json_safe, uptime
+from benchmarks.common import LoadSampler, load_average, machine, open_cache, write_atomic
+from grpo_tutorial.chapters.run_record import json_safe, package_commit
+from benchmarks.lab import uptime
 from grpo_tutorial.run.progress import progress_bar
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data"

@@ -21,9 +21,8 @@ import typing
 from typing import Any, Callable, Mapping, Sequence
 
 from .advantages import BASELINES, MULTI_OBJECTIVE_AGGREGATIONS, SCALES, STDS
-from .config import REPORT_TO, GRPOConfig, field_docs
+from .config import IS_MODES, REPORT_TO, SAMPLERS, GRPOConfig, field_docs
 from .kl import KL_KINDS
-from .mismatch import IS_MODES, SAMPLERS
 from .objectives import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
 from .presets import PRESETS, get_preset
 

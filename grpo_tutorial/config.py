@@ -17,9 +17,8 @@ from typing import Any, Sequence
 from ._checks import check_choice, check_flag, check_int, check_number, config_error, is_number, type_error
 from .advantages import BASELINES, MULTI_OBJECTIVE_AGGREGATIONS, SCALES, STDS
 from .loss import LossOptions
-from .mismatch import IS_MODES, SAMPLERS
 
-__all__ = ["ALL_LINEAR", "GRPOConfig", "REPORT_TO", "field_docs"]
+__all__ = ["ALL_LINEAR", "GRPOConfig", "IS_MODES", "REPORT_TO", "SAMPLERS", "field_docs"]
 
 _OWNER = "GRPOConfig"
 _LOSS = LossOptions()  # the loss fields' defaults are LossOptions' (defined there, once)
@@ -27,6 +26,11 @@ _LOSS = LossOptions()  # the loss fields' defaults are LossOptions' (defined the
 ALL_LINEAR = "all-linear"
 #: What ``report_to`` takes (TRL's and transformers' name): no reporting, or TensorBoard's event files.
 REPORT_TO = ("none", "tensorboard")
+#: TRL's ``vllm_importance_sampling_mode`` values: (token or sequence) x (truncate or mask); the correction is
+#: :mod:`grpo_tutorial.mismatch`'s. Defined here, so that the settings load without the samplers.
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+#: What ``GRPOConfig.sampler`` takes: the policy itself, or a copy of it that differs from the learner.
+SAMPLERS = ("policy", "bfloat16", "stale", "top_p", "float16")
 
 
 @dataclass

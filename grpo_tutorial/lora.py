@@ -48,7 +48,7 @@ import torch
 
 from .config import GRPOConfig
 from .seeding import ADAPTER_INIT, stream_seed
-from .step import Policies
+from .models import Policies
 
 __all__ = [
     "AdapterPolicies",

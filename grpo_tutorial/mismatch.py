@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from ._checks import check_choice, check_number, config_error, require_tensor, same_shape
+from .config import IS_MODES, SAMPLERS
 from .fast_sampler import FALLBACKS, FastSampler, NonFiniteGuard, build_fast_sampler, use_static_cache
 from .logprobs import score_rollout
 from .rollout import Rollout, generate_rollouts, sampling_kwargs
@@ -51,10 +52,6 @@ __all__ = [
     "sampler_correction", "sampler_weights", "top_p_logprobs",
 ]
 
-#: TRL's ``vllm_importance_sampling_mode`` values: (token or sequence) x (truncate or mask).
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-#: What ``GRPOConfig.sampler`` takes: the policy itself, or a copy of it that differs from the learner.
-SAMPLERS = ("policy", "bfloat16", "stale", "top_p", "float16")
 
 
 # ---------------------------------------------------------------------------

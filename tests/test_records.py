@@ -973,7 +973,7 @@ def _tool_record():
 
 
 def test_tool_record_summary_is_its_seeds():
-    from benchmarks.lab import json_safe
+    from grpo_tutorial.chapters.run_record import json_safe
     from grpo_tutorial.chapters.tool_use import summarize_tool_use
 
     record, recipe = _tool_record()
@@ -1065,7 +1065,7 @@ def _no_critic_record():
 
 
 def test_no_critic_record_summary_is_its_runs():
-    from benchmarks.lab import json_safe
+    from grpo_tutorial.chapters.run_record import json_safe
     from grpo_tutorial.chapters.no_critic import summarize_methods
 
     record, recipe, args = _no_critic_record()
@@ -1149,7 +1149,7 @@ def test_zoo_record_verdicts_are_the_doctors_on_its_runs():
     """Every stored verdict is what the doctor of this commit says of the stored run (a change to a rule or a
     threshold fails here until the record is re-made: `python -m benchmarks.doctor_zoo --cache DIR` re-diagnoses
     its cached runs without training), and the summary is its runs'."""
-    from benchmarks.lab import json_safe
+    from grpo_tutorial.chapters.run_record import json_safe
 
     bench, record = _zoo_record()
     for run in record["runs"]:

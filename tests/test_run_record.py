@@ -168,3 +168,45 @@ def test_a_bad_shared_record_is_named(tmp_path, record):
     with pytest.raises(ValueError, match="'broken.json' is not JSON"):
         community_records(tmp_path)
     assert community_records(tmp_path / "missing") == []
+
+
+def test_package_commit_is_the_checkout_the_package_lies_in(tmp_path, monkeypatch):
+    """One ``package_commit`` for every record (issue 56): the checkout's HEAD and whether the code differs from it;
+    a package inside some other checkout (a virtual environment within a repository) is not that HEAD."""
+    import subprocess
+    from importlib import metadata
+
+    from grpo_tutorial.chapters import run_record
+
+    direct = metadata.distribution("grpo-tutorial").read_text("direct_url.json") or "{}"
+    if json.loads(direct).get("vcs_info"):
+        pytest.skip("installed from git: pip's record names the commit")
+    root = Path(run_record.__file__).resolve().parents[2]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    got = run_record.package_commit()
+    if head.returncode != 0:
+        assert got == {"package_commit": None, "package_dirty": None}
+        return
+    assert got["package_commit"] == head.stdout.strip() and isinstance(got["package_dirty"], bool)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "other"], check=True)
+    inside = tmp_path / "venv" / "site-packages" / "grpo_tutorial" / "chapters" / "run_record.py"
+    inside.parent.mkdir(parents=True)
+    inside.write_text("")
+    monkeypatch.setattr(run_record, "__file__", str(inside))
+    assert run_record.package_commit() == {"package_commit": None, "package_dirty": None}
+
+
+def test_json_safe_writes_strict_json():
+    import math
+
+    import numpy as np
+
+    from grpo_tutorial.chapters.run_record import json_safe
+
+    got = json_safe({"a": (1.5, math.nan, -math.inf), 2: {"n": np.int64(3), "x": np.float32(0.5), "ok": True},
+                     "f": print})
+    assert got == {"a": [1.5, None, None], "2": {"n": 3, "x": 0.5, "ok": True}, "f": repr(print)}
+    assert type(got["2"]["n"]) is int and type(got["2"]["x"]) is float
+    json.dumps(got, allow_nan=False)  # strict JSON

@@ -25,6 +25,7 @@ import dataclasses
 import datetime
 import json
 import math
+import numbers
 import os
 import platform
 import subprocess
@@ -41,6 +42,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "build_run_record",
     "community_records",
+    "json_safe",
     "package_commit",
     "read_run_record",
     "record_lines",
@@ -96,10 +98,15 @@ ESTIMATE = {"minutes": (list, type(None)), "sampler": _OPTIONAL_STR, "gpu_record
             "n_eval": int}
 
 
-def package_commit() -> str | None:
-    """The git commit of the installed package: pip's record of a ``git+`` install, else the checkout's HEAD.
+def package_commit() -> dict[str, Any]:
+    """The git commit of the package's code and whether it had uncommitted changes: ``package_commit`` and
+    ``package_dirty``, as every record stores them (chapter 9's run record keeps the commit alone).
 
-    None when neither says (an install from a wheel or a copy without git).
+    pip's record of a ``git+`` install gives the commit (clean: pip built that commit); else the checkout the
+    package lies in gives its HEAD, dirty when ``grpo_tutorial/`` or ``benchmarks/`` differ from it (records being
+    written into ``grpo_tutorial/data/`` do not count). Both None when neither says: an install from a wheel, a
+    copy without git, or a package installed into a folder inside some other checkout (a virtual environment
+    within the repository: that HEAD is not the installed code's).
     """
     try:
         direct = metadata.distribution("grpo-tutorial").read_text("direct_url.json")
@@ -108,13 +115,21 @@ def package_commit() -> str | None:
     if direct:
         commit = json.loads(direct).get("vcs_info", {}).get("commit_id")
         if commit:
-            return commit
+            return {"package_commit": commit, "package_dirty": False}
     here = Path(__file__).resolve().parents[2]
-    try:
-        done = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 and (here / "grpo_tutorial").is_dir() else None
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != here:
+        return {"package_commit": None, "package_dirty": None}
+    status = git("status", "--porcelain", "--", "grpo_tutorial", "benchmarks", ":(exclude)grpo_tutorial/data")
+    return {"package_commit": git("rev-parse", "HEAD"), "package_dirty": None if status is None else bool(status)}
 
 
 def _version(name: str) -> str | None:
@@ -151,16 +166,24 @@ def _peak_memory() -> dict:
     return {"allocated": int(torch.cuda.max_memory_allocated()), "reserved": int(torch.cuda.max_memory_reserved())}
 
 
-def _json_safe(value: Any) -> Any:
-    """Settings as JSON: tuples become lists, NaN and infinities None, anything else unknown its repr."""
+def json_safe(value: Any) -> Any:
+    """``value`` as strict JSON, for every record: NaN and infinities become None, tuples lists, keys strings,
+    numbers of other types (numpy's) Python numbers, and anything else its repr.
+
+    >>> json_safe({"a": (1.5, float("nan")), 2: {"b": None, "c": True}})
+    {'a': [1.5, None], '2': {'b': None, 'c': True}}
+    """
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, (bool, int, float, str)):
+        return [json_safe(v) for v in value]
+    if value is None or isinstance(value, (bool, str)):
         return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        return value if math.isfinite(value) else None
     return repr(value)
 
 
@@ -220,7 +243,7 @@ def build_run_record(result: dict, *, model: str, data: str, parts_seconds: dict
         "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "contributor": contributor,
         "package_version": grpo_tutorial.__version__,
-        "package_commit": package_commit(),
+        "package_commit": package_commit()["package_commit"],
         "device": device,
         "software": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": _version("transformers"), "peft": _version("peft"), "cuda": torch.version.cuda},
@@ -228,14 +251,14 @@ def build_run_record(result: dict, *, model: str, data: str, parts_seconds: dict
         "data": data,
         "steps": len(history),
         "resumed_from": int(result["resumed_from"]),
-        "settings": _json_safe(dataclasses.asdict(result["config"])),
+        "settings": json_safe(dataclasses.asdict(result["config"])),
         "seconds": {"per_step_mean": sum(step_seconds) / len(step_seconds) if step_seconds else 0.0,
                     "per_step_median": median,
                     "parts": {str(k): float(v) for k, v in parts_seconds.items()}},
         "peak_memory": _peak_memory(),
-        "evaluation": _json_safe(scores),
+        "evaluation": json_safe(scores),
         "sampler": sampler_summary(result["config"], history, on_gpu=device["kind"] == "cuda"),
-        "estimate": None if estimate is None else _json_safe(estimate),
+        "estimate": None if estimate is None else json_safe(estimate),
     }
     return validate_run_record(record)
 
