@@ -28,6 +28,7 @@ from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.trainer import TIMING_KEYS, GRPOConfig, GRPOTrainer, GRPOWarning, find_checkpoint, read_history
 
 from conftest import SMALL_SHAPE
+from helpers import length_reward
 
 STEPS = 4
 ARGS = [
@@ -180,10 +181,6 @@ DIES_WHILE_SAVING = textwrap.dedent(
     GRPOTrainer(model, tok, length_reward, cfg).train(make_arithmetic_dataset(16, 0, digits=1), 6, progress=False)
     """
 )
-
-
-def length_reward(completions, **kwargs):
-    return [float(len(c)) for c in completions]
 
 
 def _small_run(steps: int, out: Path | None = None, resume: bool = False) -> list[dict]:

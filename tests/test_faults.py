@@ -34,6 +34,7 @@ from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.trainer import GRPOConfig, GRPOTrainer
 
 from conftest import SMALL_SHAPE
+from helpers import length_reward
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
@@ -45,10 +46,6 @@ CLI = [
     # GRPO alone, two passes over each batch of 16 (not the tiny-cpu recipe's warm start and evaluations)
     "--minibatch-size", "none", "--num-iterations", "2", "--sft-steps", "0", "--no-eval-before", "--no-eval-after",
 ]
-
-
-def length_reward(completions, **kwargs):
-    return [float(len(c)) for c in completions]
 
 
 def make_trainer(out, **kwargs):

@@ -27,14 +27,9 @@ from grpo_tutorial.sft import SFTConfig, supervised_warmup
 from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.trainer import TIMING_KEYS, GRPOConfig, GRPOTrainer, GRPOWarning
 
+from helpers import length_reward
+
 EXTRA_KEYS = {"ratio_first_mean", "ratio_first_max", "clip_frac_first", "grad_after_eos", "loss_has_grad_fn"}
-
-
-
-
-def length_reward(completions, **kwargs):
-    """Differs between completions, so groups carry a learning signal."""
-    return [float(len(c)) for c in completions]
 
 
 @pytest.fixture(scope="module")

@@ -27,10 +27,7 @@ from grpo_tutorial.tasks import make_arithmetic_dataset  # noqa: E402
 from grpo_tutorial.trainer import GRPOConfig, GRPOTrainer, GRPOWarning  # noqa: E402
 
 from conftest import SMALL_SHAPE  # noqa: E402
-
-
-def length_reward(completions, **kwargs):
-    return [float(len(c)) for c in completions]
+from helpers import length_reward  # noqa: E402
 
 
 def data():

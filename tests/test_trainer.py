@@ -27,16 +27,11 @@ from grpo_tutorial.trainer import (
 from grpo_tutorial.seeding import derive_seed, epoch_permutation
 
 from conftest import SMALL_SHAPE
-
+from helpers import length_reward
 
 
 def data(n=16, seed=0):
     return make_arithmetic_dataset(n, seed, digits=1)
-
-
-def length_reward(completions, **kwargs):
-    """Varies a lot for a random model, so groups have a learning signal."""
-    return [float(len(c)) for c in completions]
 
 
 def constant_reward(completions, **kwargs):

@@ -38,6 +38,8 @@ from grpo_tutorial.__main__ import main
 from grpo_tutorial.tasks import load_gsm8k as grpo_tutorial_load_gsm8k
 from grpo_tutorial.trainer import GRPOConfig, GRPOTrainer, GRPOWarning
 
+from helpers import length_reward
+
 
 def expect(exc: type[BaseException], call, *fragments: str) -> str:
     """Run ``call``; it must raise ``exc`` with every fragment in its message. Returns the message."""
@@ -50,10 +52,6 @@ def expect(exc: type[BaseException], call, *fragments: str) -> str:
 
 
 pytestmark = pytest.mark.usefixtures("hub_offline")
-
-
-def length_reward(completions, **kwargs):
-    return [float(len(c)) for c in completions]
 
 
 def small_config(**kwargs) -> GRPOConfig:
