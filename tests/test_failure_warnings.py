@@ -103,6 +103,19 @@ def test_a_collapse_after_large_steps_names_the_learning_rate():
     assert "lr_too_high" in found and "learning_rate" in found["lr_too_high"] and "chapter 8" in found["lr_too_high"]
 
 
+def test_a_collapse_after_the_first_update_names_the_learning_rate():
+    """Chapter 10's collapse (learning rate 3e-3) under ATEN_CPU_CAPABILITY=default: the accuracy fell from 0.141 at
+    step 1 to 0 from step 2 on. The mean of the first three steps (0.047) holds the collapse itself and falls short of
+    FALL_MIN (0.05); the first step's score, sampled before any update, is the start."""
+    from grpo_tutorial.doctor.rules import FALL_MIN
+
+    acc = [0.140625] + [0.0] * 11
+    ratio = [40.77, 8.34, 132.33, 5.0, 42.28, 78.28, 1.03, 1.0, 1.0, 1.0, 1.0, 1.0]
+    rows = healthy_rows(12, accuracy=acc, reward_mean=acc, ratio_max=ratio, frac_zero_std=[0.25] + [1.0] * 11)
+    assert sum(acc[:3]) / 3 < FALL_MIN <= acc[0]
+    assert "lr_too_high" in said(rows)
+
+
 def never_pays(completions, **kwargs):
     return [0.0] * len(completions)
 

@@ -30,7 +30,7 @@ __all__ = ["CAUSE_ORDER", "DOCTOR_VERSION", "LIVE_STEPS", "Diagnosis", "FAULTS",
            "Skipped", "diagnose", "live_findings", "live_warnings", "read_run", "trl_rows"]
 
 #: The version of the rules (``--json``'s ``version``): it changes when a rule or a threshold does.
-DOCTOR_VERSION = "2"
+DOCTOR_VERSION = "3"
 #: Every fault the doctor can name, causes first.
 FAULTS = CAUSE_ORDER
 

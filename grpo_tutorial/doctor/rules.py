@@ -356,8 +356,9 @@ def _kl_explosion(self: Rule, run: Run) -> Finding | None:
         first_step=first, kl_first=_r(kl[0][1], 4), kl_max=_r(max(v for _, v in kl), 4), steps_over=len(over))
 
 
-#: lr_too_high: the score's end at most this share of its start (its first :data:`FALL_START` steps: a collapse
-#: comes within a few), ...
+#: lr_too_high: the score's end at most this share of its start (the first step's score, sampled before any update,
+#: or the mean of the first :data:`FALL_START` steps where that is higher: a collapse comes within a few steps, and
+#: one that comes after the first update drags the mean of the first three down with it), ...
 FALL_SHARE = 0.5
 FALL_START = 3
 #: ... by at least this much ...
@@ -374,7 +375,8 @@ def _lr_too_high(self: Rule, run: Run) -> Finding | None:
     if len(score) < 2 * FALL_START:
         return None
     k = window(len(score))
-    start, end = statistics.fmean(score[:FALL_START]), statistics.fmean(score[-min(k, len(score) - FALL_START):])
+    start = max(score[0], statistics.fmean(score[:FALL_START]))
+    end = statistics.fmean(score[-min(k, len(score) - FALL_START):])
     if start <= 0 or not (end <= FALL_SHARE * start and start - end >= FALL_MIN):
         return None
     ratios = run.values("ratio_max")
