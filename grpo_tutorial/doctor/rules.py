@@ -501,7 +501,8 @@ def _format_only(self: Rule, run: Run) -> Finding | None:
 ZERO_STD_SHARE = 0.8
 #: Accuracy at or above this is "solved" (too easy), below it "too hard".
 SOLVED = 0.8
-#: Before this many steps, "too hard" needs every group of every step all-equal; after, a score that does not rise.
+#: Before this many steps, "too hard" needs the first steps' groups to say so (:data:`HOPELESS_STEPS`); after, a
+#: score that does not rise.
 HARD_STEPS = 10
 #: Before HARD_STEPS, "too hard" needs the groups that varied to be too few to teach: with m of the n groups seen
 #: mixed, the one-sided 95% upper bound on a group's chance of a signal (Clopper-Pearson) below one group a step
