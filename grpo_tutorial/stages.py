@@ -44,7 +44,7 @@ class Stage(NamedTuple):
 STAGES: tuple[Stage, ...] = (
     Stage(1, "sample", "the policy writes G completions per prompt, B*G in one batched generate call",
           ("rollout", "calculator", "tools", "chat_tools")),
-    Stage(2, "reward", "a verifiable reward scores every completion", ("rewards", "answers")),
+    Stage(2, "reward", "a verifiable reward scores every completion", ("rewards", "answers", "dynamic_sampling")),
     Stage(3, "advantages", "each reward against its own group: a z-score", ("advantages",)),
     Stage(4, "score", "log-probs of the sampled tokens: the sampling policy's and the reference's, no gradient",
           ("logprobs",)),

@@ -9,7 +9,7 @@ over shuffled minibatches, one optimizer update each, accumulated over
 micro-batches); then the history row and its warnings (metrics.py), with the
 seconds of each stage under its name (``sample_seconds`` ... ``update_seconds``).
 With ``dynamic_sampling`` (DAPO) stages 1 and 2 run again on more prompts until
-enough groups carry a signal (:func:`~grpo_tutorial.rollout.more_rounds`).
+enough groups carry a signal (:func:`~grpo_tutorial.dynamic_sampling.more_rounds`).
 
 It imports nothing from :mod:`grpo_tutorial.run`: the loop around the step, its
 checkpoints, history file and progress bar are
@@ -30,6 +30,7 @@ import torch
 
 from .advantages import group_advantages, normalize_then_sum, zero_std_groups
 from .config import GRPOConfig
+from .dynamic_sampling import more_rounds
 from .logprobs import rollout_logprobs, score_rollout
 from .loss import grpo_loss, update_normalisers
 from .metrics import StageClock, history_row, timed
@@ -38,7 +39,7 @@ from .models import Policies, disable_dropout
 from .objectives import EntropyControl
 from .optim import finish_update, make_optimizer, trainable_parameters
 from .rewards import check_unscorable, compute_rewards, extra_columns, judge_correct, reward_function_list
-from .rollout import Rollout, generate_rollouts, more_rounds, pad_token_id, sampling_kwargs
+from .rollout import Rollout, generate_rollouts, pad_token_id, sampling_kwargs
 from .tools import generate_tool_rollouts, tool_box
 from .seeding import minibatches, sampling_seed
 from .tasks import check_rows

@@ -109,7 +109,7 @@ NO_RUN_IMPORTS = {
     "tasks", "rollout", "speedups", "rewards", "answers", "advantages", "logprobs", "kl", "objectives", "loss",
     "config", "metrics", "evaluation", "seeding", "models", "presets", "_checks", "env", "chat", "chat_tools",
     "pretrained", "long_addition", "step", "stages", "optim", "warn", "lora", "mismatch", "stats", "fast_sampler",
-    "cli", "calculator", "tools", "ppo", "critic", "ppo_step", "vine",
+    "cli", "calculator", "tools", "ppo", "critic", "ppo_step", "vine", "dynamic_sampling",
 }
 #: Leaves: top-level modules that import nothing from the package, so that both the stages and run/ may import
 #: them (``chat.is_chat_messages``: run/completions prints prompts that rollout and tasks also check).

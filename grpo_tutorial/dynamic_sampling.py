@@ -1,0 +1,67 @@
+"""DAPO's dynamic sampling: stages 1 and 2 again, on more prompts, until a step has enough groups with a signal.
+
+A group whose G completions all earned the same reward has advantages of 0 and
+teaches nothing (chapter 2). DAPO (Yu et al., 2025) keeps drawing prompts until
+``prompts_per_step`` groups carry a signal; :meth:`~grpo_tutorial.step.GRPOStep.__call__`
+runs :func:`more_rounds` after stage 2 when ``GRPOConfig.dynamic_sampling`` is on.
+The rounds' bookkeeping reads stage 2's results (the rewards and which groups are
+all-equal), so it lives here, after both stages, not in stage 1's :mod:`~grpo_tutorial.rollout`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .rollout import concat_groups, merge_sampler_stats
+
+__all__ = ["keep_signal_groups", "more_rounds"]
+
+
+def keep_signal_groups(rounds: Sequence[dict], group_size: int, size: int, pad_id: int) -> dict:
+    """DAPO's dynamic sampling: ``size`` groups from several sampling rounds, those with a learning signal first.
+
+    Each round is a dict with ``rollout``, ``rewards`` (``[N]``), ``per_fn``
+    (``{name: [N]}``), ``correct`` (a list of N, or None), ``answers`` (a list of N) and ``zero_std``
+    (``[B]``, True for a group whose rewards are all equal). The groups with a
+    signal are taken in the order drawn; if there are fewer than ``size``, the
+    first zero-std groups fill the step up. Returns one dict of the same keys
+    (without ``zero_std``), the groups joined by :func:`concat_groups`.
+    """
+    G = group_size
+    order = [(k, g) for k, r in enumerate(rounds) for g in range(len(r["zero_std"])) if not r["zero_std"][g]]
+    order += [(k, g) for k, r in enumerate(rounds) for g in range(len(r["zero_std"])) if r["zero_std"][g]]
+    picked = [(rounds[k], g) for k, g in order[:size]]  # signal groups first, group by group
+    rollout = concat_groups([(r["rollout"], [g]) for r, g in picked], pad_id)
+    rollout.sampler_stats = merge_sampler_stats([r["rollout"].sampler_stats for r in rounds])  # every round's
+
+    def rows(values: Sequence[tuple[torch.Tensor, int]]) -> torch.Tensor:
+        return torch.cat([v[g * G : (g + 1) * G] for v, g in values])
+
+    rewards = rows([(r["rewards"], g) for r, g in picked])  # [N]
+    per_fn = {name: rows([(r["per_fn"][name], g) for r, g in picked]) for name in rounds[0]["per_fn"]}
+    correct = None
+    if all(r["correct"] is not None for r in rounds):
+        correct = [c for r, g in picked for c in r["correct"][g * G : (g + 1) * G]]
+    answers = [a for r, g in picked for a in r["answers"][g * G : (g + 1) * G]]
+    return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct, "answers": answers}
+
+
+def more_rounds(first: dict, draw: Callable[[int], dict], config: Any, pad_id: int) -> dict:
+    """DAPO's dynamic sampling: stages 1 and 2 again until the step has enough groups with a learning signal.
+
+    ``first`` is round 0's rollout and rewards (a dict as :func:`keep_signal_groups`
+    reads); ``draw(k)`` samples and rewards more prompts as round ``k``. Rounds are
+    drawn while fewer than ``config.prompts_per_step`` groups carry a signal, up to
+    ``config.max_sampling_rounds`` rounds in all. Returns the groups
+    :func:`keep_signal_groups` keeps (round 0 itself when one round was enough), with
+    ``groups_drawn``, the groups of every round.
+    """
+    rounds = [first]
+    while (len(rounds) < config.max_sampling_rounds
+           and sum(int((~r["zero_std"]).sum()) for r in rounds) < config.prompts_per_step):
+        rounds.append(draw(len(rounds)))
+    chosen = rounds[0] if len(rounds) == 1 else keep_signal_groups(rounds, config.group_size, config.prompts_per_step,
+                                                                   pad_id)
+    return {**chosen, "groups_drawn": sum(len(r["zero_std"]) for r in rounds)}
