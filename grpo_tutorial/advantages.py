@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from ._checks import as_float_tensor, check_int, one_of
+from ._checks import as_float_tensor, check_int, one_of, require_tensor
 
 SCALES = ("group", "batch", "none")
 #: TRL's ``multi_objective_aggregation``: sum the weighted rewards, then normalise
@@ -176,6 +176,28 @@ def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     low = torch.where(valid, grouped, torch.full_like(grouped, math.inf)).amin(dim=1)  # [P]
     high = torch.where(valid, grouped, torch.full_like(grouped, -math.inf)).amax(dim=1)  # [P]
     return (valid.sum(dim=1) < 2) | (low == high)
+
+
+def token_variance(advantages: torch.Tensor, mask: torch.Tensor) -> float:
+    """The variance of a step's advantages over its real tokens: how noisy a baseline leaves the signal.
+
+    ``advantages`` is ``[N, T]`` (per token: PPO's GAE, the Monte Carlo values'
+    segments) or ``[N]`` (one per completion, GRPO's and RLOO's, which every token
+    of the completion carries); ``mask`` is ``[N, T]``, 1 on the tokens that learn.
+    The mean and the variance (population, divided by the n real tokens) are
+    over the masked entries only; chapter 17 compares the baselines by it,
+    measured before any standard deviation divides the advantages. 0 when no
+    token is real.
+    """
+    require_tensor("advantages", advantages, floating=True)
+    require_tensor("mask", mask, dim=2)
+    values = advantages[:, None] if advantages.dim() == 1 else advantages  # [N, T] or [N, 1]
+    if values.dim() != 2 or values.shape[0] != mask.shape[0] or values.shape[1] not in (1, mask.shape[1]):
+        raise ValueError(f"advantages of shape {tuple(advantages.shape)} do not fit a mask of {tuple(mask.shape)}")
+    m = mask.to(values.dtype)  # [N, T]
+    n = m.sum().clamp(min=1)
+    mean = (values * m).sum() / n
+    return float((((values - mean) * m) ** 2).sum() / n)
 
 
 def _advantages_skipping_nan(

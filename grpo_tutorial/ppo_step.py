@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .advantages import token_variance
 from .config import GRPOConfig
 from .critic import ValueModel, build_value_model
 from .kl import kl_estimate
@@ -119,10 +120,9 @@ class PPOStep(GRPOStep):
         raw, returns = gae(per_token, values, mask, s.gamma, s.lam)  # [N, T] x2
         advantages = whiten(raw, live) if s.whiten and live.sum() >= 2 else raw * live  # [N, T]
         n = live.sum().clamp(min=1)
-        mean = (raw * live).sum() / n
         self._critic = {"values": values, "returns": returns, "mask": live, "row": {
             "explained_variance": explained_variance(values, returns, live),
-            "advantage_var": float((((raw - mean) * live) ** 2).sum() / n),
+            "advantage_var": token_variance(raw, live),
             "value_mean": float((values * live).sum() / n),
         }}
         return advantages

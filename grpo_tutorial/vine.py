@@ -41,6 +41,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ._checks import check_int
+from .advantages import token_variance
 from .ppo import PPOSettings, check_critic_config
 from .rewards import compute_rewards, extra_columns
 from .rollout import encode_prompts, generate_rollouts, render_prompts, sampling_kwargs
@@ -196,7 +197,6 @@ class MonteCarloStep(GRPOStep):
                                      columns=self._batch["columns"], step=self._batch["step"])
         mask = self._batch["mask"] = scored["rollout"].completion_mask
         adv = out["advantages"]
-        n = mask.sum()
         self._row = {"mc_extra_tokens": float(out["extra_tokens"]), "mc_extra_rollouts": float(out["extra_rollouts"]),
-                     "advantage_var": float((((adv - (adv * mask).sum() / n) * mask) ** 2).sum() / n)}
+                     "advantage_var": token_variance(adv, mask)}
         return adv

@@ -175,3 +175,34 @@ def test_rloo_with_an_unscorable_reward_is_rloo_without_it(scale, std):
     divide = 1.0 if scale == "none" else scorable[scale].std(unbiased=std == "sample") + 1e-4
     torch.testing.assert_close(got[0, [0, 1, 3]], 1.5 * (r - r.mean()) / divide)
     assert got[0, 2] == 0.0
+
+
+# ---------------------------------------------------------------------------
+# token_variance: the advantage variance chapter 17 compares baselines by, written once
+# ---------------------------------------------------------------------------
+
+
+def test_token_variance_is_the_population_variance_of_the_real_tokens():
+    from grpo_tutorial.advantages import token_variance
+
+    advantages = torch.tensor([[1.0, 3.0, 99.0], [5.0, -7.0, 11.0]])  # [N=2, T=3]
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])  # the real tokens: 1, 3, 5 (99, -7, 11 are padding)
+    # mean 3, squared deviations 4 + 0 + 4 over 3 tokens
+    assert token_variance(advantages, mask) == pytest.approx(8 / 3, rel=1e-6)
+    assert token_variance(advantages, torch.zeros_like(mask)) == 0.0  # no real token: no spread
+
+
+def test_token_variance_of_one_advantage_a_completion_weights_it_by_its_tokens():
+    """GRPO's [N] advantages: every token of a completion carries its completion's, so a long completion
+    counts once per token, as the per-token advantages of PPO and the Monte Carlo values do."""
+    from grpo_tutorial.advantages import token_variance
+
+    per_completion = torch.tensor([2.0, -1.0])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])  # 3 tokens of +2, 1 of -1: mean 1.25
+    expected = (3 * 0.75 ** 2 + 2.25 ** 2) / 4
+    assert token_variance(per_completion, mask) == pytest.approx(expected, rel=1e-6)
+    assert token_variance(per_completion, mask) == token_variance(per_completion[:, None].expand(2, 3), mask)
+    with pytest.raises(ValueError, match="do not fit"):
+        token_variance(torch.ones(3), mask)
+    with pytest.raises(ValueError, match="do not fit"):
+        token_variance(torch.ones(2, 2), mask)

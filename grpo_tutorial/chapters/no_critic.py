@@ -37,7 +37,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..advantages import group_advantages
+from ..advantages import group_advantages, token_variance
 from ..critic import count_parameters
 from ..ppo import PPOSettings
 from ..ppo_step import PPOStep
@@ -96,8 +96,7 @@ class MeasuredStep(GRPOStep):
         cfg, mask = self.config, scored["rollout"].completion_mask  # [N, T]
         raw = group_advantages(scored["rewards"], cfg.group_size, scale="none", std=cfg.std, nan="skip",
                                baseline=cfg.advantage_baseline).to(mask.device)  # [N]
-        per_token, n = raw[:, None] * mask, mask.sum()  # [N, T]
-        self._advantage_var = float((((per_token - per_token.sum() / n) * mask) ** 2).sum() / n)
+        self._advantage_var = token_variance(raw, mask)  # each token carries its completion's
         return super().advantages(scored)
 
     def __call__(self, batch, state, history, more_rows=None) -> dict:
