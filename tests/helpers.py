@@ -11,3 +11,27 @@ def length_reward(completions, **kwargs):
     """The completion's length in characters: it differs between an untrained model's completions, so groups
     carry a learning signal."""
     return [float(len(c)) for c in completions]
+
+
+class StepState:
+    """Where a run stands, for a step called without the trainer (as the trainer's ``RunState`` holds it):
+    steps taken, updates skipped, and the kinds of the warnings the step gave, kept rather than shown."""
+
+    def __init__(self, step: int = 0) -> None:
+        self.step, self.skipped_updates, self.warnings = step, 0, []
+
+    def warn(self, kind: str, message: str) -> None:
+        self.warnings.append(kind)
+
+
+#: Settings of two optimizer updates a step (minibatches of 8 of the 16 completions) at a learning rate that moves
+#: the tiny model visibly in one step: for tests of what happens between updates (a sampler synced, a copy stale).
+TWO_UPDATES = {"prompts_per_step": 4, "learning_rate": 1e-2, "minibatch_size": 8}
+
+
+def small_config(**overrides):
+    """The tests' small run: 2 prompts x 4 completions of at most 3 tokens, every other setting the default;
+    ``overrides`` change any of them."""
+    from grpo_tutorial import GRPOConfig
+
+    return GRPOConfig(**{"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 3, **overrides})

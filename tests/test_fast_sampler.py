@@ -30,6 +30,7 @@ from grpo_tutorial.seeding import sampling_seed  # noqa: E402
 from grpo_tutorial.speedups import PROMPT_BUCKET, bucket_width  # noqa: E402
 from grpo_tutorial.tasks import make_arithmetic_dataset  # noqa: E402
 from grpo_tutorial.trainer import GRPOWarning  # noqa: E402
+from helpers import TWO_UPDATES, small_config
 
 PROMPTS = ["12+34=", "7+58=", "40+9="]
 #: float32 logits of order 1, summed in another order (W x + s B (A x) against (W + s B A) x): a few 1e-7 apart.
@@ -45,8 +46,7 @@ def rows(n=32):
 
 
 def config(**kwargs) -> GRPOConfig:
-    base = dict(group_size=4, prompts_per_step=4, max_new_tokens=3, learning_rate=1e-2, minibatch_size=8)
-    return GRPOConfig(**{**base, **kwargs})  # two optimizer updates a step
+    return small_config(**{**TWO_UPDATES, **kwargs})  # two optimizer updates a step
 
 
 def quiet(fn, *args, **kwargs):

@@ -38,6 +38,7 @@ from grpo_tutorial.mismatch import (
 from grpo_tutorial.rollout import concat_groups
 
 from conftest import SMALL_SHAPE
+import helpers
 
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 
@@ -334,8 +335,7 @@ def length_reward(completions, **kwargs):
 
 
 def small_config(**kwargs) -> GRPOConfig:
-    base = dict(prompts_per_step=4, group_size=4, max_new_tokens=4, learning_rate=1e-2, minibatch_size=8)
-    return GRPOConfig(**{**base, **kwargs})  # two updates a step
+    return helpers.small_config(**{**helpers.TWO_UPDATES, "max_new_tokens": 4, **kwargs})
 
 
 def trainer_for(**kwargs) -> GRPOTrainer:

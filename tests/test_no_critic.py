@@ -10,6 +10,7 @@ import torch
 from grpo_tutorial.chapters.no_critic import METHODS, compute_per_step, run_method, summarize_methods, training_bytes
 from grpo_tutorial.chapters.thinking import ThinkingRecipe, make_thinking_data
 from grpo_tutorial.vine import MonteCarloSettings
+from helpers import StepState
 
 #: An untrained quick model: every group's reward is 0 at first, which the trainer warns about.
 pytestmark = pytest.mark.filterwarnings("ignore:no learning signal", "ignore:.*hit max_new_tokens")
@@ -103,14 +104,6 @@ def test_the_command_runs_every_method_for_each_seed(tmp_path):
         no_critic.main([*args, "--value-lr", "0.01"])
 
 
-class State:
-    def __init__(self) -> None:
-        self.step, self.skipped_updates = 0, 0
-
-    def warn(self, kind: str, message: str) -> None:
-        pass
-
-
 @pytest.mark.parametrize("baseline", ["group", "rloo"])
 def test_grpos_advantage_variance_is_what_the_baseline_leaves(small_policy, baseline):
     """advantage_var of GRPO's and RLOO's rows: over the real tokens, r_i minus the group's (or the others') mean,
@@ -126,7 +119,7 @@ def test_grpos_advantage_variance_is_what_the_baseline_leaves(small_policy, base
     model, tok = small_policy
     config = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=8, seed=3, advantage_baseline=baseline)
     step = Kept(model, tok, lambda prompts, completions, **kw: [len(c) / 4 for c in completions], config)
-    row = step([{"prompt": "12+34=", "answer": "46"}, {"prompt": "7+5=", "answer": "12"}], State(), [])
+    row = step([{"prompt": "12+34=", "answer": "46"}, {"prompt": "7+5=", "answer": "12"}], StepState(), [])
     rewards = step.scored["rewards"].tolist()
     lengths = step.scored["rollout"].completion_mask.sum(1).tolist()
     tokens = []

@@ -27,7 +27,7 @@ from grpo_tutorial.sft import SFTConfig, supervised_warmup
 from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.trainer import TIMING_KEYS, GRPOConfig, GRPOTrainer, GRPOWarning
 
-from helpers import length_reward
+from helpers import length_reward, small_config
 
 EXTRA_KEYS = {"ratio_first_mean", "ratio_first_max", "clip_frac_first", "grad_after_eos", "loss_has_grad_fn"}
 
@@ -53,9 +53,9 @@ def fresh(warm):
 
 
 def config(**kwargs):
-    base = dict(group_size=4, prompts_per_step=4, max_new_tokens=4, num_iterations=2, learning_rate=1e-2)
-    base.update(kwargs)
-    return GRPOConfig(**base)
+    """The gallery's settings: 4 prompts x 4 completions of at most 4 tokens, two passes over each batch."""
+    return small_config(**{"prompts_per_step": 4, "max_new_tokens": 4, "num_iterations": 2, "learning_rate": 1e-2,
+                           **kwargs})
 
 
 def params(model):

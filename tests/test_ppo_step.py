@@ -15,6 +15,7 @@ from grpo_tutorial.kl import kl_estimate
 from grpo_tutorial.ppo import PPOSettings, gae, token_rewards, whiten
 from grpo_tutorial.ppo_step import PPOStep
 from grpo_tutorial.rollout import generate_rollouts
+from helpers import StepState
 
 ROWS = [{"prompt": "12+34=", "answer": "46"}, {"prompt": "7+58=", "answer": "65"}]
 #: Two prompts, four completions each, up to eight tokens: a step in a fraction of a second.
@@ -24,16 +25,6 @@ CONFIG = dict(group_size=4, prompts_per_step=2, max_new_tokens=8, learning_rate=
 def length_reward(prompts, completions, **kwargs):
     """A reward with a spread on an untrained model: a quarter per character written."""
     return [len(c) / 4 for c in completions]
-
-
-class State:
-    """Where a run stands, as the trainer's RunState: steps taken, updates skipped, warnings kept."""
-
-    def __init__(self) -> None:
-        self.step, self.skipped_updates, self.warnings = 0, 0, []
-
-    def warn(self, kind: str, message: str) -> None:
-        self.warnings.append(kind)
 
 
 class Watched(PPOStep):
@@ -145,7 +136,7 @@ def test_a_ppo_step_changes_the_policy_and_the_value_model(small_policy):
     model, tok = small_policy
     step = PPOStep(model, tok, length_reward, GRPOConfig(**CONFIG), settings=PPOSettings(value_lr=1e-2))
     policy, critic = snapshot(model), snapshot(step.critic)
-    state = State()
+    state = StepState()
     row = step(ROWS, state, [])
     assert state.step == 1 and not unchanged(model, policy) and not unchanged(step.critic, critic)
     for key in ("value_loss", "explained_variance", "advantage_var", "value_mean", "value_grad_norm", "value_seconds"):
@@ -163,7 +154,7 @@ def test_the_first_update_by_hand(small_policy):
     model, tok = small_policy
     settings = PPOSettings(gamma=1.0, lam=0.9)
     step = Watched(model, tok, length_reward, GRPOConfig(**CONFIG), settings=settings)
-    row = step(ROWS, State(), [])
+    row = step(ROWS, StepState(), [])
     mask = step.scored["rollout"].completion_mask.tolist()
     scores = step.scored["rewards"].tolist()
     raw = [[0.9 ** (sum(m) - 1 - t) * s if m[t] else None for t in range(len(m))] for m, s in zip(mask, scores)]
@@ -180,7 +171,7 @@ def test_a_value_learning_rate_of_zero_leaves_the_critic(small_policy):
     model, tok = small_policy
     step = PPOStep(model, tok, length_reward, GRPOConfig(**CONFIG), settings=PPOSettings(value_lr=0.0))
     policy, critic = snapshot(model), snapshot(step.critic)
-    state = State()
+    state = StepState()
     for _ in range(2):
         step(ROWS, state, [])
     assert unchanged(step.critic, critic) and not unchanged(model, policy)
@@ -192,7 +183,7 @@ def test_the_value_warmup_trains_the_critic_alone(small_policy, kind):
     step = PPOStep(model, tok, length_reward, GRPOConfig(**CONFIG),
                    settings=PPOSettings(value_warmup_steps=1, value_model=kind, value_lr=1e-2))
     policy, head = snapshot(model), step.critic.head.weight.detach().clone()
-    state = State()
+    state = StepState()
     row = step(ROWS, state, [])
     assert unchanged(model, policy) and not torch.equal(step.critic.head.weight, head)  # the head reads a fixed trunk
     assert math.isnan(row["loss"]) and math.isfinite(row["entropy"]) and row["value_loss"] > 0
@@ -207,7 +198,7 @@ def test_the_kl_in_the_reward_or_in_the_loss(small_policy, make_small_policy, kl
     reference, _ = make_small_policy(seed=1)  # another model: a KL far from 0 at the first step
     beta, config = 0.1, GRPOConfig(**CONFIG, beta=0.1, kl_kind="k3")
     step = Watched(model, tok, length_reward, config, reference, settings=PPOSettings(kl_in_reward=kl_in_reward))
-    row = step(ROWS, State(), [])
+    row = step(ROWS, StepState(), [])
     rollout = step.scored["rollout"]
     mask = rollout.completion_mask
     kl = kl_estimate(step.policy_logp, step.scores["ref_logp"], kind="k3")  # [N, T]
@@ -256,7 +247,7 @@ def test_the_value_models_micro_batches_accumulate_to_the_whole_update(make_smal
         seen = []
         step.value_optimizer.step = lambda seen=seen, critic=step.critic: seen.append(
             [p.grad.clone() for p in critic.trainable_parameters()])
-        rows.append(step(ROWS, State(), []))
+        rows.append(step(ROWS, StepState(), []))
         grads.append(seen)
     assert len(grads[0]) == len(grads[1]) == 4  # mu * N / minibatch = 2 * 8 / 4 updates
     for whole, parts in zip(*grads):

@@ -19,6 +19,7 @@ from grpo_tutorial.metrics import tool_metrics
 from grpo_tutorial.models import TINY_CHARS, TINY_TOOL_CHARS
 from grpo_tutorial.step import GRPOStep
 from grpo_tutorial.tools import InlineCalls, ToolBox, generate_tool_rollouts
+from helpers import StepState
 
 
 @pytest.fixture
@@ -183,13 +184,6 @@ def _step_with_script(model, tok, config, targets, monkeypatch):
     return step
 
 
-class _State:
-    step, skipped_updates = 0, 0
-
-    def warn(self, kind, message):
-        pass
-
-
 @pytest.mark.parametrize("mask_tool_tokens", [True, False])
 def test_the_step_trains_on_the_policys_tokens_only(tool_policy, monkeypatch, mask_tool_tokens):
     model, tok = tool_policy
@@ -204,7 +198,7 @@ def test_the_step_trains_on_the_policys_tokens_only(tool_policy, monkeypatch, ma
         return real_loss(logp, old_logp, advantages, mask, **inputs)
 
     monkeypatch.setattr(step, "loss", loss)
-    row = step([{"prompt": p, "answer": "0"} for p in targets], _State(), [])
+    row = step([{"prompt": p, "answer": "0"} for p in targets], StepState(), [])
     rollout_mask, items = seen[0]
     tool_tokens = 2 * 5  # "408>>" in the two rows that called
     kept = 2 * len("<<12*34=408>>408<") + 2 * len("30<") - (tool_tokens if mask_tool_tokens else 0)

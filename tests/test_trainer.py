@@ -27,7 +27,7 @@ from grpo_tutorial.trainer import (
 from grpo_tutorial.seeding import derive_seed, epoch_permutation
 
 from conftest import SMALL_SHAPE
-from helpers import length_reward
+from helpers import length_reward, small_config
 
 
 def data(n=16, seed=0):
@@ -36,12 +36,6 @@ def data(n=16, seed=0):
 
 def constant_reward(completions, **kwargs):
     return [1.0] * len(completions)
-
-
-def config(**kwargs):
-    base = dict(group_size=4, prompts_per_step=2, max_new_tokens=3)
-    base.update(kwargs)
-    return GRPOConfig(**base)
 
 
 def snapshot(model):
@@ -125,12 +119,12 @@ def test_config_minibatch_must_divide_the_batch():
 def test_trainer_rejects_bad_arguments(small_policy):
     model, tok = small_policy
     with pytest.raises(ValueError, match="reward_weights has 2 entries but there are 1 reward functions"):
-        GRPOTrainer(model, tok, [length_reward], config(reward_weights=[1.0, 2.0]))
+        GRPOTrainer(model, tok, [length_reward], small_config(reward_weights=[1.0, 2.0]))
     with pytest.raises(TypeError, match="reward_fns"):
-        GRPOTrainer(model, tok, "length", config())
+        GRPOTrainer(model, tok, "length", small_config())
     with pytest.raises(TypeError, match="config must be a GRPOConfig"):
         GRPOTrainer(model, tok, length_reward, {"group_size": 4})
-    trainer = GRPOTrainer(model, tok, length_reward, config())
+    trainer = GRPOTrainer(model, tok, length_reward, small_config())
     with pytest.raises(ValueError, match="steps must be a positive int, got 0"):
         trainer.train(data(), 0, progress=False)
     with pytest.raises(ValueError, match="dataset is empty"):
@@ -149,7 +143,7 @@ def test_trainer_rejects_bad_arguments(small_policy):
 def test_equal_rewards_leave_parameters_exactly_unchanged(small_policy):
     model, tok = small_policy
     before = snapshot(model)
-    trainer = GRPOTrainer(model, tok, constant_reward, config(beta=0.0, weight_decay=0.0))
+    trainer = GRPOTrainer(model, tok, constant_reward, small_config(beta=0.0, weight_decay=0.0))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         row = trainer.train_step(data()[:2])
@@ -163,7 +157,7 @@ def test_equal_rewards_leave_parameters_exactly_unchanged(small_policy):
 def test_varied_rewards_change_parameters(small_policy):
     model, tok = small_policy
     before = snapshot(model)
-    trainer = GRPOTrainer(model, tok, length_reward, config())
+    trainer = GRPOTrainer(model, tok, length_reward, small_config())
     row = quiet(trainer.train_step, data()[:2])
     assert row["reward_std"] > 0 and row["frac_zero_std"] < 1.0
     assert row["grad_norm"] > 0
@@ -172,7 +166,7 @@ def test_varied_rewards_change_parameters(small_policy):
 
 def test_history_row_fields_are_plain_json_numbers(small_policy):
     model, tok = small_policy
-    trainer = GRPOTrainer(model, tok, length_reward, config())
+    trainer = GRPOTrainer(model, tok, length_reward, small_config())
     row = quiet(trainer.train_step, data()[:2])
     expected = {
         "step", "reward_mean", "reward_std", "reward/length_reward", "accuracy", "kl",
@@ -203,7 +197,7 @@ def test_accuracy_counts_correct_completions(monkeypatch, small_policy):
         return r
 
     monkeypatch.setattr(step_module, "generate_rollouts", fake_rollout)
-    trainer = GRPOTrainer(model, tok, step_module.compute_rewards.__globals__["correctness_reward"], config())
+    trainer = GRPOTrainer(model, tok, step_module.compute_rewards.__globals__["correctness_reward"], small_config())
     row = quiet(trainer.train_step, rows)
     # prompt 0: "3","3","03" match 3; prompt 1: "4","4" match 4 -> 5 of 8
     assert row["accuracy"] == 5 / 8
@@ -220,13 +214,13 @@ def test_custom_accuracy_fn_sees_columns_and_defines_accuracy(small_policy):
 
     model, tok = small_policy
     rows = [{"prompt": "1+2=", "answer": "3", "numbers": [1, 2]}, {"prompt": "2+2=", "answer": "4", "numbers": [2, 2]}]
-    trainer = GRPOTrainer(model, tok, length_reward, config(), accuracy_fn=first_of_each_group)
+    trainer = GRPOTrainer(model, tok, length_reward, small_config(), accuracy_fn=first_of_each_group)
     row = quiet(trainer.train_step, rows)
     assert row["accuracy"] == 0.25
     assert seen["numbers"] == [[1, 2]] * 4 + [[2, 2]] * 4  # extra dataset columns, one per completion
     assert trainer.evaluate(rows * 4, batch_size=4)["accuracy"] == 0.25  # rows 0 and 4 of 8, per batch
     with pytest.raises(TypeError, match="accuracy_fn must be None or a function"):
-        GRPOTrainer(model, tok, length_reward, config(), accuracy_fn="exact")
+        GRPOTrainer(model, tok, length_reward, small_config(), accuracy_fn="exact")
 
 
 def test_mu_2_second_pass_uses_the_stored_old_logprobs(monkeypatch, small_policy):
@@ -239,7 +233,7 @@ def test_mu_2_second_pass_uses_the_stored_old_logprobs(monkeypatch, small_policy
 
     monkeypatch.setattr(step_module, "grpo_loss", spy)
     model, tok = small_policy
-    trainer = GRPOTrainer(model, tok, length_reward, config(num_iterations=2, learning_rate=1e-2))
+    trainer = GRPOTrainer(model, tok, length_reward, small_config(num_iterations=2, learning_rate=1e-2))
     quiet(trainer.train_step, data()[:2])
     assert len(calls) == 2
     first, second = calls
@@ -260,7 +254,7 @@ def test_minibatches_make_mu_times_n_over_m_updates(monkeypatch, small_policy):
 
     monkeypatch.setattr(step_module, "grpo_loss", spy)
     model, tok = small_policy
-    trainer = GRPOTrainer(model, tok, length_reward, config(num_iterations=2, minibatch_size=4))
+    trainer = GRPOTrainer(model, tok, length_reward, small_config(num_iterations=2, minibatch_size=4))
     quiet(trainer.train_step, data()[:2])
     assert seen == [4, 4, 4, 4]  # 2 passes x 8 completions / 4
     state = trainer.optimizer.state_dict()["state"]
@@ -270,7 +264,7 @@ def test_minibatches_make_mu_times_n_over_m_updates(monkeypatch, small_policy):
 def test_frozen_reference_stays_frozen_and_syncs(small_policy):
     model, tok = small_policy
     initial = snapshot(model)
-    trainer = GRPOTrainer(model, tok, length_reward, config(beta=0.1, ref_sync_every=2, learning_rate=1e-2))
+    trainer = GRPOTrainer(model, tok, length_reward, small_config(beta=0.1, ref_sync_every=2, learning_rate=1e-2))
     ref = trainer.ref_model
     assert ref is not None and ref is not model
     assert all(not p.requires_grad for p in ref.parameters()) and not ref.training
@@ -288,11 +282,11 @@ def test_frozen_reference_stays_frozen_and_syncs(small_policy):
 def test_no_reference_model_when_beta_is_zero(make_small_policy):
     model, tok = make_small_policy()
     other, _ = make_small_policy(seed=1)
-    assert GRPOTrainer(model, tok, length_reward, config(beta=0.0), ref_model=other).ref_model is None
-    given = GRPOTrainer(model, tok, length_reward, config(beta=0.05), ref_model=other)
+    assert GRPOTrainer(model, tok, length_reward, small_config(beta=0.0), ref_model=other).ref_model is None
+    given = GRPOTrainer(model, tok, length_reward, small_config(beta=0.05), ref_model=other)
     assert given.ref_model is other and not any(p.requires_grad for p in other.parameters())
     with pytest.raises(ValueError, match="ref_model is the policy itself"):
-        GRPOTrainer(model, tok, length_reward, config(beta=0.05), ref_model=model)
+        GRPOTrainer(model, tok, length_reward, small_config(beta=0.05), ref_model=model)
     assert all(p.requires_grad for p in model.parameters())  # the policy was not frozen
 
 
@@ -306,7 +300,7 @@ def test_generate_called_once_per_step(monkeypatch, small_policy):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(model, "generate", wrapper)
-    trainer = GRPOTrainer(model, tok, length_reward, config(prompts_per_step=3, group_size=4))
+    trainer = GRPOTrainer(model, tok, length_reward, small_config(prompts_per_step=3, group_size=4))
     quiet(trainer.train, data(), 3, progress=False)
     assert rows == [12, 12, 12]
 
@@ -320,7 +314,7 @@ def test_data_order_is_a_seeded_permutation_per_epoch(small_policy):
 
     ds = data(n=6)
     model, tok = small_policy
-    trainer = GRPOTrainer(model, tok, record, config(prompts_per_step=4))
+    trainer = GRPOTrainer(model, tok, record, small_config(prompts_per_step=4))
     quiet(trainer.train, ds, 3, progress=False)  # 12 prompts = 2 epochs of 6
     prompts = [row["prompt"] for row in ds]
     assert seen[:6] == [prompts[i] for i in epoch_permutation(6, 0, 0)]
@@ -339,7 +333,7 @@ def test_non_finite_loss_skips_the_update_counts_and_warns_once(monkeypatch, sma
     real = step_module.grpo_loss
     bad_steps = {2, 3}
     model, tok = small_policy
-    trainer = GRPOTrainer(model, tok, length_reward, config())
+    trainer = GRPOTrainer(model, tok, length_reward, small_config())
 
     def poisoned(*args, **kwargs):
         loss, stats = real(*args, **kwargs)
@@ -373,7 +367,7 @@ def test_non_finite_gradient_skips_the_update(monkeypatch, small_policy):
     monkeypatch.setattr(step_module, "grpo_loss", inf_gradient)
     model, tok = small_policy
     before = snapshot(model)
-    trainer = GRPOTrainer(model, tok, length_reward, config())
+    trainer = GRPOTrainer(model, tok, length_reward, small_config())
     with pytest.warns(GRPOWarning, match="gradient norm is nan"):
         row = trainer.train_step(data()[:2])
     assert math.isfinite(row["loss"]) and math.isnan(row["grad_norm"])
@@ -393,7 +387,7 @@ def test_truncation_warns_once_and_a_sparse_start_does_not(small_policy):
         positions = [i for i, p in enumerate(prompts) if p == special]
         return [float(positions.index(i)) if i in positions else 0.0 for i in range(len(prompts))]
 
-    trainer = GRPOTrainer(model, tok, one_group_varies, config(prompts_per_step=8, max_new_tokens=1))
+    trainer = GRPOTrainer(model, tok, one_group_varies, small_config(prompts_per_step=8, max_new_tokens=1))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         row = trainer.train_step(ds)
@@ -403,7 +397,7 @@ def test_truncation_warns_once_and_a_sparse_start_does_not(small_policy):
     assert not any("zero_variance" in m for m in messages), messages
     # this reward pays cut completions (it reads positions, not answers): the budget costs nothing, a note only
     assert not any("truncation" in m for m in messages), messages
-    trainer = GRPOTrainer(model, tok, constant_reward, config(prompts_per_step=8, max_new_tokens=1))
+    trainer = GRPOTrainer(model, tok, constant_reward, small_config(prompts_per_step=8, max_new_tokens=1))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(6):  # 8 groups a step, none mixed: found at step 3 (bound 0.117 < 1/8), said at step 5
@@ -428,7 +422,7 @@ def test_unscorable_completions_are_left_out_of_the_baseline(monkeypatch, small_
         return [None if i % 4 == 0 else float(i) for i in range(len(completions))]
 
     model, tok = small_policy
-    trainer = GRPOTrainer(model, tok, sometimes_none, config(num_iterations=1))
+    trainer = GRPOTrainer(model, tok, sometimes_none, small_config(num_iterations=1))
     with pytest.warns(GRPOWarning, match="2 of 8 completions could not be scored"):
         row = trainer.train_step(data()[:2])
     # groups [None, 1, 2, 3] and [None, 5, 6, 7]: mean 2 (6) and std 1 over the scorable three
@@ -450,7 +444,7 @@ def test_evaluate_is_greedy_batched_and_side_effect_free(small_policy):
 
     model, tok = small_policy
     ds = data(n=10)
-    trainer = GRPOTrainer(model, tok, correctness_reward, config())
+    trainer = GRPOTrainer(model, tok, correctness_reward, small_config())
     model.train()
     rng = torch.get_rng_state()
     result = trainer.evaluate(ds, batch_size=4, num_samples=2)
@@ -473,7 +467,7 @@ def test_evaluate_is_greedy_batched_and_side_effect_free(small_policy):
 
 def run(steps, out=None, resume=False, seed=0, **cfg):
     model, tok = build_tiny_policy(**SMALL_SHAPE, seed=seed)
-    trainer = GRPOTrainer(model, tok, length_reward, config(seed=seed, output_dir=out, **cfg))
+    trainer = GRPOTrainer(model, tok, length_reward, small_config(seed=seed, output_dir=out, **cfg))
     history = quiet(trainer.train, data(), steps, resume=resume, progress=False)
     return trainer, history
 
@@ -544,7 +538,8 @@ def test_resume_continues_from_the_checkpoint_step(tmp_path, small_policy):
     steps_run = []
 
     model, tok = small_policy
-    resumed = GRPOTrainer(model, tok, length_reward, config(output_dir=out, num_iterations=2, beta=0.05, checkpoint_every=2))
+    resumed = GRPOTrainer(model, tok, length_reward,
+                          small_config(output_dir=out, num_iterations=2, beta=0.05, checkpoint_every=2))
     real_step = resumed.train_step
 
     def counting(batch):
@@ -568,7 +563,7 @@ def test_resume_after_a_kill_between_the_two_renames(tmp_path, monkeypatch, smal
 
     # the next save dies right after moving the old checkpoint aside
     model, tok = small_policy
-    trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=str(out), beta=0.05, checkpoint_every=2))
+    trainer = GRPOTrainer(model, tok, length_reward, small_config(output_dir=str(out), beta=0.05, checkpoint_every=2))
     quiet(trainer.train, data(), 2, resume=True, progress=False)
     quiet(trainer.train_step, data()[:2])
     real_replace = os.replace
@@ -594,7 +589,7 @@ def test_a_fresh_run_warns_before_replacing_a_checkpoint(tmp_path, small_policy)
     out = str(tmp_path / "run")
     run(2, out=out, checkpoint_every=2)
     model, tok = small_policy
-    trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=out))
+    trainer = GRPOTrainer(model, tok, length_reward, small_config(output_dir=out))
     with pytest.warns(GRPOWarning, match="already holds a checkpoint; starting a new run"):
         trainer.train(data(), 1, progress=False)
     assert len(read_history(out)) == 1  # the new run's history replaced the old one
@@ -604,7 +599,7 @@ def test_resume_refuses_a_different_dataset(tmp_path, small_policy):
     out = str(tmp_path / "run")
     run(2, out=out, checkpoint_every=2)
     model, tok = small_policy
-    trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=out))
+    trainer = GRPOTrainer(model, tok, length_reward, small_config(output_dir=out))
     before = snapshot(model)
     with pytest.raises(ValueError, match="the dataset differs"):
         trainer.train(data(seed=5), 4, resume=True, progress=False)
@@ -614,7 +609,7 @@ def test_resume_refuses_a_different_dataset(tmp_path, small_policy):
 def test_train_accepts_a_hugging_face_dataset(small_policy):
     datasets = pytest.importorskip("datasets")
     model, tok = small_policy
-    trainer = GRPOTrainer(model, tok, length_reward, config())
+    trainer = GRPOTrainer(model, tok, length_reward, small_config())
     history = quiet(trainer.train, datasets.Dataset.from_list(data()), 1, progress=False)
     assert [row["step"] for row in history] == [1]
 
@@ -624,7 +619,7 @@ def test_resume_without_a_checkpoint_starts_fresh(tmp_path, make_small_policy):
     _, full = run(2)
     with pytest.warns(GRPOWarning, match="no checkpoint"):
         model, tok = make_small_policy()
-        trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=out))
+        trainer = GRPOTrainer(model, tok, length_reward, small_config(output_dir=out))
         history = trainer.train(data(), 2, resume=True, progress=False)
     assert comparable(history) == comparable(full)
 
@@ -634,7 +629,7 @@ def test_ctrl_c_finishes_the_step_saves_and_raises(tmp_path, small_policy):
     _, full = run(4)
 
     model, tok = small_policy
-    trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=out))
+    trainer = GRPOTrainer(model, tok, length_reward, small_config(output_dir=out))
 
     def interrupting(completions, **kwargs):
         if trainer.step == 1:  # during step 2
@@ -656,11 +651,11 @@ def test_ctrl_c_finishes_the_step_saves_and_raises(tmp_path, small_policy):
 def test_sixteen_bit_weights_warn_that_updates_may_vanish(make_small_policy):
     model, tok = make_small_policy()
     with pytest.warns(GRPOWarning, match="16-bit weights"):
-        GRPOTrainer(model.to(torch.bfloat16), tok, length_reward, config())
+        GRPOTrainer(model.to(torch.bfloat16), tok, length_reward, small_config())
     model, tok = make_small_policy()
     with warnings.catch_warnings():
         warnings.simplefilter("error", GRPOWarning)
-        GRPOTrainer(model, tok, length_reward, config())  # float32: no warning
+        GRPOTrainer(model, tok, length_reward, small_config())  # float32: no warning
 
 
 def test_logged_entropy_averages_only_the_rows_the_step_scored(monkeypatch, small_policy):
@@ -672,7 +667,7 @@ def test_logged_entropy_averages_only_the_rows_the_step_scored(monkeypatch, smal
     from grpo_tutorial.rollout import generate_rollouts
     from grpo_tutorial.seeding import MINIBATCHES, SAMPLING, stream_generator, stream_seed
 
-    cfg = config(micro_batch_size=4)  # 8 completions: two micro-batches, one update (on-policy)
+    cfg = small_config(micro_batch_size=4)  # 8 completions: two micro-batches, one update (on-policy)
     batch = data()[:2]
     model, tok = small_policy
     start = copy.deepcopy(model.state_dict())
@@ -727,7 +722,7 @@ def test_a_policies_subclass_supplies_the_reference_without_a_copy(small_policy)
             yield self.policy  # a LoRA model would yield the policy with its adapters off
 
     model, tok = small_policy
-    step = GRPOStep(model, tok, length_reward, config(beta=0.1, ref_sync_every=1),
+    step = GRPOStep(model, tok, length_reward, small_config(beta=0.1, ref_sync_every=1),
                     policies=PolicyAsReference(model))  # no reference model: no copy is made
     assert step.policies.reference_model is None
     row = quiet(step, data()[:2], RunState(), [])
@@ -737,7 +732,7 @@ def test_a_policies_subclass_supplies_the_reference_without_a_copy(small_policy)
 
 def test_a_sampler_writes_the_completions_and_row_listeners_get_every_row(tmp_path, make_small_policy):
     model, tok = make_small_policy()
-    trainer = GRPOTrainer(model, tok, length_reward, config(output_dir=str(tmp_path)))
+    trainer = GRPOTrainer(model, tok, length_reward, small_config(output_dir=str(tmp_path)))
     calls, rows = [], []
     real = trainer.grpo_step.generate
     trainer.grpo_step.sampler = lambda prompts, seed: calls.append(seed) or real(prompts, seed)
@@ -747,6 +742,7 @@ def test_a_sampler_writes_the_completions_and_row_listeners_get_every_row(tmp_pa
     assert rows == history and len(rows) == 3
     assert [json.loads(line)["step"] for line in (tmp_path / "history.jsonl").read_text().splitlines()] == [1, 2, 3]
     mine = lambda p, s: real(p, s)  # noqa: E731
-    assert GRPOTrainer(make_small_policy()[0], tok, length_reward, config(), sampler=mine).grpo_step.sampler is mine
+    trainer = GRPOTrainer(make_small_policy()[0], tok, length_reward, small_config(), sampler=mine)
+    assert trainer.grpo_step.sampler is mine
     with pytest.raises(TypeError, match="sampler must be None or a function"):
-        GRPOTrainer(make_small_policy()[0], tok, length_reward, config(), sampler="vllm")
+        GRPOTrainer(make_small_policy()[0], tok, length_reward, small_config(), sampler="vllm")

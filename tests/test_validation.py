@@ -38,7 +38,7 @@ from grpo_tutorial.__main__ import main
 from grpo_tutorial.tasks import load_gsm8k as grpo_tutorial_load_gsm8k
 from grpo_tutorial.trainer import GRPOConfig, GRPOTrainer, GRPOWarning
 
-from helpers import length_reward
+from helpers import length_reward, small_config
 
 
 def expect(exc: type[BaseException], call, *fragments: str) -> str:
@@ -52,12 +52,6 @@ def expect(exc: type[BaseException], call, *fragments: str) -> str:
 
 
 pytestmark = pytest.mark.usefixtures("hub_offline")
-
-
-def small_config(**kwargs) -> GRPOConfig:
-    base = dict(group_size=4, prompts_per_step=2, max_new_tokens=3)
-    base.update(kwargs)
-    return GRPOConfig(**base)
 
 
 ROWS = [{"prompt": "1+2=", "answer": "3"}, {"prompt": "2+2=", "answer": "4"}, {"prompt": "3+3=", "answer": "6"}]

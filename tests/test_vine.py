@@ -11,6 +11,7 @@ import torch
 from grpo_tutorial import GRPOConfig
 from grpo_tutorial.rollout import generate_rollouts, sampling_kwargs
 from grpo_tutorial.vine import MonteCarloSettings, MonteCarloStep, cut_points, monte_carlo_advantages
+from helpers import StepState
 
 CONFIG = GRPOConfig(group_size=2, prompts_per_step=2, max_new_tokens=8, seed=5)
 PROMPTS = ["12+34=", "7+5="]
@@ -119,20 +120,12 @@ def test_a_tokenizer_that_does_not_round_trip_is_refused(small_policy, monkeypat
         run(model, tok, rollout, Spy())
 
 
-class State:
-    def __init__(self) -> None:
-        self.step, self.skipped_updates = 0, 0
-
-    def warn(self, kind: str, message: str) -> None:
-        pass
-
-
 def test_the_monte_carlo_step_trains_and_counts_its_extra_tokens(small_policy):
     model, tok = small_policy
     config = GRPOConfig(group_size=2, prompts_per_step=2, max_new_tokens=8, seed=5, learning_rate=1e-3)
     step = MonteCarloStep(model, tok, Spy(), config, settings=MonteCarloSettings(2, 3))
     before = [p.detach().clone() for p in model.parameters()]
-    row = step([{"prompt": p, "answer": "0"} for p in PROMPTS], State(), [])
+    row = step([{"prompt": p, "answer": "0"} for p in PROMPTS], StepState(), [])
     assert not all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
     assert row["mc_extra_tokens"] > 0 and row["mc_extra_rollouts"] > 0 and row["advantage_var"] > 0
     with pytest.raises(ValueError, match="advantage_baseline must be 'group'"):
