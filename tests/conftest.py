@@ -4,10 +4,12 @@
 test may train or change its model); a test that needs another seed, a second
 model, or a variant of the small shape calls ``make_tiny_policy(seed=...)`` or
 ``make_small_policy(seed=..., **changes)``, which build a new pair at each call.
-A module-level helper that many tests call (or a script a test runs in a
-subprocess) calls ``build_tiny_policy(seed=...)``, with ``**SMALL_SHAPE`` (``from
-conftest import SMALL_SHAPE``) for the small shape. No test file types a model's
-shape (``tests/test_test_hygiene.py`` holds the rule).
+A module-level helper that many tests call builds its model with
+``helpers.tiny_model(seed=...)`` or ``helpers.small_model(seed=...)``, which these
+fixtures call too; a script a test runs in a subprocess calls
+``build_tiny_policy(seed=...)``, with ``**SMALL_SHAPE`` (``from conftest import
+SMALL_SHAPE``) for the small shape. No test file types a model's shape or calls the
+builder itself (``tests/test_test_hygiene.py`` holds the rules).
 ``tiny_batch`` is a few rows the tiny character tokenizer can encode, and
 ``run_dir`` a fresh output directory. ``one_thread`` runs every test on one
 torch thread; a file whose tests must not reach the Hugging Face hub marks them
@@ -75,9 +77,7 @@ def pytest_sessionstart(session):
     start_kernels()
 
 
-#: The 32-wide, two-layer shape most trainer tests use: small enough that a
-#: training step takes milliseconds.
-SMALL_SHAPE = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64}
+from helpers import SMALL_SHAPE, small_model, tiny_model  # noqa: E402 (SMALL_SHAPE: test files import it from here)
 
 
 @pytest.fixture(autouse=True)
@@ -100,11 +100,8 @@ def make_tiny_policy():
     """A builder of fresh ``(model, tokenizer)`` pairs: ``make_tiny_policy(seed=4)`` is ``build_tiny_policy(seed=4)``,
     the default tiny Qwen2 (hidden 128, 3 layers). Session-scoped because it holds nothing (each call builds a new
     model), so a module-scoped fixture may use it too."""
-    from grpo_tutorial import build_tiny_policy  # here, not at the top: a test file that never builds a model
-    # does not import the package for it
-
     def make(seed: int = 0):
-        return build_tiny_policy(seed=seed)
+        return tiny_model(seed=seed)
 
     return make
 
@@ -114,10 +111,8 @@ def make_small_policy():
     """A builder of fresh ``(model, tokenizer)`` pairs of :data:`SMALL_SHAPE`: ``make_small_policy(seed=1)``, or a
     variant of the shape, ``make_small_policy(num_layers=1)`` (any other ``build_tiny_policy`` argument overrides
     too). Session-scoped because it holds nothing (each call builds a new model)."""
-    from grpo_tutorial import build_tiny_policy
-
     def make(seed: int = 0, **changes):
-        return build_tiny_policy(**{**SMALL_SHAPE, **changes}, seed=seed)
+        return small_model(seed=seed, **changes)
 
     return make
 

@@ -1,4 +1,5 @@
-"""What many test files share (issue 56): reward functions in TRL's signature for runs of the untrained tiny model.
+"""What many test files share (issue 56): the tiny models, reward functions in TRL's signature for runs of the
+untrained tiny model, a step's stub state and small settings.
 
 Import as ``from helpers import length_reward`` (pytest puts ``tests/`` on the path). A test file whose reward differs
 (another scale, another signature) keeps its own under its own name.
@@ -35,3 +36,23 @@ def small_config(**overrides):
     from grpo_tutorial import GRPOConfig
 
     return GRPOConfig(**{"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 3, **overrides})
+
+
+#: The 32-wide, two-layer shape most trainer tests use: small enough that a training step takes milliseconds.
+SMALL_SHAPE = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64}
+
+
+def tiny_model(seed: int = 0):
+    """A fresh ``(model, tokenizer)``: the default tiny Qwen2 (hidden 128, 3 layers), ``build_tiny_policy(seed=seed)``.
+    Tests and fixtures take conftest's fixtures (``make_tiny_policy``), which call this; module-level helpers call it."""
+    from grpo_tutorial import build_tiny_policy  # here: a test file that never builds a model does not import it
+
+    return build_tiny_policy(seed=seed)
+
+
+def small_model(seed: int = 0, **changes):
+    """A fresh ``(model, tokenizer)`` of :data:`SMALL_SHAPE` (any ``build_tiny_policy`` argument in ``changes``
+    overrides it); conftest's ``make_small_policy`` calls this."""
+    from grpo_tutorial import build_tiny_policy
+
+    return build_tiny_policy(**{**SMALL_SHAPE, **changes}, seed=seed)

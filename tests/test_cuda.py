@@ -22,12 +22,13 @@ import copy
 import pytest
 import torch
 
-from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy
+from grpo_tutorial import GRPOConfig, GRPOTrainer
 from grpo_tutorial.logprobs import completion_logprobs, score_rollout
 from grpo_tutorial.metrics import watch_stages
 from grpo_tutorial.models import generation_dtype, native_bf16_supported, pick_device_and_dtype
 from grpo_tutorial.rollout import generate_rollouts
 from grpo_tutorial.run.checkpoint import load_model_state
+from helpers import tiny_model
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-proof runs these)"),
@@ -44,7 +45,7 @@ def reward(completions, **kwargs) -> list[float]:
 
 
 def tiny_on_gpu(seed: int = 0):
-    model, tokenizer = build_tiny_policy(seed=seed)
+    model, tokenizer = tiny_model(seed=seed)
     return model.to(CUDA), tokenizer
 
 

@@ -23,12 +23,11 @@ import pytest
 import torch
 
 from grpo_tutorial.__main__ import main
-from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.trainer import TIMING_KEYS, GRPOConfig, GRPOTrainer, GRPOWarning, find_checkpoint, read_history
 
 from conftest import SMALL_SHAPE
-from helpers import length_reward
+from helpers import length_reward, small_model
 
 STEPS = 4
 ARGS = [
@@ -184,7 +183,7 @@ DIES_WHILE_SAVING = textwrap.dedent(
 
 
 def _small_run(steps: int, out: Path | None = None, resume: bool = False) -> list[dict]:
-    model, tok = build_tiny_policy(**SMALL_SHAPE, seed=0)
+    model, tok = small_model(seed=0)
     cfg = GRPOConfig(
         group_size=4, prompts_per_step=2, max_new_tokens=3, beta=0.05,
         checkpoint_every=2, output_dir=None if out is None else str(out),

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
+from grpo_tutorial import GRPOConfig, GRPOTrainer, make_arithmetic_dataset
 from grpo_tutorial.doctor import CAUSE_ORDER, Finding, Run, RunUnreadable, diagnose, read_run, trl_rows
 from grpo_tutorial.doctor.findings import choose_primary
 from grpo_tutorial.doctor.reading import run_from_trl
 from grpo_tutorial.doctor import rules
 from grpo_tutorial.rewards import correctness_reward
+from helpers import tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -295,7 +296,7 @@ def test_a_rule_that_fails_on_odd_values_is_skipped_with_its_error(monkeypatch):
 
 
 def _train(out: Path | None, steps: int = 3, **extra):
-    model, tok = build_tiny_policy(seed=0)
+    model, tok = tiny_model(seed=0)
     cfg = GRPOConfig(prompts_per_step=2, group_size=4, max_new_tokens=4, seed=1, checkpoint_every=1,
                      output_dir=None if out is None else str(out), **extra)
     trainer = GRPOTrainer(model, tok, correctness_reward, cfg)

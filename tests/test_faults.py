@@ -24,7 +24,6 @@ import grpo_tutorial
 import grpo_tutorial.run.checkpoint as checkpoint_module
 import grpo_tutorial.run.history as history_module
 from grpo_tutorial.metrics import TIMING_KEYS
-from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.run.checkpoint import load_model_state
 from grpo_tutorial.run.disk import RunDirectoryError
 from grpo_tutorial.run.history import read_history
@@ -33,8 +32,7 @@ from grpo_tutorial.run.lock import RunLockedError, run_lock
 from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.trainer import GRPOConfig, GRPOTrainer
 
-from conftest import SMALL_SHAPE
-from helpers import length_reward
+from helpers import length_reward, small_model
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false")
@@ -49,7 +47,7 @@ CLI = [
 
 
 def make_trainer(out, **kwargs):
-    model, tok = build_tiny_policy(**SMALL_SHAPE, seed=0)
+    model, tok = small_model(seed=0)
     cfg = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=3, output_dir=str(out), **kwargs)
     return GRPOTrainer(model, tok, [length_reward], cfg)
 

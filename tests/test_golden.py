@@ -53,11 +53,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_tutorial import GRPOConfig, GRPOTrainer, TIMING_KEYS, build_tiny_policy, make_arithmetic_dataset
+from grpo_tutorial import GRPOConfig, GRPOTrainer, TIMING_KEYS, make_arithmetic_dataset
 from grpo_tutorial.env import describe_kernels, kernel_fingerprint
 from grpo_tutorial.rewards import correctness_reward, partial_credit_reward
 
 from allowances import like_the_row
+from helpers import tiny_model
 
 FIXTURE = Path(__file__).parent / "fixtures" / "golden_history.json"
 SHARED_FIXTURE = Path(__file__).parent / "fixtures" / "golden_history_shared_prompts.json"
@@ -120,7 +121,7 @@ def _run(name: str, **overrides) -> dict:
     kwargs, fns = RUNS[name]
     kwargs = {**kwargs, **overrides}
     torch.set_num_threads(1)
-    model, tokenizer = build_tiny_policy(seed=11)
+    model, tokenizer = tiny_model(seed=11)
     data = make_arithmetic_dataset(64, seed=13, digits=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

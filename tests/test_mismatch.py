@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import grpo_tutorial.step as step_module
-from grpo_tutorial import GRPOConfig, GRPOTrainer, GRPOWarning, build_tiny_policy, make_arithmetic_dataset
+from grpo_tutorial import GRPOConfig, GRPOTrainer, GRPOWarning, make_arithmetic_dataset
 from grpo_tutorial.logprobs import score_rollout
 from grpo_tutorial.loss import grpo_loss
 from grpo_tutorial.mismatch import (
@@ -37,8 +37,8 @@ from grpo_tutorial.mismatch import (
 )
 from grpo_tutorial.rollout import concat_groups
 
-from conftest import SMALL_SHAPE
 import helpers
+from helpers import small_model
 
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 
@@ -339,7 +339,7 @@ def small_config(**kwargs) -> GRPOConfig:
 
 
 def trainer_for(**kwargs) -> GRPOTrainer:
-    model, tokenizer = build_tiny_policy(**SMALL_SHAPE, seed=0)
+    model, tokenizer = small_model(seed=0)
     return GRPOTrainer(model, tokenizer, length_reward, small_config(**kwargs))
 
 

@@ -17,12 +17,13 @@ import pytest
 import torch
 
 import grpo_tutorial.step as step_module
-from grpo_tutorial import GRPOConfig, GRPOTrainer, TIMING_KEYS, build_tiny_policy, make_arithmetic_dataset
+from grpo_tutorial import GRPOConfig, GRPOTrainer, TIMING_KEYS, make_arithmetic_dataset
 from grpo_tutorial.rewards import partial_credit_reward
+from helpers import tiny_model
 
 
 def _run(reuse: bool, steps: int = 3, **overrides):
-    model, tok = build_tiny_policy(seed=4)
+    model, tok = tiny_model(seed=4)
     cfg = GRPOConfig(prompts_per_step=4, group_size=4, seed=9, learning_rate=3e-3, **overrides)
     trainer = GRPOTrainer(model, tok, partial_credit_reward, cfg)
     trainer.grpo_step.reuse_on_policy_logprobs = reuse

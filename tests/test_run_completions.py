@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from grpo_tutorial.answers import answer_readings
-from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
+from grpo_tutorial import GRPOConfig, GRPOTrainer, make_arithmetic_dataset
 from grpo_tutorial.run.completions import (
     COMPLETIONS_FILE,
     ROW_BYTES,
@@ -20,6 +20,7 @@ from grpo_tutorial.run.completions import (
     truncate_completions,
 )
 from grpo_tutorial.rewards import partial_credit_reward
+from helpers import tiny_model
 
 N = 8
 PROMPTS = [f"{i // 4}+1=" for i in range(N)]
@@ -135,7 +136,7 @@ def _crashing(after_calls: int):
 
 
 def _trainer(out=None, reward=partial_credit_reward, **extra):
-    model, tok = build_tiny_policy(seed=4)
+    model, tok = tiny_model(seed=4)
     settings = dict(prompts_per_step=2, group_size=4, seed=6, max_new_tokens=4, learning_rate=1e-2,
                     log_completions=True, log_every=2, num_completions_to_print=3, completions_to_keep=0)
     cfg = GRPOConfig(**{**settings, **extra}, output_dir=None if out is None else str(out))

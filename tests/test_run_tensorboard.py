@@ -21,13 +21,11 @@ pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from grpo_tutorial.__main__ import build_parser, config_from_args, resolve_run_defaults  # noqa: E402
-from grpo_tutorial.models import build_tiny_policy  # noqa: E402
 from grpo_tutorial.run.tensorboard import TAG_PREFIX, TensorBoardWriter  # noqa: E402
 from grpo_tutorial.tasks import make_arithmetic_dataset  # noqa: E402
 from grpo_tutorial.trainer import GRPOConfig, GRPOTrainer, GRPOWarning  # noqa: E402
 
-from conftest import SMALL_SHAPE  # noqa: E402
-from helpers import length_reward  # noqa: E402
+from helpers import length_reward, small_model  # noqa: E402
 
 
 def data():
@@ -35,7 +33,7 @@ def data():
 
 
 def trainer(out, reward=length_reward, **cfg) -> GRPOTrainer:
-    model, tok = build_tiny_policy(**SMALL_SHAPE, seed=0)
+    model, tok = small_model(seed=0)
     config = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=3, output_dir=str(out), **cfg)
     return GRPOTrainer(model, tok, reward, config)
 

@@ -15,10 +15,10 @@ import warnings
 import pytest
 import torch
 
-from grpo_tutorial import build_tiny_policy
 from grpo_tutorial.logprobs import completion_logprobs
 from grpo_tutorial.rollout import generate_rollouts
 from grpo_tutorial.speedups import can_share_prompts, shared_prompt_logits
+from helpers import tiny_model
 
 G = 4
 
@@ -26,7 +26,7 @@ G = 4
 def _batch(seed: int = 0, completion_len: int = 5):
     """Three prompts of different lengths, G rows each, shuffled; some completions stop early."""
     torch.manual_seed(seed)
-    model, tokenizer = build_tiny_policy(seed=seed)
+    model, tokenizer = tiny_model(seed=seed)
     rollout = generate_rollouts(
         model, tokenizer, ["1+2=", "13+24=", "(7*8)-9="], group_size=G, max_new_tokens=completion_len,
         generator_seed=seed,

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import grpo_tutorial.step as step_module
-from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.tasks import make_arithmetic_dataset
 from grpo_tutorial.trainer import (
     TIMING_KEYS,
@@ -27,7 +26,7 @@ from grpo_tutorial.trainer import (
 from grpo_tutorial.seeding import derive_seed, epoch_permutation
 
 from conftest import SMALL_SHAPE
-from helpers import length_reward, small_config
+from helpers import length_reward, small_config, small_model
 
 
 def data(n=16, seed=0):
@@ -466,7 +465,7 @@ def test_evaluate_is_greedy_batched_and_side_effect_free(small_policy):
 
 
 def run(steps, out=None, resume=False, seed=0, **cfg):
-    model, tok = build_tiny_policy(**SMALL_SHAPE, seed=seed)
+    model, tok = small_model(seed=seed)
     trainer = GRPOTrainer(model, tok, length_reward, small_config(seed=seed, output_dir=out, **cfg))
     history = quiet(trainer.train, data(), steps, resume=resume, progress=False)
     return trainer, history

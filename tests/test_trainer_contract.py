@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, evaluate_policy, make_arithmetic_dataset
+from grpo_tutorial import GRPOConfig, GRPOTrainer, evaluate_policy, make_arithmetic_dataset
 from grpo_tutorial.doctor import CAUSE_ORDER
 from grpo_tutorial.rewards import correctness_reward, partial_credit_reward
 from grpo_tutorial.sft import SFTConfig
+from helpers import tiny_model
 
 
 def _data(n=32):
@@ -59,7 +60,7 @@ def test_a_run_does_not_depend_on_the_global_rng_state(make_tiny_policy):
 
 
 def _with_attention_dropout(p: float):
-    model, tok = build_tiny_policy(seed=0)
+    model, tok = tiny_model(seed=0)
     model.config.attention_dropout = p
     for module in model.modules():
         if hasattr(module, "attention_dropout"):

@@ -24,11 +24,10 @@ import pytest
 import torch
 import trl
 
-from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.rewards import correctness_reward
 from grpo_tutorial.tasks import make_arithmetic_dataset
 
-from conftest import SMALL_SHAPE
+from helpers import small_model
 
 GROUP = 4  # num_generations
 PROMPTS = 4  # prompts per step
@@ -71,7 +70,7 @@ def no_checkpointing() -> dict:
 
 def run_trl(tmp_path, reward_funcs, reward_weights):
     """Two TRL GRPO steps with the tiny model; returns (trainer, parameters before)."""
-    model, tokenizer = build_tiny_policy(**SMALL_SHAPE, seed=0)
+    model, tokenizer = small_model(seed=0)
     rows = make_arithmetic_dataset(32, 0, digits=1)
     args = trl.GRPOConfig(
         output_dir=str(tmp_path / "trl"),

@@ -49,12 +49,12 @@ import trl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
+from grpo_tutorial import GRPOConfig, GRPOTrainer, make_arithmetic_dataset
 from grpo_tutorial.loss import LossOptions, grpo_loss
 from grpo_tutorial.mismatch import IS_MODES, sampler_weights
 from grpo_tutorial.rewards import partial_credit_reward
 
-from conftest import SMALL_SHAPE
+from helpers import small_model, tiny_model
 
 TOL = 1e-6
 N, T = 6, 5
@@ -604,9 +604,8 @@ def _trl_advantages(tmp_path, per_function, weights, aggregation, scale_rewards=
     """The advantages TRL's _generate_and_score_completions computes for these rewards (None = cannot score)."""
     import datasets
 
-    from grpo_tutorial.models import build_tiny_policy
 
-    model, tok = build_tiny_policy(**SMALL_SHAPE, seed=0)
+    model, tok = small_model(seed=0)
     k = len(per_function[0])
     columns = [f"r{j}" for j in range(k)]
     rows = [{"prompt": f"{i // _G}+1=", **{c: values[j] for j, c in enumerate(columns)}}
@@ -735,7 +734,7 @@ def test_accumulated_micro_batches_agree_with_trl(tmp_path, loss_type, steps):
 
 
 def _update_gradient(loss_type: str, micro_batch_size: int | None, **options) -> tuple[list[torch.Tensor], dict]:
-    model, tok = build_tiny_policy(seed=4)
+    model, tok = tiny_model(seed=4)
     cfg = GRPOConfig(
         prompts_per_step=2, group_size=4, seed=9, max_new_tokens=5, loss_type=loss_type,
         micro_batch_size=micro_batch_size, max_grad_norm=None, **options,

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import grpo_tutorial.step as step_module
-from grpo_tutorial import GRPOConfig, GRPOTrainer, build_tiny_policy, make_arithmetic_dataset
+from grpo_tutorial import GRPOConfig, GRPOTrainer, make_arithmetic_dataset
 from grpo_tutorial.advantages import group_advantages
 from grpo_tutorial.metrics import TIMING_KEYS
 from grpo_tutorial.loss import NAMED_OPTIONS, LossOptions, grpo_loss
@@ -30,6 +30,7 @@ from grpo_tutorial.objectives import (
 )
 from grpo_tutorial.rewards import partial_credit_reward
 from grpo_tutorial.seeding import next_batch
+from helpers import tiny_model
 
 D = torch.float64
 
@@ -626,7 +627,7 @@ def _half_constant_reward(completions, a, **kwargs):
 
 
 def _dynamic_trainer(**overrides):
-    model, tok = build_tiny_policy(seed=4)
+    model, tok = tiny_model(seed=4)
     cfg = GRPOConfig(prompts_per_step=4, group_size=4, seed=3, max_new_tokens=4, **overrides)
     return GRPOTrainer(model, tok, _half_constant_reward, cfg)
 
