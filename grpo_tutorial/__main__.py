@@ -395,25 +395,17 @@ def _warm_start(args: argparse.Namespace, config: GRPOConfig, model: Any, tokeni
     """Supervised steps until greedy accuracy on the probe rows reaches the target, as chapter 8's recipe does."""
     import torch
 
-    from .sft import SFTConfig, supervised_warmup
+    from .sft import SFTConfig, warm_start_until
 
-    probe_accuracy: list[float] = []
-    stop_when = None
-    if args.sft_target_accuracy is not None:
+    def probe(m: Any) -> float:  # the probe is evaluated as the GRPO phase will evaluate
+        return _evaluate(m, tokenizer, data.probe, reward_fns, config, args.task, num_samples=0)["accuracy"]
 
-        def stop_when(m: Any) -> bool:  # the probe is evaluated as the GRPO phase will evaluate
-            probe = _evaluate(m, tokenizer, data.probe, reward_fns, config, args.task, num_samples=0)
-            probe_accuracy.append(probe["accuracy"])
-            return probe["accuracy"] >= args.sft_target_accuracy
-
-    t0 = time.perf_counter()
-    torch.manual_seed(config.seed)
-    history = supervised_warmup(
-        model, tokenizer, data.train, SFTConfig(steps=args.sft_steps, seed=config.seed),
-        stop_when=stop_when, check_every=args.sft_check_every, progress=not args.no_progress,
-    )
-    reached = bool(history and history[-1].get("stopped"))
-    evals["sft"] = {"steps": len(history), "seconds": time.perf_counter() - t0, "reached_target": reached,
+    done = warm_start_until(model, tokenizer, data.train, SFTConfig(steps=args.sft_steps, seed=config.seed), probe,
+                            args.sft_target_accuracy, check_every=args.sft_check_every,
+                            progress=not args.no_progress)
+    history, reached = done["history"], done["reached"]
+    probe_accuracy = [value for _, value in done["checks"]]
+    evals["sft"] = {"steps": done["steps"], "seconds": done["seconds"], "reached_target": reached,
                     "probe_accuracy": probe_accuracy[-1] if probe_accuracy else None}
     note = ""
     if probe_accuracy:

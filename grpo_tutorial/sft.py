@@ -13,13 +13,14 @@ import math
 import random
 import time
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
 from ._checks import check_int, check_number
 from .run.progress import progress_bar
 
-__all__ = ["SFTConfig", "encode_sft_batch", "supervised_warmup"]
+__all__ = ["SFTConfig", "encode_sft_batch", "supervised_warmup", "warm_start_until"]
 
 
 @dataclass
@@ -147,3 +148,29 @@ def supervised_warmup(
         bar.close()
     model.eval()
     return history
+
+
+def warm_start_until(model, tokenizer, dataset: list[dict], config: SFTConfig, probe: Callable[[Any], float] | None,
+                     target: float | None, *, check_every: int, progress: bool = True) -> dict:
+    """The warm start every recipe and the command line run: supervised steps until ``probe(model) >= target``.
+
+    Torch's RNG is seeded with ``config.seed`` first (so the run after it starts the same however long this ran);
+    the probe is checked every ``check_every`` steps (none with ``probe`` or ``target`` None: all
+    ``config.steps``). Returns ``steps``, ``seconds``, ``reached`` (the target hit before the last step), ``checks``
+    (``(step, probe value)`` at every check) and the loss ``history``; each caller keeps its record's own keys.
+    """
+    checks: list[tuple[int, float]] = []
+    stop_when = None
+    if probe is not None and target is not None:
+
+        def stop_when(m) -> bool:
+            value = probe(m)
+            checks.append(((len(checks) + 1) * check_every, value))
+            return value >= target
+
+    torch.manual_seed(config.seed)
+    start = time.perf_counter()
+    history = supervised_warmup(model, tokenizer, dataset, config, stop_when=stop_when, check_every=check_every,
+                                progress=progress)
+    return {"steps": len(history), "seconds": time.perf_counter() - start,
+            "reached": bool(history and history[-1].get("stopped")), "checks": checks, "history": history}

@@ -213,6 +213,7 @@ def test_the_warm_start_key_holds_what_decides_its_bits():
 
 
 def test_without_a_cache_folder_nothing_is_cached(monkeypatch):
+    from grpo_tutorial import sft
     from grpo_tutorial.chapters import recipes
 
     monkeypatch.delenv(WARM_START_CACHE, raising=False)
@@ -221,7 +222,7 @@ def test_without_a_cache_folder_nothing_is_cached(monkeypatch):
         raise AssertionError("the cache was used")
 
     monkeypatch.setattr(recipes, "cached_warm_start", refuse)
-    monkeypatch.setattr(recipes, "supervised_warmup", lambda *args, **kwargs: [])
+    monkeypatch.setattr(sft, "supervised_warmup", lambda *args, **kwargs: [])  # what sft.warm_start_until runs
     recipe = TinyAdditionRecipe.quick()
     model, tokenizer = build_recipe_model(recipe, 0)
     assert warm_start(model, tokenizer, make_recipe_data(recipe), recipe, 0, progress=False)["steps"] == 0

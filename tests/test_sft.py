@@ -46,3 +46,29 @@ def test_config_validation():
         SFTConfig(steps=0)
     with pytest.raises(ValueError, match="learning_rate"):
         SFTConfig(learning_rate=0.0)
+
+
+def test_warm_start_until_stops_at_the_target_and_keeps_every_check(make_small_policy):
+    """The warm start the command line, chapter 8's recipe and the sweeps of chapters 13 and 16 share (issue 56):
+    the probe at every check_every steps, the first value at or above the target stops it, and the RNG is the
+    config's seed's, so two runs are one."""
+    from grpo_tutorial.sft import warm_start_until
+
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(5) for b in range(5)]
+    config = SFTConfig(steps=60, batch_size=8, warmup_steps=1, seed=3)
+    values = iter([0.1, 0.4, 0.7, 0.9])
+    model, tok = make_small_policy(seed=1)
+    done = warm_start_until(model, tok, rows, config, lambda m: next(values), 0.5, check_every=10, progress=False)
+    assert done["checks"] == [(10, 0.1), (20, 0.4), (30, 0.7)]  # 0.7 >= 0.5 stops it at step 30
+    assert (done["steps"], done["reached"], len(done["history"])) == (30, True, 30)
+    torch.manual_seed(123)  # whatever the random state before it, the run after it starts from the same one
+    never = warm_start_until(make_small_policy(seed=1)[0], tok, rows, config, lambda m: 0.0, 0.5, check_every=25,
+                             progress=False)
+    after_never = torch.rand(4)
+    assert never["checks"] == [(25, 0.0), (50, 0.0)] and (never["steps"], never["reached"]) == (60, False)
+    torch.manual_seed(456)
+    again = warm_start_until(make_small_policy(seed=1)[0], tok, rows, config, None, None, check_every=10,
+                             progress=False)
+    assert (again["checks"], again["steps"], again["reached"]) == ([], 60, False)  # no probe: every step
+    assert [h["loss"] for h in again["history"]] == [h["loss"] for h in never["history"]]  # the seed's run, both
+    assert torch.equal(torch.rand(4), after_never)

@@ -38,7 +38,7 @@ from grpo_tutorial import stats
 from grpo_tutorial._checks import check_int, check_number
 from grpo_tutorial.models import build_tiny_policy
 from grpo_tutorial.rewards import correctness_reward
-from grpo_tutorial.sft import SFTConfig, supervised_warmup
+from grpo_tutorial.sft import SFTConfig, warm_start_until
 from grpo_tutorial.tasks import train_test_split_arithmetic
 from grpo_tutorial.config import GRPOConfig
 from grpo_tutorial.presets import get_preset
@@ -380,32 +380,12 @@ def warm_start(
     folder = cache if cache is not None else os.environ.get(WARM_START_CACHE)
     if folder:
         return cached_warm_start(warm_start, folder, model, tokenizer, data, recipe, seed, progress)
-    checks: list[tuple[int, float]] = []
-    grpo = recipe.grpo_config(seed)
-
-    def stop_when(m) -> bool:  # the probe is evaluated as the GRPO phase will evaluate
-        accuracy = evaluate_policy(m, tokenizer, data["probe"], grpo)["accuracy"]
-        checks.append(((len(checks) + 1) * recipe.sft_check_every, accuracy))
-        return accuracy >= recipe.sft_target_accuracy
-
-    torch.manual_seed(seed)
-    start = time.perf_counter()
-    history = supervised_warmup(
-        model,
-        tokenizer,
-        data["train"],
-        recipe.sft_config(seed),
-        stop_when=stop_when,
-        check_every=recipe.sft_check_every,
-        progress=progress,
-    )
-    return {
-        "steps": len(history),
-        "seconds": time.perf_counter() - start,
-        "reached": bool(history and history[-1].get("stopped")),
-        "probe_accuracy": checks,
-        "history": history,
-    }
+    grpo = recipe.grpo_config(seed)  # the probe is evaluated as the GRPO phase will evaluate
+    done = warm_start_until(model, tokenizer, data["train"], recipe.sft_config(seed),
+                            lambda m: evaluate_policy(m, tokenizer, data["probe"], grpo)["accuracy"],
+                            recipe.sft_target_accuracy, check_every=recipe.sft_check_every, progress=progress)
+    return {"steps": done["steps"], "seconds": done["seconds"], "reached": done["reached"],
+            "probe_accuracy": done["checks"], "history": done["history"]}
 
 
 #: The environment variable that names :func:`warm_start`'s cache folder (``make test`` sets it to a new one).

@@ -40,7 +40,8 @@ from .recipes import TinyAdditionRecipe, build_recipe_model, make_recipe_data, p
 
 __all__ = [
     "VariantRecipe", "recipe_threads", "run_setting", "run_sweep_seed", "runs_by_setting", "seed_start", "setting_summary",
-    "run_from_warm_start", "summarize_variants", "train_with_curve", "warm_start_until",
+    "mean_or_nan", "run_from_warm_start", "sampled_heldout", "summarize_variants", "train_with_curve",
+    "warm_start_until",
 ]
 
 #: ``describe(trainer, first, final, curve) -> dict``: what a chapter keeps of a finished run beyond the common
@@ -211,6 +212,32 @@ def summarize_variants(seeds: Sequence[dict], variants: Sequence[str], keys: Seq
     return out
 
 
+def mean_or_nan(values: Sequence[float]) -> float:
+    """The mean, NaN for no values (a style or an outcome no completion had)."""
+    return sum(values) / len(values) if values else math.nan
+
+
+def sampled_heldout(rows: Sequence[dict], config: GRPOConfig, seed: int,
+                    sample: Callable[[list, int], Any]) -> dict[str, list]:
+    """One sampled completion per held-out problem, as the policy answers in training (chapters 13 and 16 read it).
+
+    ``sample(prompts, generator_seed)`` returns a :class:`~grpo_tutorial.rollout.Rollout` of one completion per
+    prompt, drawn with the run's sampling settings; the rows go in chunks of ``config.eval_batch_size``, each with
+    its own seeded generator (``seed`` plus the chunk's first row), so the global random state is left as it was
+    and measuring does not change the run. Returns the ``texts``, the ``lengths`` (the policy's own tokens, EOS
+    included: a tool's are not counted) and ``truncated``, row by row.
+    """
+    texts: list[str] = []
+    lengths: list[float] = []
+    truncated: list[bool] = []
+    for start in range(0, len(rows), config.eval_batch_size):
+        rollout = sample([row["prompt"] for row in rows[start:start + config.eval_batch_size]], seed + start)
+        texts += rollout.completions
+        lengths += rollout.loss_mask.sum(dim=1).tolist()
+        truncated += rollout.truncated.tolist()
+    return {"texts": texts, "lengths": lengths, "truncated": truncated}
+
+
 def warm_start_until(model, tokenizer, targets: Sequence[dict], recipe: Any, seed: int, probe: Callable[[Any], float],
                      *, progress: bool) -> dict:
     """Chapters 13's and 16's warm start: ``recipe.sft`` (seeded with ``seed``) on ``targets`` until
@@ -218,21 +245,12 @@ def warm_start_until(model, tokenizer, targets: Sequence[dict], recipe: Any, see
 
     Returns ``steps``, ``seconds``, ``reached`` and ``probe`` (``[step, probe value]`` at every check).
     """
-    from ..sft import supervised_warmup
+    from ..sft import warm_start_until as until
 
-    checks: list[list[float]] = []
-
-    def stop_when(m) -> bool:
-        value = probe(m)
-        checks.append([(len(checks) + 1) * recipe.sft_check_every, value])
-        return value >= recipe.sft_target
-
-    torch.manual_seed(seed)
-    start = time.perf_counter()
-    history = supervised_warmup(model, tokenizer, targets, dataclasses.replace(recipe.sft, seed=seed),
-                                stop_when=stop_when, check_every=recipe.sft_check_every, progress=progress)
-    return {"steps": len(history), "seconds": time.perf_counter() - start,
-            "reached": bool(history and history[-1].get("stopped")), "probe": checks}
+    done = until(model, tokenizer, targets, dataclasses.replace(recipe.sft, seed=seed), probe, recipe.sft_target,
+                 check_every=recipe.sft_check_every, progress=progress)
+    return {"steps": done["steps"], "seconds": done["seconds"], "reached": done["reached"],
+            "probe": [list(check) for check in done["checks"]]}
 
 
 def run_from_warm_start(variant: str, seed: int, trainer: GRPOTrainer, rows: Sequence[dict], recipe: Any,

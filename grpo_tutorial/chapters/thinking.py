@@ -26,7 +26,6 @@ data that the chapter plots.
 from __future__ import annotations
 
 import copy
-import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -42,7 +41,9 @@ from ..rollout import generate_rollouts, sampling_kwargs
 from ..sft import SFTConfig
 from ..long_addition import WORKED_OPEN, make_long_addition_dataset, parse_worked, worked_addition
 from ..trainer import GRPOTrainer
-from .sweep import VariantRecipe, run_from_warm_start, summarize_variants, warm_start_until
+from .sweep import (
+    VariantRecipe, mean_or_nan, run_from_warm_start, sampled_heldout, summarize_variants, warm_start_until,
+)
 
 __all__ = [
     "CURVE_KEYS",
@@ -320,32 +321,21 @@ def heldout_stats(model, tokenizer, rows: Sequence[dict], config: GRPOConfig, se
     :data:`CURVE_KEYS` (the length in tokens, EOS included; NaN where a style or
     outcome has no completion) and ``n``.
     """
-    texts: list[str] = []
-    lengths: list[int] = []
-    truncated: list[bool] = []
-    for start in range(0, len(rows), config.eval_batch_size):
-        chunk = rows[start:start + config.eval_batch_size]
-        rollout = generate_rollouts(model, tokenizer, [row["prompt"] for row in chunk],
-                                    **sampling_kwargs(config, group_size=1, generator_seed=seed + start))
-        texts += rollout.completions
-        lengths += rollout.completion_lengths.tolist()
-        truncated += rollout.truncated.tolist()
+    drawn = sampled_heldout(rows, config, seed, lambda prompts, generator_seed: generate_rollouts(
+        model, tokenizer, prompts, **sampling_kwargs(config, group_size=1, generator_seed=generator_seed)))
+    texts, lengths, truncated = drawn["texts"], drawn["lengths"], drawn["truncated"]
     right = correctness_reward(prompts=[row["prompt"] for row in rows], completions=texts,
                                answer=[row["answer"] for row in rows])
     worked = [parse_worked(text).worked for text in texts]
-
-    def mean(values: Sequence[float]) -> float:
-        return sum(values) / len(values) if values else math.nan
-
     return {
-        "accuracy": mean(right),
-        "worked_share": mean([float(w) for w in worked]),
-        "length": mean(lengths),
-        "length_correct": mean([n for n, r in zip(lengths, right) if r == 1.0]),
-        "length_incorrect": mean([n for n, r in zip(lengths, right) if r != 1.0]),
-        "accuracy_worked": mean([r for r, w in zip(right, worked) if w]),
-        "accuracy_guess": mean([r for r, w in zip(right, worked) if not w]),
-        "truncated": mean([float(t) for t in truncated]),
+        "accuracy": mean_or_nan(right),
+        "worked_share": mean_or_nan([float(w) for w in worked]),
+        "length": mean_or_nan(lengths),
+        "length_correct": mean_or_nan([n for n, r in zip(lengths, right) if r == 1.0]),
+        "length_incorrect": mean_or_nan([n for n, r in zip(lengths, right) if r != 1.0]),
+        "accuracy_worked": mean_or_nan([r for r, w in zip(right, worked) if w]),
+        "accuracy_guess": mean_or_nan([r for r, w in zip(right, worked) if not w]),
+        "truncated": mean_or_nan([float(t) for t in truncated]),
         "n": len(rows),
     }
 

@@ -25,7 +25,6 @@ that the chapter plots.
 from __future__ import annotations
 
 import copy
-import math
 import os
 import random
 import re
@@ -43,7 +42,9 @@ from ..sft import SFTConfig
 from ..tools import InlineCalls, ToolBox, generate_tool_rollouts
 from ..trainer import GRPOTrainer
 from .recipes import WARM_START_CACHE, cached_warm_start
-from .sweep import VariantRecipe, run_from_warm_start, summarize_variants, warm_start_until
+from .sweep import (
+    VariantRecipe, mean_or_nan, run_from_warm_start, sampled_heldout, summarize_variants, warm_start_until,
+)
 
 __all__ = [
     "CURVE_KEYS", "EVAL_SEED_OFFSET", "ToolRecipe", "VARIANTS", "build_tool_model", "heldout_stats",
@@ -281,25 +282,17 @@ def heldout_stats(model, tokenizer, rows: Sequence[dict], config: GRPOConfig, se
     """One sampled completion per held-out problem, as the policy answers in training (its sampling settings,
     its own seeded generator). Returns :data:`CURVE_KEYS` (``length``: the policy's own tokens, EOS included;
     NaN where a style has no completion) and ``n``."""
-    texts, lengths, truncated, called = [], [], [], []
-    for start in range(0, len(rows), config.eval_batch_size):
-        chunk = rows[start:start + config.eval_batch_size]
-        rollout = _rollouts(model, tokenizer, [row["prompt"] for row in chunk], config, tools,
-                            generator_seed=seed + start)
-        texts += rollout.completions
-        lengths += rollout.loss_mask.sum(dim=1).tolist()
-        truncated += rollout.truncated.tolist()
-        called += [SYNTAX.open in text for text in rollout.completions]
+    drawn = sampled_heldout(rows, config, seed, lambda prompts, generator_seed: _rollouts(
+        model, tokenizer, prompts, config, tools, generator_seed=generator_seed))
+    texts, lengths, truncated = drawn["texts"], drawn["lengths"], drawn["truncated"]
+    called = [SYNTAX.open in text for text in texts]
     right = tool_answer_reward(texts, answer=[row["answer"] for row in rows])
-
-    def mean(values: Sequence[float]) -> float:
-        return sum(values) / len(values) if values else math.nan
-
     return {
-        "accuracy": mean(right), "tool_share": mean([float(c) for c in called]), "length": mean(lengths),
-        "accuracy_tool": mean([r for r, c in zip(right, called) if c]),
-        "accuracy_guess": mean([r for r, c in zip(right, called) if not c]),
-        "truncated": mean([float(t) for t in truncated]), "n": len(rows),
+        "accuracy": mean_or_nan(right), "tool_share": mean_or_nan([float(c) for c in called]),
+        "length": mean_or_nan(lengths),
+        "accuracy_tool": mean_or_nan([r for r, c in zip(right, called) if c]),
+        "accuracy_guess": mean_or_nan([r for r, c in zip(right, called) if not c]),
+        "truncated": mean_or_nan([float(t) for t in truncated]), "n": len(rows),
     }
 
 
