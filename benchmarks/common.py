@@ -1,12 +1,17 @@
-"""Shared pieces of the benchmarks: statistics, the machine record, subprocess workers."""
+"""Shared pieces of the benchmarks: statistics, the machine record, subprocess workers, and the driver every record
+command runs under (:class:`RecordRun`: the commit, the command line, the load, the header, the atomic write;
+:func:`run_seeds`: seeds one after another or in parallel processes)."""
 
 from __future__ import annotations
 
+import concurrent.futures as futures
 import contextlib
+import datetime as dt
 import json
 import os
 import platform
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -200,10 +205,108 @@ class LoadSampler:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename, so that an interrupted
-    run never leaves half a file in the cache."""
-    tmp = path.with_suffix(".tmp")
+    run never leaves half a file (in the cache, or a record in the package data)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def uptime() -> str:
+    """``uptime``'s line (the load averages), or the load averages alone where there is no ``uptime``."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+class RecordRun:
+    """What every record command does around its runs, once: ``with RecordRun("benchmarks.lab", argv) as run:``.
+
+    At the start: the package commit (the code that runs, whatever changes while it runs), the command line as
+    typed (``python -m <module> <args>``), the time and ``uptime``, and the 1-minute load sampled every 10 s until
+    the block ends. :meth:`header` is the first fields of every record (created, command, package commit, quick,
+    wall seconds, jobs, load, machine), :meth:`write` writes the record atomically (a half-written record never
+    replaces the last one), JSON without NaN.
+    """
+
+    def __init__(self, module: str, argv: Sequence[str] | None) -> None:
+        from grpo_tutorial.chapters.run_record import package_commit
+
+        self.code = package_commit()
+        self.command = ("python -m " + module + " " + " ".join(
+            shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))).strip()
+        self.started = dt.datetime.now(dt.timezone.utc)
+        self.uptime_start = uptime()
+        self.t0 = time.perf_counter()
+        self.sampler = LoadSampler(every=10.0)
+
+    def __enter__(self) -> "RecordRun":
+        self.t0 = time.perf_counter()
+        self.sampler.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sampler.__exit__(*exc)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def header(self, *, quick: bool, jobs: int, threads: int, **after_code: Any) -> dict[str, Any]:
+        """The record's first fields; ``after_code`` (e.g. ``cpu_capability``) goes right after the commit."""
+        return {
+            "created": self.started.isoformat(timespec="seconds"),
+            "command": self.command,
+            **self.code,
+            **after_code,
+            "quick": quick,
+            "wall_seconds": self.elapsed(),
+            "jobs": jobs,
+            "load": {"uptime_start": self.uptime_start, "uptime_end": uptime(), "during": self.sampler.summary(),
+                     "end": load_average()},
+            "machine": machine(threads),
+        }
+
+    def write(self, path: Path, record: dict[str, Any], indent: int | None = 1) -> None:
+        """``record`` as JSON (numbers only: no NaN) at ``path``, atomically."""
+        from grpo_tutorial.chapters.run_record import json_safe
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(json_safe(record), indent=indent, allow_nan=False) + "\n")
+
+
+def add_record_arguments(parser: Any, out: Path, jobs: int = 2,
+                         jobs_help: str = "seeds run in parallel processes") -> None:
+    """The options every record command takes: ``--jobs``, ``--quick``, ``--no-progress``, ``--out``."""
+    parser.add_argument("--jobs", type=int, default=jobs, help=f"{jobs_help} (default {jobs})")
+    parser.add_argument("--quick", action="store_true", help="the seconds-long test recipe (proves nothing)")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--out", type=Path, default=out, help="default: %(default)s")
+
+
+def run_seeds(seeds: Sequence[int], one_seed: Callable[[int, bool], dict], *, jobs: int, progress: bool,
+              run: RecordRun) -> list[dict]:
+    """``one_seed(seed, progress)`` for every seed, in this process (``jobs`` 1: each seed shows its own progress)
+    or in ``jobs`` processes (a bar over the seeds); each finished seed is printed with its seconds. Sorted by seed.
+    ``one_seed`` must pickle for ``jobs`` > 1 (a module-level function or a ``functools.partial`` of one)."""
+    results: list[dict] = []
+
+    def done(result: dict) -> None:
+        results.append(result)
+        print(f"seed {result['seed']} done: {result['seconds']:.0f} s (total {run.elapsed():.0f} s)", flush=True)
+
+    if jobs <= 1:
+        for seed in seeds:
+            done(one_seed(seed, progress))
+    else:
+        from grpo_tutorial.run.progress import progress_bar
+
+        bar = progress_bar(total=len(seeds), desc="seeds", enabled=progress)
+        with futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+            for finished in futures.as_completed([pool.submit(one_seed, seed, False) for seed in seeds]):
+                bar.update(1)
+                done(finished.result())
+        bar.close()
+    return sorted(results, key=lambda r: r["seed"])
 
 
 def open_cache(cache: Path | None, recipe: Any, stack: contextlib.ExitStack) -> str:

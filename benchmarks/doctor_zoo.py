@@ -47,7 +47,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from benchmarks.common import LoadSampler, load_average, machine, write_atomic  # noqa: E402
 from grpo_tutorial.chapters.run_record import json_safe, package_commit  # noqa: E402
-from benchmarks.lab import uptime  # noqa: E402
+from benchmarks.common import uptime  # noqa: E402
 from grpo_tutorial.chapters.doctor_zoo import CASES, Starts, ZooSettings, as_run, run_case  # noqa: E402
 from grpo_tutorial.doctor import DOCTOR_VERSION, FAULTS, diagnose, live_findings, trl_rows  # noqa: E402
 from grpo_tutorial.doctor.reading import run_from_trl  # noqa: E402

@@ -19,24 +19,17 @@ seeds in progress. ``--quick`` is a seconds-long smoke run of the test recipe th
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as futures
 import contextlib
-import datetime as dt
+import functools
 import json
-import os
-import shlex
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import LoadSampler, load_average, machine, open_cache, write_atomic  # noqa: E402
-from grpo_tutorial.chapters.run_record import json_safe, package_commit  # noqa: E402
-from grpo_tutorial.run.progress import progress_bar  # noqa: E402
+from benchmarks.common import RecordRun, add_record_arguments, open_cache, run_seeds, write_atomic  # noqa: E402
 from grpo_tutorial.chapters.lab import LAB_METHODS, LabSettings, run_seed, summarize_lab  # noqa: E402
 from grpo_tutorial.chapters.recipes import TinyAdditionRecipe  # noqa: E402
 
@@ -47,13 +40,6 @@ DEFAULT_OUT = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data" 
 #: (500 problems; the curve and final accuracy use all of them).
 FULL = dict(grpo_steps=80, eval_every=20, n_test=500)
 QUICK_SEEDS = (0, 1)
-
-
-def uptime() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def settings_for(args: argparse.Namespace) -> LabSettings:
@@ -104,10 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None, help=f"steps per method (default {FULL['grpo_steps']})")
     parser.add_argument("--passk-problems", type=int, default=200, help="held-out problems for pass@k")
     parser.add_argument("--passk-n", type=int, default=None, help="samples per problem for pass@k (default 64)")
-    parser.add_argument("--jobs", type=int, default=3, help="seeds run in parallel processes (default 3: one per seed)")
-    parser.add_argument("--quick", action="store_true", help="the seconds-long test recipe (proves nothing)")
-    parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="default: %(default)s")
+    add_record_arguments(parser, DEFAULT_OUT, jobs=3, jobs_help="seeds run in parallel processes, one per seed")
     parser.add_argument("--cache", type=Path, default=None,
                         help="keep finished seeds here, and take them again after an interruption (default: none)")
     return parser
@@ -115,53 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
-    code = package_commit()  # at the start: the code that runs, whatever changes while it runs
     settings = settings_for(args)
-    command = "python -m benchmarks.lab " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-    started = dt.datetime.now(dt.timezone.utc)
-    uptime_start = uptime()
-    print(f"{command.strip()}: {len(settings.seeds)} seeds x {len(settings.methods)} methods x "
-          f"{settings.recipe.grpo_steps} steps, jobs={args.jobs}\n  {uptime_start}", flush=True)
-    t0 = time.perf_counter()
-    seeds: list[dict] = []
-    with contextlib.ExitStack() as stack, LoadSampler(every=10.0) as sampler:
+    with RecordRun("benchmarks.lab", argv) as run, contextlib.ExitStack() as stack:
+        print(f"{run.command}: {len(settings.seeds)} seeds x {len(settings.methods)} methods x "
+              f"{settings.recipe.grpo_steps} steps, jobs={args.jobs}\n  {run.uptime_start}", flush=True)
         folder = None if args.cache is None else open_cache(args.cache, _SeedFree(settings), stack)
-        if args.jobs <= 1:
-            for seed in settings.seeds:
-                seeds.append(_one_seed(settings, seed, not args.no_progress, folder))
-                print(f"seed {seed} done: {seeds[-1]['seconds']:.0f} s (total {time.perf_counter() - t0:.0f} s)",
-                      flush=True)
-        else:
-            bar = progress_bar(total=len(settings.seeds), desc="seeds", enabled=not args.no_progress)
-            with futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
-                pending = [pool.submit(_one_seed, settings, seed, False, folder) for seed in settings.seeds]
-                for done in futures.as_completed(pending):
-                    seeds.append(done.result())
-                    bar.update(1)
-                    print(f"seed {seeds[-1]['seed']} done: {seeds[-1]['seconds']:.0f} s "
-                          f"(total {time.perf_counter() - t0:.0f} s)", flush=True)
-            bar.close()
-            seeds.sort(key=lambda r: r["seed"])
-    wall = time.perf_counter() - t0
-    missing = [m for m in LAB_METHODS if m not in settings.methods]
-    out = {
-        "created": started.isoformat(timespec="seconds"),
-        "command": command.strip(),
-        **code,
-        "quick": args.quick,
-        "wall_seconds": wall,
-        "jobs": args.jobs,
-        "load": {"uptime_start": uptime_start, "uptime_end": uptime(), "during": sampler.summary(),
-                 "end": load_average()},
-        "machine": machine(settings.recipe.num_threads or 1),
-        "settings": settings.to_dict(),
-        "method_options": {m: LAB_METHODS[m] for m in settings.methods},
-        "missing_methods": missing,
-        "summary": summarize_lab(seeds),
-        "seeds": seeds,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(json_safe(out), indent=1, allow_nan=False) + "\n")
+        seeds = run_seeds(settings.seeds, functools.partial(_one_seed, settings, folder=folder), jobs=args.jobs,
+                          progress=not args.no_progress, run=run)
+        out = {**run.header(quick=args.quick, jobs=args.jobs, threads=settings.recipe.num_threads or 1),
+               "settings": settings.to_dict(), "method_options": {m: LAB_METHODS[m] for m in settings.methods},
+               "missing_methods": [m for m in LAB_METHODS if m not in settings.methods],
+               "summary": summarize_lab(seeds), "seeds": seeds}
+    run.write(args.out, out)
+    wall = out["wall_seconds"]
     print(f"\nwall time {wall / 60:.1f} min; {out['load']['uptime_end']}")
     print(f"{'method':10s} {'final acc':>10s} {'95% CI':>17s} {'vs GRPO':>8s} {'s/run':>7s}")
     for m, e in out["summary"]["methods"].items():

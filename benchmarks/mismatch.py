@@ -26,24 +26,17 @@ is a seconds-long smoke run of the test recipe that proves nothing.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as futures
-import datetime as dt
-import json
-import shlex
+import functools
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import LoadSampler, load_average, machine  # noqa: E402
-from grpo_tutorial.chapters.run_record import json_safe, package_commit  # noqa: E402
-from benchmarks.lab import uptime  # noqa: E402
+from benchmarks.common import RecordRun, add_record_arguments, run_seeds  # noqa: E402
 from grpo_tutorial.chapters.mismatch_lab import MismatchSweep, run_sweep_seed, summarize_mismatch  # noqa: E402
 from grpo_tutorial.chapters.recipes import TinyAdditionRecipe  # noqa: E402
-from grpo_tutorial.run.progress import progress_bar  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data" / "sampler_mismatch.json"
 #: The full run's wall time, extrapolated from one step of each sampler timed on the book's CPU.
@@ -63,7 +56,7 @@ def sweep_for(args: argparse.Namespace) -> MismatchSweep:
     return MismatchSweep(recipe=recipe, seeds=tuple(args.seeds or default.seeds), **grids)
 
 
-def _one_seed(sweep: MismatchSweep, seed: int, only: list[str] | None) -> dict:
+def _one_seed(sweep: MismatchSweep, seed: int, progress: bool = False, only: list[str] | None = None) -> dict:
     def report(name: str, result: dict) -> None:
         ess = result["mismatch_curves"].get("mismatch/ess")
         extra = f"  ess {sum(ess) / len(ess):.3f}" if ess else ""
@@ -84,58 +77,22 @@ def build_parser() -> argparse.ArgumentParser:
                         help="samplers (default bfloat16 'stale k=1' 'stale k=4' 'stale k=16' top_p=0.8)")
     parser.add_argument("--modes", nargs="+", default=None,
                         help="corrections, 'none' first (default none token_truncate sequence_mask)")
-    parser.add_argument("--jobs", type=int, default=2, help="seeds run in parallel processes (default 2)")
-    parser.add_argument("--quick", action="store_true", help="the seconds-long test recipe (proves nothing)")
-    parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="default: %(default)s")
+    add_record_arguments(parser, DEFAULT_OUT)
     return parser
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
-    code = package_commit()  # at the start: the code that runs, whatever changes while it runs
     sweep = sweep_for(args)
-    command = "python -m benchmarks.mismatch " + " ".join(
-        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-    started = dt.datetime.now(dt.timezone.utc)
-    uptime_start = uptime()
-    print(f"{command.strip()}: {len(sweep.seeds)} seeds x {len(sweep.settings())} settings x "
-          f"{sweep.recipe.grpo_steps} steps, jobs={args.jobs}\n  {uptime_start}", flush=True)
-    t0 = time.perf_counter()
-    seeds: list[dict] = []
-    with LoadSampler(every=10.0) as sampler:
-        bar = progress_bar(total=len(sweep.seeds), desc="seeds", enabled=not args.no_progress)
-        if args.jobs <= 1:
-            for seed in sweep.seeds:
-                seeds.append(_one_seed(sweep, seed, args.only))
-                bar.update(1)
-        else:
-            with futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
-                pending = [pool.submit(_one_seed, sweep, seed, args.only) for seed in sweep.seeds]
-                for done in futures.as_completed(pending):
-                    seeds.append(done.result())
-                    bar.update(1)
-                    print(f"seed {seeds[-1]['seed']} done: {seeds[-1]['seconds']:.0f} s "
-                          f"(total {time.perf_counter() - t0:.0f} s)", flush=True)
-        bar.close()
-    seeds.sort(key=lambda r: r["seed"])
-    wall = time.perf_counter() - t0
-    out = {
-        "created": started.isoformat(timespec="seconds"),
-        "command": command.strip(),
-        **code,
-        "quick": args.quick,
-        "wall_seconds": wall,
-        "jobs": args.jobs,
-        "load": {"uptime_start": uptime_start, "uptime_end": uptime(), "during": sampler.summary(),
-                 "end": load_average()},
-        "machine": machine(sweep.recipe.num_threads or 1),
-        "sweep": sweep.to_dict(),
-        "summary": summarize_mismatch(seeds),
-        "seeds": seeds,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(json_safe(out), indent=1, allow_nan=False) + "\n")
+    with RecordRun("benchmarks.mismatch", argv) as run:
+        print(f"{run.command}: {len(sweep.seeds)} seeds x {len(sweep.settings())} settings x "
+              f"{sweep.recipe.grpo_steps} steps, jobs={args.jobs}\n  {run.uptime_start}", flush=True)
+        seeds = run_seeds(sweep.seeds, functools.partial(_one_seed, sweep, only=args.only), jobs=args.jobs,
+                          progress=not args.no_progress, run=run)
+        out = {**run.header(quick=args.quick, jobs=args.jobs, threads=sweep.recipe.num_threads or 1),
+               "sweep": sweep.to_dict(), "summary": summarize_mismatch(seeds), "seeds": seeds}
+    run.write(args.out, out)
+    wall = out["wall_seconds"]
     print(f"\nwall time {wall / 60:.1f} min; {out['load']['uptime_end']}")
     print(f"{'setting':<32}{'final acc':>10}{'95% CI':>18}{'vs policy':>11}{'collapsed':>10}{'ess':>7}{'s/step':>8}")
     for name, e in out["summary"]["settings"].items():

@@ -28,9 +28,7 @@ import argparse
 import concurrent.futures as futures
 import contextlib
 import dataclasses
-import datetime as dt
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -42,9 +40,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import torch  # noqa: E402
 
-from benchmarks.common import LoadSampler, load_average, machine, open_cache, write_atomic  # noqa: E402
-from grpo_tutorial.chapters.run_record import json_safe, package_commit  # noqa: E402
-from benchmarks.lab import uptime  # noqa: E402
+from benchmarks.common import RecordRun, open_cache, write_atomic  # noqa: E402
 from grpo_tutorial.chapters.no_critic import METHODS, run_method, summarize_methods  # noqa: E402
 from grpo_tutorial.chapters.thinking import (  # noqa: E402
     ThinkingRecipe, build_thinking_model, load_warm_start, make_thinking_data, warm_start,
@@ -144,17 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
-    code = package_commit()
     recipe = recipe_for(args)
-    command = "python -m benchmarks.no_critic " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None
-                                                                                    else argv))
+    run = RecordRun("benchmarks.no_critic", argv)
     settings = settings_for(args)
-    started, uptime_start, t0 = dt.datetime.now(dt.timezone.utc), uptime(), time.perf_counter()
-    print(f"{command.strip()}\n  {uptime_start}", flush=True)
+    print(f"{run.command}\n  {run.uptime_start}", flush=True)
     starts, runs = {}, []
     stamp = SimpleNamespace(to_dict=lambda: {"recipe": recipe.to_dict(), "settings": settings})
-    with LoadSampler(every=10.0) as sampler, contextlib.ExitStack() as stack, \
-            futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+    with run, contextlib.ExitStack() as stack, futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
         folder = open_cache(args.cache, stamp, stack)
         pending = {pool.submit(start_of, recipe, s, folder) for s in args.seeds}
         while pending:
@@ -167,20 +159,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     continue
                 runs.append(out)
                 print(f"seed {out['seed']} {out['method']:12s} accuracy {out['curve'][-1]['accuracy']:.3f} "
-                      f"{out['seconds']:6.0f} s (total {time.perf_counter() - t0:.0f} s)", flush=True)
+                      f"{out['seconds']:6.0f} s (total {run.elapsed():.0f} s)", flush=True)
+        header = run.header(quick=args.quick, jobs=args.jobs, threads=recipe.num_threads or 1,
+                            cpu_capability=torch.backends.cpu.get_cpu_capability())
     runs.sort(key=lambda r: (r["seed"], list(METHODS).index(r["method"])))
     out = {
-        "created": started.isoformat(timespec="seconds"), "command": command.strip(), **code,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "quick": args.quick, "wall_seconds": time.perf_counter() - t0, "jobs": args.jobs,
-        "load": {"uptime_start": uptime_start, "uptime_end": uptime(), "during": sampler.summary(),
-                 "end": load_average()},
-        "machine": machine(recipe.num_threads or 1), "recipe": recipe.to_dict(), "settings": settings,
+        **header, "recipe": recipe.to_dict(), "settings": settings,
         "methods": {m: METHODS[m][0] for m in args.methods}, "warm_starts": starts,
         "summary": summarize_methods(runs), "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(json_safe(out), allow_nan=False) + "\n")
+    run.write(args.out, out, indent=None)
     print(f"wrote {args.out}")
     return out
 

@@ -26,20 +26,14 @@ import argparse
 import concurrent.futures as futures
 import contextlib
 import dataclasses
-import datetime as dt
 import json
-import shlex
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from benchmarks.common import LoadSampler, load_average, machine, open_cache, write_atomic
-from grpo_tutorial.chapters.run_record import json_safe, package_commit
-from benchmarks.lab import uptime
+from benchmarks.common import RecordRun, add_record_arguments, open_cache, write_atomic
 from grpo_tutorial.run.progress import progress_bar
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data"
@@ -117,10 +111,7 @@ def build_parser(chapter: Chapter, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds (default 0-4)")
     parser.add_argument("--variants", nargs="+", default=list(chapter.variants), choices=list(chapter.variants))
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps per run (default: the recipe's)")
-    parser.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
-    parser.add_argument("--quick", action="store_true", help="the seconds-long test recipe (proves nothing)")
-    parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--out", type=Path, default=chapter.out, help="default: %(default)s")
+    add_record_arguments(parser, chapter.out, jobs_help="parallel processes")
     parser.add_argument("--cache", type=Path, default=None,
                         help="keep warm starts and finished runs here, and reuse them (default: a temporary folder)")
     if chapter.warm_start_file is not None:
@@ -140,24 +131,19 @@ def recipe_for(chapter: Chapter, args: argparse.Namespace) -> Any:
 
 def main(chapter: Chapter, description: str, argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser(chapter, description).parse_args(argv)
-    code = package_commit()  # at the start: the code that runs, whatever changes while it runs
     recipe = recipe_for(chapter, args)
-    command = chapter.command + " " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-    started = dt.datetime.now(dt.timezone.utc)
-    uptime_start = uptime()
-    print(f"{command.strip()}: {len(args.seeds)} seeds x {len(args.variants)} variants x "
-          f"{recipe.grpo_steps} steps, jobs={args.jobs}\n  {uptime_start}", flush=True)
-    t0 = time.perf_counter()
+    run = RecordRun(chapter.command.removeprefix("python -m "), argv)
+    print(f"{run.command}: {len(args.seeds)} seeds x {len(args.variants)} variants x "
+          f"{recipe.grpo_steps} steps, jobs={args.jobs}\n  {run.uptime_start}", flush=True)
     warm: dict[int, dict] = {}
     runs: dict[tuple[int, str], dict] = {}
-    with LoadSampler(every=10.0) as sampler, contextlib.ExitStack() as stack, \
-            futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+    with run, contextlib.ExitStack() as stack, futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
         folder = open_cache(args.cache, recipe, stack)
         bar = progress_bar(total=len(args.seeds) * (1 + len(args.variants)), desc="runs",
                            enabled=not args.no_progress)
         warm_out = getattr(args, "warm_start_out", None) or (
             None if args.quick or chapter.warm_start_file is None else chapter.warm_start_file)
-        tags = {"command": command.strip(), "package_commit": str(code.get("package_commit")),
+        tags = {"command": run.command, "package_commit": str(run.code.get("package_commit")),
                 "seed": "0", "recipe": json.dumps(recipe.to_dict())}
         publish = {s: (str(warm_out), tags) if warm_out is not None and s == 0 else None for s in args.seeds}
         pending = {pool.submit(_warm, chapter, recipe, s, folder, publish[s]) for s in args.seeds}
@@ -176,32 +162,23 @@ def main(chapter: Chapter, description: str, argv: list[str] | None = None) -> d
                 last = out["curve"][-1]
                 print(f"seed {out['seed']} {out['variant']:14s} accuracy {last['accuracy']:.3f} {chapter.style} "
                       f"{last[chapter.style]:.3f} length {last['length']:5.1f}  {out['seconds']:6.0f} s "
-                      f"(total {time.perf_counter() - t0:.0f} s)", flush=True)
+                      f"(total {run.elapsed():.0f} s)", flush=True)
         bar.close()
-    wall = time.perf_counter() - t0
+        header = run.header(quick=args.quick, jobs=args.jobs, threads=recipe.num_threads or 1,
+                            cpu_capability=torch.backends.cpu.get_cpu_capability())
     seeds = [{"seed": s, "warm_start": warm[s],
               "variants": {v: {k: runs[s, v][k] for k in ("curve", "history", "seconds")} for v in args.variants}}
              for s in args.seeds]
     out = {
-        "created": started.isoformat(timespec="seconds"),
-        "command": command.strip(),
-        **code,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "quick": args.quick,
-        "wall_seconds": wall,
-        "jobs": args.jobs,
-        "load": {"uptime_start": uptime_start, "uptime_end": uptime(), "during": sampler.summary(),
-                 "end": load_average()},
-        "machine": machine(recipe.num_threads or 1),
+        **header,
         "recipe": recipe.to_dict(),
         "variants": {v: {"description": chapter.variants[v][0], "changes": chapter.variants[v][1],
                          chapter.third_name: chapter.variants[v][2]} for v in args.variants},
         "summary": chapter.summarize(seeds),
         "seeds": seeds,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(json_safe(out), indent=None, allow_nan=False) + "\n")
-    print(f"\nwall time {wall / 60:.1f} min; {out['load']['uptime_end']}")
+    run.write(args.out, out, indent=None)
+    print(f"\nwall time {out['wall_seconds'] / 60:.1f} min; {out['load']['uptime_end']}")
     for v, entry in out["summary"].items():
         acc, style, length = entry["accuracy"][-1], entry[chapter.style][-1], entry["length"][-1]
         print(f"{v:14s} accuracy {acc['mean']:.3f} [{acc['lo']:.3f}, {acc['hi']:.3f}]  {chapter.style} "
