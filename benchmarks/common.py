@@ -220,20 +220,21 @@ def uptime() -> str:
 
 
 class RecordRun:
-    """What every record command does around its runs, once: ``with RecordRun("benchmarks.lab", argv) as run:``.
+    """What every record command does around its runs, once: ``with RecordRun("python -m benchmarks.lab", argv) as
+    run:``.
 
     At the start: the package commit (the code that runs, whatever changes while it runs), the command line as
-    typed (``python -m <module> <args>``), the time and ``uptime``, and the 1-minute load sampled every 10 s until
+    typed (``program`` and the arguments), the time and ``uptime``, and the 1-minute load sampled every 10 s until
     the block ends. :meth:`header` is the first fields of every record (created, command, package commit, quick,
     wall seconds, jobs, load, machine), :meth:`write` writes the record atomically (a half-written record never
     replaces the last one), JSON without NaN.
     """
 
-    def __init__(self, module: str, argv: Sequence[str] | None) -> None:
+    def __init__(self, program: str, argv: Sequence[str] | None) -> None:
         from grpo_tutorial.chapters.run_record import package_commit
 
         self.code = package_commit()
-        self.command = ("python -m " + module + " " + " ".join(
+        self.command = (program + " " + " ".join(
             shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))).strip()
         self.started = dt.datetime.now(dt.timezone.utc)
         self.uptime_start = uptime()

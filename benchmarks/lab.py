@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     settings = settings_for(args)
-    with RecordRun("benchmarks.lab", argv) as run, contextlib.ExitStack() as stack:
+    with RecordRun("python -m benchmarks.lab", argv) as run, contextlib.ExitStack() as stack:
         print(f"{run.command}: {len(settings.seeds)} seeds x {len(settings.methods)} methods x "
               f"{settings.recipe.grpo_steps} steps, jobs={args.jobs}\n  {run.uptime_start}", flush=True)
         folder = None if args.cache is None else open_cache(args.cache, _SeedFree(settings), stack)

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     sweep = sweep_for(args)
-    with RecordRun("benchmarks.lora_regret", argv) as run:
+    with RecordRun("python -m benchmarks.lora_regret", argv) as run:
         print(f"{run.command}: {len(sweep.seeds)} seeds x {sweep.recipe.grpo_steps} steps, jobs={args.jobs}\n"
               f"  {run.uptime_start}", flush=True)
         seeds = run_seeds(sweep.seeds, functools.partial(_one_seed, sweep, only=args.only), jobs=args.jobs,

@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     recipe = recipe_for(args)
-    run = RecordRun("benchmarks.no_critic", argv)
+    run = RecordRun("python -m benchmarks.no_critic", argv)
     settings = settings_for(args)
     print(f"{run.command}\n  {run.uptime_start}", flush=True)
     starts, runs = {}, []

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as futures
 import dataclasses
-import datetime as dt
 import json
 import os
 import sys
@@ -39,8 +38,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import torch  # noqa: E402
 
-from benchmarks.common import LoadSampler, machine  # noqa: E402
-from grpo_tutorial.chapters.run_record import package_commit  # noqa: E402
+from benchmarks.common import LoadSampler, RecordRun  # noqa: E402
 from grpo_tutorial.chapters.recipes import (  # noqa: E402
     FLAT_SETTINGS,
     TinyAdditionRecipe,
@@ -141,7 +139,7 @@ def _one_seed(recipe: TinyAdditionRecipe, seed: int, progress: bool, history: bo
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    code = package_commit()  # at the start: the code that runs, whatever changes while it runs
+    run = RecordRun("python benchmarks/tiny_learning.py", argv)
     if any(s < 0 for s in args.seeds):
         parser.error(f"--seeds must be >= 0, got {args.seeds}")
 
@@ -155,28 +153,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     progress = not args.no_progress and args.jobs == 1  # several processes' bars would overwrite each other
-    if args.jobs == 1:
-        rows = [_one_seed(recipe, seed, progress, args.history) for seed in args.seeds]
-    else:
-        with futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            rows = list(pool.map(_one_seed, *zip(*[(recipe, seed, False, args.history) for seed in args.seeds])))
+    with run:
+        if args.jobs == 1:
+            rows = [_one_seed(recipe, seed, progress, args.history) for seed in args.seeds]
+        else:
+            with futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+                rows = list(pool.map(_one_seed, *zip(*[(recipe, seed, False, args.history) for seed in args.seeds])))
+        header = run.header(quick=args.quick, jobs=args.jobs, threads=recipe.num_threads or torch.get_num_threads())
 
     print()
     print(format_table(rows))
     print(f"target: gain >= {100 * TARGET_GAIN:.0f} points with GRPO <= {TARGET_GRPO_SECONDS:.0f} s; "
           f"met for {sum(r['meets_target'] for r in rows)} of {len(rows)} seeds "
           "(load = mean 1-minute load average during the seed's run)")
-    record = {
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python benchmarks/tiny_learning.py", *(argv if argv is not None else sys.argv[1:])]),
-        **code,
-        "jobs": args.jobs,
-        "machine": machine(recipe.num_threads or torch.get_num_threads()),
-        "target": {"gain": TARGET_GAIN, "grpo_seconds": TARGET_GRPO_SECONDS},
-        "runs": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    record = {**header, "target": {"gain": TARGET_GAIN, "grpo_seconds": TARGET_GRPO_SECONDS}, "runs": rows}
+    run.write(args.out, record)
     print(f"wrote {args.out}")
     return 0
 

@@ -132,7 +132,7 @@ def recipe_for(chapter: Chapter, args: argparse.Namespace) -> Any:
 def main(chapter: Chapter, description: str, argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser(chapter, description).parse_args(argv)
     recipe = recipe_for(chapter, args)
-    run = RecordRun(chapter.command.removeprefix("python -m "), argv)
+    run = RecordRun(chapter.command, argv)
     print(f"{run.command}: {len(args.seeds)} seeds x {len(args.variants)} variants x "
           f"{recipe.grpo_steps} steps, jobs={args.jobs}\n  {run.uptime_start}", flush=True)
     warm: dict[int, dict] = {}
