@@ -105,10 +105,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         folder = None if args.cache is None else open_cache(args.cache, _SeedFree(settings), stack)
         seeds = run_seeds(settings.seeds, functools.partial(_one_seed, settings, folder=folder), jobs=args.jobs,
                           progress=not args.no_progress, run=run)
-        out = {**run.header(quick=args.quick, jobs=args.jobs, threads=settings.recipe.num_threads or 1),
-               "settings": settings.to_dict(), "method_options": {m: LAB_METHODS[m] for m in settings.methods},
-               "missing_methods": [m for m in LAB_METHODS if m not in settings.methods],
-               "summary": summarize_lab(seeds), "seeds": seeds}
+    out = {**run.header(quick=args.quick, jobs=args.jobs, threads=settings.recipe.num_threads or 1),
+           "settings": settings.to_dict(), "method_options": {m: LAB_METHODS[m] for m in settings.methods},
+           "missing_methods": [m for m in LAB_METHODS if m not in settings.methods],
+           "summary": summarize_lab(seeds), "seeds": seeds}
     run.write(args.out, out)
     wall = out["wall_seconds"]
     print(f"\nwall time {wall / 60:.1f} min; {out['load']['uptime_end']}")

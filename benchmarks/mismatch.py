@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{sweep.recipe.grpo_steps} steps, jobs={args.jobs}\n  {run.uptime_start}", flush=True)
         seeds = run_seeds(sweep.seeds, functools.partial(_one_seed, sweep, only=args.only), jobs=args.jobs,
                           progress=not args.no_progress, run=run)
-        out = {**run.header(quick=args.quick, jobs=args.jobs, threads=sweep.recipe.num_threads or 1),
-               "sweep": sweep.to_dict(), "summary": summarize_mismatch(seeds), "seeds": seeds}
+    out = {**run.header(quick=args.quick, jobs=args.jobs, threads=sweep.recipe.num_threads or 1),
+           "sweep": sweep.to_dict(), "summary": summarize_mismatch(seeds), "seeds": seeds}
     run.write(args.out, out)
     wall = out["wall_seconds"]
     print(f"\nwall time {wall / 60:.1f} min; {out['load']['uptime_end']}")

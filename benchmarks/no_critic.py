@@ -160,9 +160,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 runs.append(out)
                 print(f"seed {out['seed']} {out['method']:12s} accuracy {out['curve'][-1]['accuracy']:.3f} "
                       f"{out['seconds']:6.0f} s (total {run.elapsed():.0f} s)", flush=True)
-        header = run.header(quick=args.quick, jobs=args.jobs, threads=recipe.num_threads or 1,
-                            cpu_capability=torch.backends.cpu.get_cpu_capability())
     runs.sort(key=lambda r: (r["seed"], list(METHODS).index(r["method"])))
+    header = run.header(quick=args.quick, jobs=args.jobs, threads=recipe.num_threads or 1,
+                        cpu_capability=torch.backends.cpu.get_cpu_capability())
     out = {
         **header, "recipe": recipe.to_dict(), "settings": settings,
         "methods": {m: METHODS[m][0] for m in args.methods}, "warm_starts": starts,

@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             with futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
                 rows = list(pool.map(_one_seed, *zip(*[(recipe, seed, False, args.history) for seed in args.seeds])))
-        header = run.header(quick=args.quick, jobs=args.jobs, threads=recipe.num_threads or torch.get_num_threads())
+    header = run.header(quick=args.quick, jobs=args.jobs, threads=recipe.num_threads or torch.get_num_threads())
 
     print()
     print(format_table(rows))

@@ -164,11 +164,11 @@ def main(chapter: Chapter, description: str, argv: list[str] | None = None) -> d
                       f"{last[chapter.style]:.3f} length {last['length']:5.1f}  {out['seconds']:6.0f} s "
                       f"(total {run.elapsed():.0f} s)", flush=True)
         bar.close()
-        header = run.header(quick=args.quick, jobs=args.jobs, threads=recipe.num_threads or 1,
-                            cpu_capability=torch.backends.cpu.get_cpu_capability())
     seeds = [{"seed": s, "warm_start": warm[s],
               "variants": {v: {k: runs[s, v][k] for k in ("curve", "history", "seconds")} for v in args.variants}}
              for s in args.seeds]
+    header = run.header(quick=args.quick, jobs=args.jobs, threads=recipe.num_threads or 1,
+                        cpu_capability=torch.backends.cpu.get_cpu_capability())
     out = {
         **header,
         "recipe": recipe.to_dict(),

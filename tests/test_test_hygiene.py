@@ -13,16 +13,16 @@ TESTS = Path(__file__).resolve().parent
 BUILDER_TESTS = {"test_models.py", "test_fixtures.py"}
 SIZES = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
 # a call that types a size, in code or in the text of a script a test runs in a subprocess
-TYPED_SHAPE = re.compile(r"build_tiny_policy\([^)]*\b(" + "|".join(SIZES) + r")\s*=")
+TYPED_SHAPE = re.compile(r"\b(?:build_tiny_policy|tiny_model|small_model)\([^)]*\b(" + "|".join(SIZES) + r")\s*=")
 
 
 def checked_files():
     return sorted(p for p in TESTS.glob("test_*.py") if p.name not in BUILDER_TESTS)
 
 
-def calls_the_builder(node: ast.AST) -> bool:
+def calls_the_builder(node: ast.AST, names: tuple[str, ...] = ("build_tiny_policy",)) -> bool:
     return isinstance(node, ast.Call) and (
-        getattr(node.func, "id", None) == "build_tiny_policy" or getattr(node.func, "attr", None) == "build_tiny_policy"
+        getattr(node.func, "id", None) in names or getattr(node.func, "attr", None) in names
     )
 
 
@@ -57,11 +57,18 @@ def test_tests_and_fixtures_get_their_models_from_conftest():
     """A test or a fixture takes ``tiny_policy``, ``small_policy``, ``make_tiny_policy`` or ``make_small_policy``;
     a module-level helper calls ``helpers.tiny_model`` or ``helpers.small_model`` (what those fixtures call). Only a
     script a test runs in a subprocess, a string here, calls ``build_tiny_policy`` itself."""
-    direct = []
+    direct, in_tests = [], []
     for path in checked_files():
-        direct += [f"{path.name}:{n.lineno}" for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-                   if calls_the_builder(n)]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        direct += [f"{path.name}:{n.lineno}" for n in ast.walk(tree) if calls_the_builder(n)]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and (
+                node.name.startswith("test_") or any(is_fixture(d) for d in node.decorator_list)
+            ):
+                in_tests += [f"{path.name}:{n.lineno}" for n in ast.walk(node)
+                             if calls_the_builder(n, ("tiny_model", "small_model"))]
     assert not direct, f"build_tiny_policy called in a test file (take a fixture, or helpers' tiny_model): {direct}"
+    assert not in_tests, f"a test or fixture builds its own model (take tiny_policy, make_small_policy, ...): {in_tests}"
 
 
 def test_only_conftest_sets_the_thread_count_for_every_test():
