@@ -40,7 +40,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("tests/test_gsm8k_scoring.py", 'assert c["lenient"]["gain"] == 0.0 and c["lenient"]["gain_se"] > 0  # one gained, one lost'): "a mean of +1, -1, 0, 0: " + COUNT,
     ("tests/test_kl_estimators.py", "assert gaussian_kl(0.3, 0.7, 0.3, 0.7).item() == 0.0"): "log 1 and x / 2x - 1/2 are exact: " + SAME_BITS,
     ("tests/test_lab.py", "assert L.pass_at_k(8, 0, 8) == 0.0"): "an empty product, 1 - 1: " + SETTING,
-    ("tests/test_lora.py", 'assert row["kl"] == 0.0  # exactly: the on-policy pass and the reference pass see the same numbers'): "a fresh adapter adds exactly 0 (its B is 0): " + SAME_BITS,
     ("tests/test_lora.py", 'assert len(dropouts) == 2 * 7 and all(m.p == 0.0 for m in dropouts)  # disable_dropout reached PEFT\'s modules'): SETTING,
     ("tests/test_loss.py", 'assert stats["ratio_mean"] == 1.0 and stats["clip_frac"] == 0.0'): "exp(logp - logp.detach()) = exp(0) = 1: " + SAME_BITS,
     ("tests/test_loss.py", "assert logp.grad.item() == 0.0"): TIMES_ZERO,
@@ -86,7 +85,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("notebooks/10_variants_and_pitfalls.ipynb", 'assert all(a == 0.0 for a, e in zip(applied[1:], measured) if e > CONTROL["target"])'): SETTING,
     ("notebooks/12_grpo_lab.ipynb", 'assert row["ratio_mean"] == 1.0 and row["clip_frac"] == 0.0'): "one update per batch: exp(logp - the same logp detached) = 1, and nothing is clipped: " + SAME_BITS,
     ("notebooks/18_my_run_is_not_learning.ipynb", 'assert all(r["reward_mean"] == 0.0 for r in strict.history)  # not one marked answer: the reward never paid'): "a mean of rewards that are each exactly 0.0 (the function returns the literal 0.0 when no answer is marked)",
-    ("notebooks/14_lora.ipynb", 'assert lora_trainer.ref_model is None and history[0]["kl"] == 0.0'): "a fresh adapter adds exactly 0 (its B is 0): " + SAME_BITS,
 }
 
 

@@ -117,7 +117,7 @@ def test_the_lora_config_is_the_one_trls_get_peft_config_makes_from_the_same_nam
 # ---------------------------------------------------------------------------
 
 
-def test_the_reference_is_the_base_with_the_adapters_off_and_the_first_kl_is_exactly_zero(small_policy):
+def test_the_reference_is_the_base_with_the_adapters_off_and_the_first_kl_is_zero_to_rounding(small_policy):
     model, tok = small_policy
     untrained = copy.deepcopy(model)
     trainer = GRPOTrainer(model, tok, reward, lora(num_iterations=1))
@@ -139,7 +139,13 @@ def test_the_reference_is_the_base_with_the_adapters_off_and_the_first_kl_is_exa
     assert all(torch.count_nonzero(p) == 0 for n, p in trainer.model.named_parameters() if "lora_B" in n)
 
     row = quiet(trainer.train_step, rows()[:4])
-    assert row["kl"] == 0.0  # exactly: the on-policy pass and the reference pass see the same numbers
+    # The first KL is 0 in exact arithmetic (B = 0: the policy is the base). The step's on-policy pass (the update's
+    # forward, with gradients) and its reference pass are two computations of the same numbers; where the kernels
+    # round them alike it is exactly 0 (the default kernels here), elsewhere rounding squared (5.9e-16 under
+    # ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=AVX2 on this Intel Xeon): the bound of the given-adapter
+    # test below, log-probs within 1.2e-5 relative and |log p| under 4: (4.8e-5)^2 / 2 = 1.2e-9. A reference that is
+    # not the starting policy is orders above it (the given adapter's bare base: 0.012).
+    assert row["kl"] <= (4 * 64 * 3 * 6e-8) ** 2 / 2
     assert row["reward_std"] > 0 and row["grad_norm"] > 0  # and the step did learn something
     with policies.reference() as reference:  # after the update: the reference is still the untrained base
         assert torch.equal(score_rollout(reference, rollout), base)
