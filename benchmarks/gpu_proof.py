@@ -21,9 +21,12 @@ stops there), and writes one JSON record that chapter 9 prints
    preset, mode ``lora``, sampled as it samples on a GPU by default: from the
    merged copy with the static cache, ``"plain_static"``; the warm-up step pays the
    compile), each on a fresh model with the same weights.
-3. ``tiny_recipe``: chapter 8's tiny recipe (warm start, GRPO, held-out accuracy
+3. ``tools_step`` (issue 54): chapter 16's run with the calculator on the GPU and
+   the package's defaults (there the fast sampler, which pauses for each call): its
+   warm start, then three steps, each timed (the first pays the compile).
+4. ``tiny_recipe``: chapter 8's tiny recipe (warm start, GRPO, held-out accuracy
    before and after) for one seed, on the GPU.
-4. ``qwen_step.samplers`` (issue 43): every sampler on the LoRA run's policy, at the
+5. ``qwen_step.samplers`` (issue 43): every sampler on the LoRA run's policy, at the
    preset's rows (8 prompts x 8) and prompt length, ``--sampler-tokens`` new tokens
    each (128: the shared rollout measurements of 2026-11-28 used the same), every
    completion to the budget: one first call (a static cache's compile), then
@@ -106,6 +109,10 @@ STAGES = {
 CUDA_TESTS = ("tests/test_cuda.py", "tests/test_gpu_path.py")
 #: What the tiny recipe took on an H100 (90 s in the record of 2026-11-28), kept free of the sampler table's budget.
 TINY_RECIPE_SECONDS = 100.0
+#: Kept free of the sampler table's budget for chapter 16's step with tools (its warm start included).
+TOOLS_STEP_SECONDS = 60.0
+#: Chapter 16's steps with tools: the first (a static cache's compile), then measured ones.
+TOOLS_STEPS = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -540,7 +547,66 @@ def _continuous_batching(model, tokenizer, prompts: list[str], group: int, token
 
 
 # ---------------------------------------------------------------------------
-# 3. the tiny recipe learning
+# 3. chapter 16's run with tools, on the device with the package's defaults
+# ---------------------------------------------------------------------------
+
+
+def tools_step(device: torch.device, *, dry_run: bool) -> dict[str, Any]:
+    """Chapter 16's GRPO run with the calculator on ``device``, every setting the recipe's (issue 54).
+
+    On CUDA the defaults resolve to the fast sampler (``static_cache=None`` turns the
+    static cache on there), which must pause for each tool call: the steps below are that
+    path's first run on a GPU. The warm start (chapter 16's, to the recipe's target) runs
+    on the device first, so the model calls the tool. A dry run skips the warm start and
+    forces the CUDA default (``static_cache=True``) on the CPU. Then :data:`TOOLS_STEPS`
+    steps, each timed: the first pays a static cache's compile.
+    """
+    from grpo_tutorial import GRPOTrainer
+    from grpo_tutorial.calculator import calculator
+    from grpo_tutorial.chapters import tool_use
+    from grpo_tutorial.fast_sampler import COMPILE_SECONDS, DECODE_MS
+
+    recipe = tool_use.ToolRecipe()
+    data = tool_use.make_tool_data(recipe)
+    changes = {"static_cache": True} if dry_run else {}  # the CUDA default, forced on the CPU
+    config = recipe.grpo_config(seed=0, **changes)
+    model, tokenizer = tool_use.build_tool_model(recipe, seed=0)
+    model.to(device)
+    print(f"tools_step: chapter 16's recipe on {device}", flush=True)
+    warm = None
+    if not dry_run:
+        info = tool_use.warm_start(model, tokenizer, data, recipe, seed=0, progress=False, cache="")
+        warm = {"steps": info["steps"], "seconds": info["seconds"], "reached": info["reached"],
+                "probe_last": info["probe"][-1] if info["probe"] else None}
+    trainer = GRPOTrainer(model, tokenizer, [tool_use.tool_answer_reward], config,
+                          accuracy_fn=tool_use.tool_answer_reward, tools=[calculator])
+    sampler = trainer.grpo_step.sampler
+    steps = []
+    size = config.prompts_per_step
+    for i in range(TOOLS_STEPS):
+        batch = data["train"][i * size:(i + 1) * size]
+        _synchronize(device.type == "cuda")
+        row = trainer.train_step(batch)
+        steps.append({
+            "step_seconds": row["step_seconds"], "sample_seconds": row["sample_seconds"],
+            "tool_call_share": row["tool_call_share"], "tool_call_count": row["tool_call_count"],
+            "tool_failure_count": row["tool_failure_count"], "reward_mean": row["reward_mean"],
+            "completion_len_mean": row["completion_len_mean"], "decode_ms": row.get(DECODE_MS),
+            "compile_seconds": row.get(COMPILE_SECONDS),
+        })
+    return {
+        "recipe": "chapter 16's ToolRecipe(), seed 0",
+        "config_changes": changes,
+        "static_cache": config.static_cache,
+        "sampler": None if sampler is None else type(sampler).__name__,
+        "rows": size * config.group_size,
+        "warm_start": warm,
+        "steps": steps,
+    }
+
+
+# ---------------------------------------------------------------------------
+# 4. the tiny recipe learning
 # ---------------------------------------------------------------------------
 
 
@@ -609,7 +675,8 @@ def run(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, Any]:
         "tests": lambda: run_tests(args.tests),
         "qwen_step": lambda: qwen_step(device, dry_run=dry_run, max_new_tokens=args.max_new_tokens, samplers=dict(
             tokens=args.sampler_tokens or (4 if dry_run else 128), calls=args.sampler_calls, started=started,
-            budget=args.budget - (0 if dry_run else TINY_RECIPE_SECONDS))),
+            budget=args.budget - (0 if dry_run else TINY_RECIPE_SECONDS + TOOLS_STEP_SECONDS))),
+        "tools_step": lambda: tools_step(device, dry_run=dry_run),
         "tiny_recipe": lambda: tiny_recipe(device, args.seed, dry_run=dry_run),
     }
     for name, part in parts.items():
@@ -654,6 +721,12 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
                          f"{row['rows']} rows{first}")
         else:
             lines.append(f"  sampler {name:<24} {row.get('status')}: {str(row.get('error'))[:100]}")
+    tools = record.get("tools_step")  # records made before issue 54 have none
+    if tools is not None:
+        lines.append(f"chapter 16 with tools: sampler {tools['sampler']}, static cache {tools['static_cache']}, "
+                     f"{tools['rows']} rows; steps " + ", ".join(
+                         f"{s['step_seconds']:.2f} s (sampling {s['sample_seconds']:.2f} s, "
+                         f"calls {s['tool_call_share']:.0%})" for s in tools["steps"]))
     tiny = record["tiny_recipe"]
     lines.append(f"tiny recipe seed {tiny['seed']}: {tiny['before']:.3f} -> {tiny['after']:.3f} "
                  f"({tiny['gain']:+.3f} ± {tiny['gain_se']:.3f}), GRPO {tiny['seconds']['grpo']:.0f} s")

@@ -46,6 +46,8 @@ OLD_RECORD = Path(__file__).parent / "fixtures" / "gpu_proof_26a4037.json"
 SINCE_ISSUE_43 = ("qwen_step.samplers", "qwen_step.modes.*.sampler", "qwen_step.modes.*.warmup_step.decode_ms",
                   "qwen_step.modes.*.warmup_step.compile_seconds", "qwen_step.modes.*.step.decode_ms",
                   "qwen_step.modes.*.step.compile_seconds")
+#: Fields the script writes since issue 54 (chapter 16's steps with tools on the device's defaults).
+SINCE_ISSUE_54 = ("tools_step",)
 
 
 def named_today(record: dict) -> dict:
@@ -111,7 +113,9 @@ def test_the_dry_run_writes_every_field_of_the_committed_record(dry_run):
     if "samplers" not in committed["qwen_step"]:
         # made before issue 43 (the shared H100 record of 2026-11-28, at 335aac1): every other field must match
         wanted = without(wanted, SINCE_ISSUE_43)
-    else:
+    if "tools_step" not in committed:  # made before issue 54
+        wanted = without(wanted, SINCE_ISSUE_54)
+    if "samplers" in committed["qwen_step"]:
         got["qwen_step"]["samplers"] = {name: None for name in got["qwen_step"]["samplers"]}
         for name, row in committed["qwen_step"]["samplers"].items():  # a measured row has the dry run's fields
             if row["status"] == "measured" and dry_run["qwen_step"]["samplers"][name]["status"] == "measured":
@@ -124,8 +128,23 @@ def test_the_dry_run_writes_every_field_of_the_committed_record(dry_run):
 def test_the_record_committed_before_it_differs_only_by_lora_and_issue_43s_fields(dry_run):
     old = named_today(json.loads(OLD_RECORD.read_text()))
     assert old["qwen_step"]["modes"]["lora"]["status"] == "not measured" and "full_preset" not in old["qwen_step"]
-    wanted = without(shape(dry_run), [*SINCE_ISSUE_43, "qwen_step.full_preset", "qwen_step.modes.lora"])
+    wanted = without(shape(dry_run), [*SINCE_ISSUE_43, *SINCE_ISSUE_54, "qwen_step.full_preset",
+                                      "qwen_step.modes.lora"])
     assert without(shape(old), ["qwen_step.modes.lora"]) == wanted
+
+
+def test_chapter_16_s_steps_with_tools_run_on_the_sampler_the_device_s_defaults_pick(dry_run):
+    # the dry run forces the CUDA default on the CPU; the committed record (once made on a GPU) has it resolved
+    tools = dry_run["tools_step"]
+    assert tools["config_changes"] == {"static_cache": True} and tools["warm_start"] is None
+    assert tools["sampler"] == "FastSampler" and len(tools["steps"]) == gpu_proof.TOOLS_STEPS
+    assert all(s["step_seconds"] > s["sample_seconds"] > 0 for s in tools["steps"])
+    committed = read_data("gpu_proof.json")
+    if "tools_step" in committed:
+        made = committed["tools_step"]
+        assert made["config_changes"] == {} and made["static_cache"] is None  # the package's default, untouched
+        assert made["sampler"] == "FastSampler" and made["warm_start"]["reached"]
+        assert max(s["tool_call_share"] for s in made["steps"]) > 0.1  # the warm-started model calls the tool
 
 
 def test_the_dry_run_measures_every_stage_it_can_on_a_cpu(dry_run):
