@@ -4,6 +4,7 @@ estimate is computed from the GPU-proof record."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -113,10 +114,17 @@ def test_chapter_9_shows_downloads():
     assert "disable_progress_bar()" not in source  # it silences the hub's download bars too
 
 
+BEFORE_FAST = Path(__file__).parent / "fixtures" / "gpu_proof_335aac1.json"  # eager LoRA on an H100 (335aac1)
+
+
+def before_fast() -> dict:
+    return json.loads(BEFORE_FAST.read_text())
+
+
 def test_the_session_estimate_adds_up_from_the_gpu_proof_record():
-    record = read_data("gpu_proof.json")
+    record = before_fast()  # eager sampling: nothing compiled
     config = get_preset(GSM8K_PRESET)
-    sampler = measured_sampler(record, config)  # the record's own LoRA sampler (its fast one is unmeasured)
+    sampler = measured_sampler(record, config)  # that record's own LoRA sampler (its fast one is unmeasured)
     est = session_estimate(record, config, 50, 200, sampler=sampler)
     run = est["run"]
     assert run == t4_run_estimate(record, config, sampler=sampler)
@@ -168,7 +176,7 @@ def test_each_mode_reads_its_own_step_and_the_default_session_fits_an_hour_and_a
     """Issue 43: LoRA's estimate reads the LoRA step the record measured (its unmerged adapters made sampling slower
     than full fine-tuning's, which an estimate that borrowed the full step hid); the preset's settings fit an hour by
     those measured eager figures; both modes fit a T4 with the GPU's default sampler (a merged copy for LoRA)."""
-    record = read_data("gpu_proof.json")
+    record = before_fast()  # the record that measured eager LoRA
     lora, full = get_preset(GSM8K_PRESET), get_preset(GSM8K_FULL_PRESET)
     with_lora = t4_run_estimate(record, lora, sampler="lora")
     without = t4_run_estimate(record, full, sampler="plain")
@@ -185,17 +193,20 @@ def test_each_mode_reads_its_own_step_and_the_default_session_fits_an_hour_and_a
         memory = t4_memory_estimate(record, config)  # with the GPU's default sampler's copy of the weights
         assert memory["fits"], config.use_peft
     assert t4_memory_estimate(record, lora)["peak_reserved"] < 0.8 * t4_memory_estimate(record, lora)["cap"]
+    # the package's record measured the GPU's own sampler (merged, static): the session fits the hour by it too
+    fast = read_data("gpu_proof.json")
+    low, high = session_estimate(fast, lora, GSM8K_STEPS, GSM8K_EVAL_SIZE)["total"]
+    assert 10 < low < high <= 60
+    assert t4_memory_estimate(fast, lora)["fits"] and t4_memory_estimate(fast, full)["fits"]
 
 
-@pytest.fixture(params=["committed", "before issue 43", "dry run"])
+@pytest.fixture(params=["committed", "before the fast samplers", "before issue 43", "dry run"])
 def any_record(request, gpu_proof_dry_run):
-    """The three GPU records chapter 9 must read: the package's, the one committed before issue 43 (LoRA not
-    measured), a dry run's (made on a CPU)."""
-    import json
-    from pathlib import Path
-
+    """The GPU records chapter 9 must read: the package's, the one before it (335aac1: LoRA sampled eagerly), the
+    one committed before issue 43 (LoRA not measured), a dry run's (made on a CPU)."""
     return request.param, {
         "committed": lambda: read_data("gpu_proof.json"),
+        "before the fast samplers": before_fast,
         "before issue 43": lambda: json.loads((Path(__file__).parent / "fixtures" / "gpu_proof_26a4037.json").read_text()),
         "dry run": lambda: gpu_proof_dry_run,
     }[request.param]()
@@ -206,8 +217,13 @@ def test_chapter_9s_estimate_says_what_each_record_measured_and_refuses_what_it_
     lora, full = get_preset(GSM8K_PRESET), get_preset(GSM8K_FULL_PRESET)
     plan = chapter9_estimate(record, lora, GSM8K_STEPS, GSM8K_EVAL_SIZE)
     text = "\n".join(plan["lines"])
+    if name == "committed":  # measured on a GPU with the sampler the preset uses there
+        assert plan["sampler"] == "plain_static" and plan["fast"] is plan["session"] and "UNMEASURED" not in text
+        low, high = plan["session"]["total"]
+        assert 10 < low and high <= 60
+        return
     assert plan["fast"] is None and "UNMEASURED: the sampler this run uses on a GPU, 'plain_static'" in text
-    if name == "committed":
+    if name == "before the fast samplers":
         assert plan["sampler"] == "lora" and "reads the sampler the record measured for this mode instead, 'lora'" in text
         low, high = plan["session"]["total"]
         assert 25 < low and high <= 60  # chapter 9, section 9.1's assertion

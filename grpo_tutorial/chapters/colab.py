@@ -23,6 +23,7 @@ arithmetic for both ways of saving, from the checkpoint's size, and
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import hashlib
 import json
@@ -30,6 +31,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,7 @@ __all__ = [
     "mount_drive",
     "plan_run",
     "run_name",
+    "remove_stale_roots",
     "temporary_root",
 ]
 
@@ -149,14 +152,15 @@ def plan_run(root: str | os.PathLike, name: str, steps: int, *, where: str = "th
 def choose_run_root(on_gpu: bool, in_colab: bool, *, mount: Any = mount_drive) -> tuple[Path, str, bool]:
     """Where chapter 9's runs go: ``(root, where in words, on Google Drive?)``.
 
-    - on a CPU: a new temporary folder, so the page shows a live run every time;
+    - on a CPU: a new temporary folder (:func:`temporary_root`, deleted when the process ends), so the page
+      shows a live run every time;
     - on a GPU in Colab: Google Drive, mounted by ``mount()`` (False: it could
       not be; the run then goes to the runtime's own disk, and the words say it
       is lost with the runtime);
     - on a GPU elsewhere: ``~/grpo-tutorial-runs``, which outlives the kernel.
     """
     if not on_gpu:
-        return temporary_root(), "a new temporary folder: the CPU run starts afresh every time", False
+        return temporary_root(), "a new temporary folder, deleted when this kernel stops: the CPU run starts afresh every time", False
     if in_colab:
         if mount():
             return Path(DRIVE_FOLDER), "Google Drive", True
@@ -164,9 +168,67 @@ def choose_run_root(on_gpu: bool, in_colab: bool, *, mount: Any = mount_drive) -
     return LOCAL_FOLDER, "this machine's disk", False
 
 
+#: The prefix of chapter 9's temporary run folders, and the file in each that names the process that owns it.
+TEMPORARY_PREFIX, OWNER_FILE = "grpo-chapter9-", "owner.pid"
+#: A temporary run folder without an owner file (made before there was one) is left alone until this old.
+STALE_SECONDS = 24 * 3600
+
+
 def temporary_root() -> Path:
-    """A fresh folder under the system's temporary directory (the CPU demonstration starts anew each time)."""
-    return Path(tempfile.mkdtemp(prefix="grpo-chapter9-"))
+    """A fresh folder under the system's temporary directory (the CPU demonstration starts anew each time).
+
+    The folder is deleted when the Python process ends (the notebook's kernel shuts
+    down): the CPU run's checkpoints are 1.6 GB each, and a folder left behind by every
+    run of the chapter fills a disk (a CI machine's ``/tmp`` ran out after a few). A
+    kernel that is killed cannot delete its own, so each new folder also deletes the
+    ones whose owner (``owner.pid``) is no longer running (:func:`remove_stale_roots`).
+    """
+    remove_stale_roots(Path(tempfile.gettempdir()))
+    path = Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX))
+    (path / OWNER_FILE).write_text(f"{os.getpid()}\n")
+    atexit.register(shutil.rmtree, path, True)  # ignore_errors: gone already, or never written
+    return path
+
+
+def remove_stale_roots(folder: Path, *, now: float | None = None) -> list[Path]:
+    """Delete chapter 9's temporary run folders in ``folder`` that no running process owns; return them.
+
+    A folder is stale when the process its ``owner.pid`` names has ended, or, without
+    that file (folders made before it existed), when it is older than
+    :data:`STALE_SECONDS`. Only folders named ``grpo-chapter9-*`` are touched.
+    """
+    now = time.time() if now is None else now
+    removed = []
+    for path in sorted(Path(folder).glob(TEMPORARY_PREFIX + "*")):
+        if not path.is_dir() or path.is_symlink():
+            continue
+        owner = path / OWNER_FILE
+        try:
+            if owner.is_file():
+                stale = not _running(int(owner.read_text().strip() or 0))
+            else:
+                stale = now - path.stat().st_mtime > STALE_SECONDS
+        except (OSError, ValueError):
+            continue
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether a process with this id exists (on this machine)."""
+    if pid <= 0:
+        return False
+    if os.name == "nt":  # there os.kill(pid, 0) would send CTRL_C_EVENT: assume it runs (atexit still cleans up)
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: running
+        return True
+    return True
 
 
 def estimate_checkpoint_bytes(model: Any, config: Any = None) -> int:
@@ -198,8 +260,8 @@ def checkpoint_bytes(run_dir: str | os.PathLike) -> int:
     return sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
 
 
-def drive_usage(checkpoint: int, saves: int, *, in_place: bool, free: int | None = None) -> dict:
-    """What a run's checkpoints take on Google Drive, counting the bin.
+def drive_usage(checkpoint: int, saves: int, *, in_place: bool, free: int | None = None, has_bin: bool = True) -> dict:
+    """What a run's checkpoints take on Google Drive, counting the bin (or on a disk without one).
 
     Args:
         checkpoint: the bytes of one checkpoint.
@@ -208,23 +270,33 @@ def drive_usage(checkpoint: int, saves: int, *, in_place: bool, free: int | None
         in_place: saves overwrite the checkpoint (``checkpoint_in_place``);
             else each save writes a new checkpoint beside the old one, then
             deletes the old one, which goes to Drive's bin.
-        free: the Drive's free bytes, if known; ``fits`` then says whether the
-            run's checkpoints fit in them.
+        free: the free bytes where the run goes, if known; ``fits`` then says
+            whether the run's checkpoints fit in them.
+        has_bin: deleted files keep counting until a bin is emptied (Google Drive).
+            False for an ordinary disk (chapter 9's CPU run, a GPU machine's own
+            disk), where a deleted checkpoint's bytes are free again at once.
 
     Returns:
         ``live`` (the checkpoint kept at the end), ``bin`` (what the run's
         deletions leave in the bin), ``total`` (``live + bin``: what the run adds
-        to the quota until the bin is emptied; never more exists at once: with
-        atomic saves the last save holds the old checkpoint, the new one and
-        every earlier deletion, the same sum) and ``fits`` (None without
-        ``free``).
+        to the quota until the bin is emptied), ``need`` (the most bytes the
+        checkpoints hold at one moment, which must be free: with a bin, ``total``,
+        since with atomic saves the last save holds the old checkpoint, the new one
+        and every earlier deletion, the same sum; without one, two checkpoints
+        during an atomic save after the first, one when saving in place) and
+        ``fits`` (``need <= free``; None without ``free``).
     """
     check_int(None, "checkpoint", checkpoint, 0)
     check_int(None, "saves", saves, 0)
     live = checkpoint if saves else 0
-    binned = 0 if in_place or not saves else (saves - 1) * checkpoint
-    return {"live": live, "bin": binned, "total": live + binned,
-            "fits": None if free is None else live + binned <= free}
+    deleted = 0 if in_place or not saves else (saves - 1) * checkpoint
+    binned = deleted if has_bin else 0
+    if has_bin:
+        need = live + binned
+    else:
+        need = live * (2 if not in_place and saves >= 2 else 1)
+    return {"live": live, "bin": binned, "total": live + binned, "need": need,
+            "fits": None if free is None else need <= free}
 
 
 def free_bytes(path: str | os.PathLike) -> int | None:

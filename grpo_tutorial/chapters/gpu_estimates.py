@@ -647,7 +647,8 @@ def t4_memory_estimate(record: dict, config: GRPOConfig, *, prompt_tokens: int |
     The record measured a step of each mode (:func:`measured_mode`; it refuses a
     mode the record lacks). Its training peak is the model state (full
     fine-tuning: 16 bytes a weight, float32 weights, gradients and AdamW's two
-    moments; LoRA: 4 bytes a frozen weight and 16 a trained one) plus the
+    moments; LoRA: 4 bytes a frozen weight and 16 a trained one), the sampler's
+    copy of the weights if it keeps one (it stays allocated between steps), plus the
     activations and logits of one micro-batch; its generation peak, the state kept
     between steps (full: 12 bytes a weight; LoRA: 4 a frozen and 12 a trained one),
     the sampler's copy of the weights if it keeps one (a merged float32 copy: 4
@@ -682,13 +683,16 @@ def t4_memory_estimate(record: dict, config: GRPOConfig, *, prompt_tokens: int |
     def copy_bytes(name: str) -> int:  # the sampler's own copy of the weights
         return 2 * n if name.startswith("float16") else 4 * n if (lora and name.startswith("plain")) else 0
 
-    activations0 = step["stages"]["backward"]["peak_allocated"] - state(measured_trainable)
     wanted_sampler = gpu_sampler(config) if sampler is None else sampler
-    generation0 = (step["stages"]["sample"]["peak_allocated"] - kept(measured_trainable)
-                   - copy_bytes(measured_sampler(record, config)))
+    measured_copy = copy_bytes(measured_sampler(record, config))
+    # the sampler's copy lives on between steps, through the backward pass too (the H200 record at 5bd90c7:
+    # the merged sampler's LoRA step peaked 4 bytes a weight above the eager one's, to 0.1%)
+    activations0 = step["stages"]["backward"]["peak_allocated"] - state(measured_trainable) - measured_copy
+    generation0 = step["stages"]["sample"]["peak_allocated"] - kept(measured_trainable) - measured_copy
     tokens = prompt_tokens + config.max_new_tokens
     micro = config.micro_batch_size or config.batch_completions
-    training = state(trainable) + activations0 * (micro * tokens) / (shapes["micro_batch_size"] * measured_tokens)
+    training = (state(trainable) + copy_bytes(wanted_sampler)
+                + activations0 * (micro * tokens) / (shapes["micro_batch_size"] * measured_tokens))
     rows = max(config.eval_batch_size, config.batch_completions)
     generation = (kept(trainable) + copy_bytes(wanted_sampler)
                   + generation0 * (rows * tokens) / (shapes["completions"] * measured_tokens))
