@@ -23,7 +23,8 @@ stops there), and writes one JSON record that chapter 9 prints
    compile), each on a fresh model with the same weights.
 3. ``tools_step`` (issue 54): chapter 16's run with the calculator on the GPU and
    the package's defaults (there the fast sampler, which pauses for each call): its
-   warm start, then three steps, each timed (the first pays the compile).
+   warm start, then three steps, each timed (tool rollouts decode with the dynamic cache, since
+   continuation rows grow: nothing compiles; the first step warms the GPU up).
 4. ``tiny_recipe``: chapter 8's tiny recipe (warm start, GRPO, held-out accuracy
    before and after) for one seed, on the GPU.
 5. ``qwen_step.samplers`` (issue 43): every sampler on the LoRA run's policy, at the
@@ -111,7 +112,7 @@ CUDA_TESTS = ("tests/test_cuda.py", "tests/test_gpu_path.py")
 TINY_RECIPE_SECONDS = 100.0
 #: Kept free of the sampler table's budget for chapter 16's step with tools (its warm start included).
 TOOLS_STEP_SECONDS = 60.0
-#: Chapter 16's steps with tools: the first (a static cache's compile), then measured ones.
+#: Chapter 16's steps with tools, each timed (the first warms up; tool rollouts compile nothing).
 TOOLS_STEPS = 3
 
 
@@ -559,7 +560,8 @@ def tools_step(device: torch.device, *, dry_run: bool) -> dict[str, Any]:
     path's first run on a GPU. The warm start (chapter 16's, to the recipe's target) runs
     on the device first, so the model calls the tool. A dry run skips the warm start and
     forces the CUDA default (``static_cache=True``) on the CPU. Then :data:`TOOLS_STEPS`
-    steps, each timed: the first pays a static cache's compile.
+    steps, each timed. Tool rollouts decode with the dynamic cache even where the static one is on
+    (continuation rows grow in width, and each width would compile anew), so nothing compiles here.
     """
     from grpo_tutorial import GRPOTrainer
     from grpo_tutorial.calculator import calculator

@@ -95,31 +95,40 @@ def test_the_cpu_run_s_temporary_folder_is_deleted_when_the_process_ends(tmp_pat
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "TMPDIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr
-    root = Path(done.stdout.strip().splitlines()[-1])
+    root = Path(done.stdout.strip().splitlines()[-1])  # made by a process that ended normally
     assert root.parent == tmp_path and root.name.startswith("grpo-chapter9-")
     assert not root.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_a_new_temporary_folder_removes_those_no_running_process_owns(tmp_path):
+@pytest.mark.skipif(os.name == "nt", reason="POSIX: the owner's lock (Windows goes by age alone)")
+def test_a_new_temporary_folder_removes_those_nobody_owns(tmp_path, monkeypatch):
     # a kernel that is killed cannot run its exit handler: its 1.6 GB stay until the next run of chapter 9
+    import tempfile
     import time
 
-    from grpo_tutorial.chapters.colab import OWNER_FILE, STALE_SECONDS, remove_stale_roots
+    from grpo_tutorial.chapters.colab import OWNER_FILE, STALE_SECONDS, remove_stale_roots, temporary_root
 
-    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    folders = {name: tmp_path / name for name in ("grpo-chapter9-dead", "grpo-chapter9-alive", "grpo-chapter9-old",
-                                                  "grpo-chapter9-new", "someone-else-old")}
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    alive = temporary_root()  # this process's: locked while it runs
+    ended = subprocess.run([sys.executable, "-c", "from grpo_tutorial.chapters.colab import temporary_root\n"
+                            "import os\nroot = temporary_root()\nprint(root)\nos._exit(0)  # killed: no exit handler"],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(tmp_path)})
+    dead = Path(ended.stdout.strip().splitlines()[-1])
+    assert dead.is_dir() and (dead / OWNER_FILE).is_file()  # left behind, as by a killed kernel
+    folders = {name: tmp_path / name for name in ("grpo-chapter9-old", "grpo-chapter9-new", "someone-else-old")}
     for folder in folders.values():
         (folder / "run").mkdir(parents=True)
-    (folders["grpo-chapter9-dead"] / OWNER_FILE).write_text(ended.stdout)
-    (folders["grpo-chapter9-alive"] / OWNER_FILE).write_text(f"{os.getpid()}\n")
     old = time.time() - STALE_SECONDS - 60
     for name in ("grpo-chapter9-old", "someone-else-old"):
-        os.utime(folders[name], (old, old))
+        for path in (folders[name] / "run", folders[name]):
+            os.utime(path, (old, old))
+    (tmp_path / "grpo-chapter9-link").symlink_to(folders["grpo-chapter9-old"])
     removed = remove_stale_roots(tmp_path)
-    assert sorted(p.name for p in removed) == ["grpo-chapter9-dead", "grpo-chapter9-old"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["grpo-chapter9-alive", "grpo-chapter9-new",
-                                                          "someone-else-old"]
+    assert sorted(p.name for p in removed) == sorted([dead.name, "grpo-chapter9-old"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [alive.name, "grpo-chapter9-link", "grpo-chapter9-new", "someone-else-old"])
+    assert remove_stale_roots(tmp_path) == []  # the live one stays while this process runs
+    assert [p.name for p in alive.iterdir()] == [OWNER_FILE]
 
 
 def _short_run(policy, tokenizer, run_dir, steps, **overrides):
@@ -297,8 +306,13 @@ def test_a_first_run_resumes_nothing_and_warns_nothing(tiny_policy, tmp_path):
     assert plan_run(tmp_path, "fresh", 2).status == "interrupted"  # more steps asked: go on
 
 
-def test_the_run_root_is_drive_in_colab_on_a_gpu_and_says_so_when_it_is_not():
-    from grpo_tutorial.chapters.colab import DRIVE_FOLDER, choose_run_root
+def test_the_run_root_is_drive_in_colab_on_a_gpu_and_says_so_when_it_is_not(tmp_path, monkeypatch):
+    import shutil
+    import tempfile
+
+    from grpo_tutorial.chapters.colab import DRIVE_FOLDER, OWNER_FILE, choose_run_root
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the CPU run's folders, and their stale scan, here
 
     root, where, on_drive = choose_run_root(True, True, mount=lambda: True)
     assert (str(root), where, on_drive) == (DRIVE_FOLDER, "Google Drive", True)
@@ -308,5 +322,6 @@ def test_the_run_root_is_drive_in_colab_on_a_gpu_and_says_so_when_it_is_not():
     assert not on_drive and root == Path.home() / "grpo-tutorial-runs"
     first, _, _ = choose_run_root(False, True, mount=lambda: pytest.fail("mounted for the CPU run"))
     second, where, on_drive = choose_run_root(False, False)
-    assert first != second and first.is_dir() and not any(first.iterdir()) and not on_drive  # afresh each time
-    first.rmdir(), second.rmdir()
+    assert first != second and first.is_dir() and not on_drive  # afresh each time
+    assert [p.name for p in first.iterdir()] in ([OWNER_FILE], [])  # its owner's lock (none on Windows)
+    shutil.rmtree(first), shutil.rmtree(second)

@@ -35,6 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+try:  # POSIX: a run folder's owner holds a lock on it (temporary_root)
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
 from .._checks import check_int
 from ..run import find_checkpoint, read_meta
 from ..lora import is_peft_model
@@ -168,67 +173,80 @@ def choose_run_root(on_gpu: bool, in_colab: bool, *, mount: Any = mount_drive) -
     return LOCAL_FOLDER, "this machine's disk", False
 
 
-#: The prefix of chapter 9's temporary run folders, and the file in each that names the process that owns it.
+#: The prefix of chapter 9's temporary run folders, and the file in each that its owner holds locked.
 TEMPORARY_PREFIX, OWNER_FILE = "grpo-chapter9-", "owner.pid"
-#: A temporary run folder without an owner file (made before there was one) is left alone until this old.
+#: A temporary run folder that no lock can speak for (made before there was one, or on Windows) is left
+#: alone until nothing in it has changed for this long.
 STALE_SECONDS = 24 * 3600
+_HELD: list = []  # the open, locked owner files of this process's folders (closed when it exits)
 
 
 def temporary_root() -> Path:
     """A fresh folder under the system's temporary directory (the CPU demonstration starts anew each time).
 
     The folder is deleted when the Python process ends (the notebook's kernel shuts
-    down): the CPU run's checkpoints are 1.6 GB each, and a folder left behind by every
+    down): the CPU run's checkpoints are 1.6 GB, and a folder left behind by every
     run of the chapter fills a disk (a CI machine's ``/tmp`` ran out after a few). A
     kernel that is killed cannot delete its own, so each new folder also deletes the
-    ones whose owner (``owner.pid``) is no longer running (:func:`remove_stale_roots`).
+    ones nobody owns any more (:func:`remove_stale_roots`): the owner holds an
+    exclusive lock on the folder's ``owner.pid`` for as long as it runs.
     """
     remove_stale_roots(Path(tempfile.gettempdir()))
     path = Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX))
-    (path / OWNER_FILE).write_text(f"{os.getpid()}\n")
+    if fcntl is not None:  # locked before it has its name, so no scan ever sees it unlocked
+        handle = open(path / (OWNER_FILE + ".new"), "w")
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        os.replace(path / (OWNER_FILE + ".new"), path / OWNER_FILE)
+        _HELD.append(handle)
     atexit.register(shutil.rmtree, path, True)  # ignore_errors: gone already, or never written
     return path
 
 
 def remove_stale_roots(folder: Path, *, now: float | None = None) -> list[Path]:
-    """Delete chapter 9's temporary run folders in ``folder`` that no running process owns; return them.
+    """Delete chapter 9's temporary run folders in ``folder`` that nobody owns any more; return those deleted.
 
-    A folder is stale when the process its ``owner.pid`` names has ended, or, without
-    that file (folders made before it existed), when it is older than
-    :data:`STALE_SECONDS`. Only folders named ``grpo-chapter9-*`` are touched.
+    A folder is stale when its ``owner.pid`` is not locked (its owner has ended, however
+    it ended: the lock goes with the process), or, where no lock can say (no
+    ``owner.pid``: folders made before it existed; Windows, which has no ``flock``),
+    when nothing in it has changed for :data:`STALE_SECONDS`. Only folders named
+    ``grpo-chapter9-*`` are touched, never through a symbolic link.
     """
     now = time.time() if now is None else now
     removed = []
     for path in sorted(Path(folder).glob(TEMPORARY_PREFIX + "*")):
-        if not path.is_dir() or path.is_symlink():
+        if path.is_symlink() or not path.is_dir():
             continue
         owner = path / OWNER_FILE
         try:
-            if owner.is_file():
-                stale = not _running(int(owner.read_text().strip() or 0))
+            if fcntl is not None and owner.is_file():
+                stale = _unlocked(owner)
             else:
-                stale = now - path.stat().st_mtime > STALE_SECONDS
-        except (OSError, ValueError):
+                stale = now - _newest_change(path) > STALE_SECONDS
+        except OSError:
             continue
         if stale:
             shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+            if not path.exists():
+                removed.append(path)
     return removed
 
 
-def _running(pid: int) -> bool:
-    """Whether a process with this id exists (on this machine)."""
-    if pid <= 0:
-        return False
-    if os.name == "nt":  # there os.kill(pid, 0) would send CTRL_C_EVENT: assume it runs (atexit still cleans up)
+def _unlocked(owner: Path) -> bool:
+    """Whether nobody holds ``owner`` locked (then it is ours for a moment, and released)."""
+    with open(owner) as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its owner runs
+            return False
+        fcntl.flock(handle, fcntl.LOCK_UN)
         return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: running
-        return True
-    return True
+
+
+def _newest_change(path: Path) -> float:
+    """The latest modification time of ``path`` or anything under it."""
+    return max([path.stat().st_mtime, *(p.stat().st_mtime for p in path.rglob("*") if not p.is_symlink())])
 
 
 def estimate_checkpoint_bytes(model: Any, config: Any = None) -> int:

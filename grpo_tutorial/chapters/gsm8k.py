@@ -141,8 +141,9 @@ GSM8K_TEST_SIZE = 1319
 #: The held-out problems chapter 9's GPU run evaluates, before and after: the first 500 of the test split (issue
 #: 43: all 1,319 took two evaluations of up to 13 minutes each by the measured LoRA step, time the run now trains).
 GSM8K_EVAL_SIZE = 500
-#: The GPU run's steps: what fits, with both evaluations, in an hour on a T4 by the measured eager LoRA sampler
-#: (:func:`session_estimate`; 40 before issue 43, whose first measured LoRA step put 40 at up to 113 minutes).
+#: The GPU run's steps: what fits, with both evaluations, in an hour on a T4 by the eager LoRA sampler the record
+#: of 335aac1 measured (:func:`session_estimate`; 40 before issue 43, whose first measured LoRA step put 40 at up
+#: to 113 minutes). The record of 5bd90c7 measured the GPU's own sampler (merged, static): 20 steps fit with room.
 GSM8K_STEPS = 20
 
 

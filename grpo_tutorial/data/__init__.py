@@ -41,7 +41,8 @@ safetensors``                   chapter 13 trains live (weights, not readable
 ``gpu_proof.json``              chapter 9's GPU path measured on a lent CUDA GPU:
                                 the CUDA tests, one step of the T4 preset at
                                 Qwen2.5-0.5B's size under a T4-sized memory cap,
-                                stage by stage, and the tiny recipe learning
+                                stage by stage, the samplers, chapter 16's
+                                run with tools, and the tiny recipe learning
                                 (``make gpu-proof``, i.e.
                                 ``python -m benchmarks.gpu_proof``)
 ``lora_regret.json``            chapter 14's experiment: full fine-tuning against
