@@ -403,6 +403,11 @@ ALLOWED = {
     ("chapters/colab.py", "mount_drive"): "Drive declined, timed out or absent: printed, and the run goes to the "
                                           "runtime's disk, which its plan says is lost with the runtime",
     ("chapters/colab.py", "free_bytes"): "the free space cannot be read: None, and the quota check says so",
+    ("chapters/colab.py", "remove_stale_roots"): "a run folder that vanished or cannot be read while scanned "
+                                                 "(another run's, another user's) is left alone: only a folder "
+                                                 "known to be stale is deleted",
+    ("chapters/colab.py", "_unlocked"): "the lock cannot be taken: its owner still runs (BlockingIOError), or it "
+                                        "cannot be told, and the folder is kept either way",
     ("calculator.py", "work"): "a tool call's worker thread hands the tool's exception to call_with_time_limit, "
                                "which raises it in the caller",
     ("calculator.py", "run_tool_call"): "TRL's rule: a tool that raises gives the model an {'error': ...} result, "
