@@ -406,6 +406,8 @@ ALLOWED = {
     ("chapters/colab.py", "remove_stale_roots"): "a run folder that vanished or cannot be read while scanned "
                                                  "(another run's, another user's) is left alone: only a folder "
                                                  "known to be stale is deleted",
+    ("chapters/colab.py", "temporary_root"): "a file system without locks: the folder gets no owner file and is "
+                                              "judged by its age, as on Windows",
     ("chapters/colab.py", "_unlocked"): "the lock cannot be taken: its owner still runs (BlockingIOError), or it "
                                         "cannot be told, and the folder is kept either way",
     ("calculator.py", "work"): "a tool call's worker thread hands the tool's exception to call_with_time_limit, "

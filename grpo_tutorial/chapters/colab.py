@@ -195,11 +195,16 @@ def temporary_root() -> Path:
     path = Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX))
     if fcntl is not None:  # locked before it has its name, so no scan ever sees it unlocked
         handle = open(path / (OWNER_FILE + ".new"), "w")
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        os.replace(path / (OWNER_FILE + ".new"), path / OWNER_FILE)
-        _HELD.append(handle)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a file system without locks (some network mounts): no owner file, judged by age
+            handle.close()
+            os.remove(path / (OWNER_FILE + ".new"))
+        else:
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+            os.replace(path / (OWNER_FILE + ".new"), path / OWNER_FILE)
+            _HELD.append(handle)
     atexit.register(shutil.rmtree, path, True)  # ignore_errors: gone already, or never written
     return path
 
