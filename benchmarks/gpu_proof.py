@@ -280,7 +280,7 @@ def _synchronize(cuda: bool) -> None:
 
 def measure_step(trainer, batch: list[dict], cuda: bool) -> dict[str, Any]:
     """One training step: each stage's seconds (the history row's) and peak memory."""
-    from grpo_tutorial.fast_sampler import COMPILE_SECONDS, DECODE_MS
+    from grpo_tutorial.sampling.fast import COMPILE_SECONDS, DECODE_MS
     from grpo_tutorial.metrics import watch_stages
 
     from grpo_tutorial.warn import GRPOWarning
@@ -305,7 +305,7 @@ def measure_step(trainer, batch: list[dict], cuda: bool) -> dict[str, Any]:
         "truncated": row["frac_truncated"],
         "reward_mean": row["reward_mean"],
         "loss": row["loss"],
-        "decode_ms": row.get(DECODE_MS),  # a fast sampler's (grpo_tutorial.fast_sampler); None for the plain generate
+        "decode_ms": row.get(DECODE_MS),  # a fast sampler's (grpo_tutorial.sampling.fast); None for the plain generate
         "compile_seconds": row.get(COMPILE_SECONDS),
     }
 
@@ -432,11 +432,11 @@ def measure_samplers(trainer, prompts: list[str], *, cuda: bool, tokens: int, ca
     its compile and warm-up; ``calls`` more are measured. A sampler starts only while
     ``time.perf_counter() - started < budget``.
     """
-    from grpo_tutorial.fast_sampler import has_adapters, merged_copy
+    from grpo_tutorial.sampling.fast import has_adapters, merged_copy
 
     policy, tokenizer, config = trainer.model, trainer.tokenizer, trainer.config
-    merged = getattr(trainer.grpo_step.sampler, "evaluation_model", None)
-    merged = merged if merged is not None and not has_adapters(merged) else merged_copy(policy)
+    merged = trainer.grpo_step.sampler.evaluation_model  # the default sampler's merged copy, where it has one
+    merged = merged if not has_adapters(merged) else merged_copy(policy)
     table: dict[str, Any] = {}
     for name in SAMPLERS:
         if time.perf_counter() - started > budget:
@@ -462,7 +462,7 @@ def _measure_one(name: str, policy, merged, tokenizer, config, prompts: list[str
     import statistics
 
     from benchmarks.rollout import NoStopTokens
-    from grpo_tutorial.fast_sampler import NonFiniteGuard, merged_copy
+    from grpo_tutorial.sampling.fast import NonFiniteGuard, merged_copy
     from grpo_tutorial.logprobs import score_rollout
     from grpo_tutorial.mismatch import mismatch_diagnostics
     from grpo_tutorial.rollout import generate_rollouts, stop_token_ids
@@ -566,7 +566,7 @@ def tools_step(device: torch.device, *, dry_run: bool) -> dict[str, Any]:
     from grpo_tutorial import GRPOTrainer
     from grpo_tutorial.calculator import calculator
     from grpo_tutorial.chapters import tool_use
-    from grpo_tutorial.fast_sampler import COMPILE_SECONDS, DECODE_MS
+    from grpo_tutorial.sampling.fast import COMPILE_SECONDS, DECODE_MS
 
     recipe = tool_use.ToolRecipe()
     data = tool_use.make_tool_data(recipe)

@@ -1,7 +1,7 @@
 """Issue 43's samplers on the CPU: milliseconds per decoding step, so the CPU defaults rest on a measurement.
 
 ``GRPOConfig.merge_adapters_for_sampling`` and ``GRPOConfig.static_cache`` default
-to "on where the policy is on a CUDA GPU" (:mod:`grpo_tutorial.fast_sampler`). This
+to "on where the policy is on a CUDA GPU" (:mod:`grpo_tutorial.sampling.fast`). This
 script measures whether they would help on this CPU, at the shapes the CPU runs
 sample (chapter 14's tiny LoRA runs, the tiny recipe's 32 prompts x 8 with 4 new
 tokens; chapter 9's SmolLM2 run, 2 prompts x 8 with 8 new tokens), and at a longer
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 def samplers_for(model: Any, tokenizer: Any, rank: int) -> dict[str, tuple[Any, bool]]:
     """Each sampler's model and whether it uses the static cache."""
     from grpo_tutorial.config import GRPOConfig
-    from grpo_tutorial.fast_sampler import merged_copy
+    from grpo_tutorial.sampling.fast import merged_copy
     from grpo_tutorial.lora import wrap_with_adapters
 
     out: dict[str, tuple[Any, bool]] = {"plain": (model, False), "static": (model, True),

@@ -108,7 +108,7 @@ class GRPOConfig:
             evaluate from a plain copy of the policy whose weights are the
             adapters merged into the base, ``W + (lora_alpha / lora_r) B A``,
             re-merged after every optimizer update
-            (:mod:`grpo_tutorial.fast_sampler`): one matrix product per layer
+            (:mod:`grpo_tutorial.sampling.fast`): one matrix product per layer
             instead of three, the same distribution up to float rounding, the
             step still on-policy. The trained model is never merged in place
             (an unmerge would move its frozen base by rounding). Costs one more

@@ -5,7 +5,7 @@ every setting that decides what the model sees and may write (the system prompt,
 the chat template, the token budget, the evaluation batch size and the oneDNN
 setting) from the :class:`~grpo_tutorial.config.GRPOConfig` the run trains with,
 so an evaluation cannot score a prompt the model was never trained on. It
-generates as the run samples, fast where the run is (:mod:`grpo_tutorial.fast_sampler`:
+generates as the run samples, fast where the run is (:mod:`grpo_tutorial.sampling.fast`:
 ``merge_adapters_for_sampling`` and ``static_cache``, on by default on a CUDA GPU).
 :meth:`GRPOTrainer.evaluate <grpo_tutorial.trainer.GRPOTrainer.evaluate>`, the
 chapter recipes, chapter 9's GPU run, the command line, the lab and the
@@ -27,7 +27,7 @@ import torch
 
 from ._checks import check_int
 from .config import GRPOConfig
-from .fast_sampler import sampling_model, use_static_cache
+from .sampling.fast import sampling_model, use_static_cache
 from .metrics import nanmean
 from .rewards import compute_rewards, correctness_reward, extra_columns, judge_correct
 from .rollout import encode_prompts, generate_rollouts, sampling_kwargs

@@ -42,7 +42,7 @@ __all__ = [
 STAGE_SECONDS = tuple(f"{s.name}_seconds" for s in STAGES)
 SCORE_SECONDS = ("reference_seconds",)
 UPDATE_SECONDS = ("forward_seconds", "backward_seconds", "optimizer_seconds")
-#: A fast sampler's timings (:mod:`grpo_tutorial.fast_sampler`): ms per decoding step, the seconds of compiling calls.
+#: A fast sampler's timings (:mod:`grpo_tutorial.sampling.fast`): ms per decoding step, the seconds of compiling calls.
 SAMPLER_SECONDS = ("sampler/decode_ms", "sampler/compile_seconds")
 #: Older histories' names (before issue 44): stage 1 was ``generate`` (and ``rollout_seconds`` its alias), and
 #: ``score_seconds`` left out the reference's ``reference_seconds`` and held stage 3's time.

@@ -1,4 +1,4 @@
-"""When the sampler is not the learner: sampler copies of the policy, and TRL's importance-sampling correction.
+"""When the sampler is not the learner: TRL's importance-sampling correction, and the mismatch's diagnostics.
 
 In the book's default step one model both samples the completions (stage 1) and
 scores them (stage 4), so the first pass's ratio pi_theta / pi_old is exactly 1.
@@ -6,23 +6,18 @@ Real GRPO runs generate in another engine: a bfloat16 or quantized copy, a copy
 that is k optimizer updates stale (asynchronous RL), or one that samples with
 top-p, which the trainer's softmax does not know. The completions then come from
 a sampler mu that is not pi_old, and the loss's first-pass ratio no longer
-corrects for it. This module holds both halves of that story:
+corrects for it. The samplers themselves, those copies among them
+(:class:`~grpo_tutorial.sampling.copies.SamplerCopy`, chosen by ``GRPOConfig.sampler``),
+live in :mod:`grpo_tutorial.sampling`; each keeps, with the rollout, its own
+per-token log-probs of what it sampled (``Rollout.sampler_logprobs``). This
+module is what the step does with them:
 
-- the sampler copies (:class:`SamplerCopy`, chosen by ``GRPOConfig.sampler``):
-  ``"bfloat16"``, the policy cast to bfloat16; ``"stale"``, the policy as it was
-  ``sampler_staleness`` optimizer updates ago; ``"top_p"``, the policy itself
-  sampling from the nucleus of ``top_p``; ``"float16"``, the fast sampler of a
-  GPU without bfloat16 (a T4): the policy, its adapters merged, cast to float16,
-  sampled with :mod:`grpo_tutorial.fast_sampler`'s static cache and guarded
-  against non-finite logits. Each is the step's ``sampler`` and
-  keeps, with the rollout, its own per-token log-probs of what it sampled
-  (``Rollout.sampler_logprobs``); the step calls :meth:`SamplerCopy.sync` after
-  every optimizer update;
 - the correction TRL 1.16 applies with vLLM (``vllm_importance_sampling_correction``):
   :func:`sampler_weights`, a per-token (or per-sequence) weight
   pi_old / mu, truncated or masked outside ``[clip_min, clip_max]``, that
   multiplies each token's loss (``grpo_loss(..., sampler_weights=...)``), with
-  TRL's four modes and semantics;
+  TRL's four modes and semantics; :func:`sampler_correction` applies it to a
+  step's rollout, over the tokens the sampler sampled (not a tool's);
 - the diagnostics verl and TRL log for the mismatch (:func:`mismatch_diagnostics`):
   how far the two log-probs are apart, the mismatch KL, how many tokens and
   sequences fall outside the bounds, and the effective sample size; the step adds
@@ -34,23 +29,16 @@ no sampler log-probs, no correction, so nothing here runs and no number moves.
 
 from __future__ import annotations
 
-import copy
 import math
-from collections import deque
 from typing import Any
 
 import torch
 
 from ._checks import check_choice, check_number, config_error, require_tensor, same_shape
-from .config import IS_MODES, SAMPLERS
-from .fast_sampler import FALLBACKS, FastSampler, NonFiniteGuard, build_fast_sampler, use_static_cache
-from .logprobs import score_rollout
-from .rollout import Rollout, generate_rollouts, sampling_kwargs
+from .config import IS_MODES
+from .rollout import Rollout
 
-__all__ = [
-    "IS_MODES", "SAMPLERS", "SamplerCopy", "build_sampler", "loss_inputs", "mismatch_diagnostics",
-    "sampler_correction", "sampler_weights", "top_p_logprobs",
-]
+__all__ = ["IS_MODES", "loss_inputs", "mismatch_diagnostics", "sampler_correction", "sampler_weights"]
 
 
 # ---------------------------------------------------------------------------
@@ -242,227 +230,3 @@ def loss_inputs(rollout: Rollout, weights: torch.Tensor | None, rows: torch.Tens
     if rollout.sampler_logprobs is not None:
         out["sampler_logp"] = rollout.sampler_logprobs[rows.to(rollout.sampler_logprobs.device)]  # [m, T]
     return out
-
-
-# ---------------------------------------------------------------------------
-# The sampler copies
-# ---------------------------------------------------------------------------
-
-
-def sample_with(model: torch.nn.Module, tokenizer: Any, prompts: list, toolbox: Any = None, *,
-                answered: dict | None = None, **kwargs: Any) -> Rollout:
-    """One rollout of ``model``: :func:`~grpo_tutorial.rollout.generate_rollouts`, or with a ``toolbox`` (the step's
-    tools) :func:`~grpo_tutorial.tools.generate_tool_rollouts`, which pauses at each call and continues from the
-    token ids (``answered``: its calls already answered, not run again)."""
-    if toolbox is None:
-        return generate_rollouts(model, tokenizer, prompts, **kwargs)
-    from .tools import generate_tool_rollouts
-
-    return generate_tool_rollouts(model, tokenizer, prompts, toolbox, answered=answered, **kwargs)
-
-
-def sampled_only(logp: torch.Tensor, rollout: Rollout) -> torch.Tensor:
-    """A sampler's log-probs ``[N, T]`` kept on the tokens it sampled (float32), 0.0 elsewhere: on padding and on a
-    tool's tokens, as TRL stores them (a top-p sampler's -inf outside its nucleus never meets the mask's 0)."""
-    return torch.where(rollout.loss_mask.bool(), logp.float(), torch.zeros((), dtype=torch.float32,
-                                                                            device=logp.device))
-
-
-@torch.no_grad()
-def top_p_logprobs(
-    model: torch.nn.Module, rollout: Rollout, *, temperature: float, top_p: float, chunk: int | None = None
-) -> torch.Tensor:
-    """Log-probs of the rollout's tokens under nucleus sampling: softmax(logits / T) kept to its top-p set, renormalised.
-
-    The nucleus at each position is the smallest set of the most likely tokens
-    whose probability reaches ``top_p`` (a token is kept when the tokens more
-    likely than it hold less than ``top_p``), as ``generate``'s top-p warper
-    keeps it after the temperature. A sampled token is always counted in its
-    nucleus (should float rounding have put it just outside), so every log-prob
-    is finite. The log-prob is log pi_T(token) - log(mass of the nucleus): at
-    least the full softmax's, since the nucleus holds at most all the mass.
-    Eval mode, no gradient; ``[N, Tc]`` float32, 0 on padding.
-    """
-    if not (isinstance(top_p, float) and 0 < top_p <= 1):
-        raise ValueError(f"top_p must be a float in (0, 1], got {top_p!r}")
-    n, tc = len(rollout), rollout.completion_ids.shape[1]
-    chunk = n if chunk is None else chunk
-    was_training = model.training
-    model.eval()
-    parts = []
-    try:
-        for start in range(0, n, chunk):
-            rows = torch.arange(start, min(start + chunk, n))
-            ids, attention = rollout.input_ids[rows], rollout.attention_mask[rows]  # [m, Tp+Tc] x2
-            positions = (attention.long().cumsum(dim=-1) - 1).clamp(min=0)  # [m, Tp+Tc], as generate counts them
-            out = model(input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=tc + 1,
-                        use_cache=False)
-            logp = torch.log_softmax(out.logits[:, :-1].float() / temperature, dim=-1)  # [m, Tc, V]
-            tokens = rollout.completion_ids[rows].unsqueeze(-1)  # [m, Tc, 1]
-            sorted_logp, order = logp.sort(dim=-1, descending=True)  # [m, Tc, V] x2
-            before = sorted_logp.exp().cumsum(dim=-1) - sorted_logp.exp()  # [m, Tc, V]: mass of the likelier tokens
-            kept = torch.zeros_like(logp, dtype=torch.bool).scatter(-1, order, before < top_p)  # [m, Tc, V]
-            kept = kept.scatter(-1, tokens, True)  # the sampled token, always
-            log_mass = torch.logsumexp(logp.masked_fill(~kept, -math.inf), dim=-1)  # [m, Tc]
-            parts.append(logp.gather(-1, tokens).squeeze(-1) - log_mass)  # [m, Tc]
-    finally:
-        model.train(was_training)
-    return torch.cat(parts) * rollout.completion_mask  # [N, Tc]
-
-
-class SamplerCopy:
-    """A sampler that is not the learner: the step's ``sampler``, ``(prompts, seed) -> Rollout``.
-
-    ``kind`` is ``GRPOConfig.sampler``'s:
-
-    - ``"bfloat16"``: a copy of the policy cast to bfloat16 (a generation engine
-      in 16-bit precision). After each sync its weights are exactly the
-      policy's, cast (``load_state_dict`` casts);
-    - ``"stale"``: a float32 copy that lags ``staleness`` optimizer updates
-      behind the policy (asynchronous RL: the completions of step s come from the
-      weights of k updates earlier). It keeps the last k snapshots of the
-      policy's weights, so it holds k copies of them;
-    - ``"top_p"``: the policy itself, no copy, generating with ``config.top_p``
-      (nucleus sampling), a distribution the trainer's softmax does not know;
-    - ``"float16"``: a copy of the policy, its adapters merged
-      (:func:`~grpo_tutorial.fast_sampler.merged_copy`), in float16, generating
-      through a :class:`~grpo_tutorial.fast_sampler.FastSampler` (the static
-      cache where ``config.static_cache`` says). Every call is guarded: when its
-      logits (:class:`~grpo_tutorial.fast_sampler.NonFiniteGuard`) or its own
-      log-probs of the sample are not finite, the rollout is made again by the
-      float32 policy with the same seed, scored by it, counted in the history's
-      ``sampler/fallbacks`` and warned about once.
-
-    Each rollout carries the sampler's own per-token log-probs of what it sampled
-    (``sampler_logprobs``, ``[N, Tc]``, 0 on padding), scored by the copy after
-    generating (as a generation engine reports its own log-probs); the top-p
-    sampler's are those of the nucleus, renormalised (:func:`top_p_logprobs`).
-    The step calls :meth:`sync` after every optimizer update.
-
-    With tools (:attr:`toolbox`, set by the step), the copy writes the whole tool
-    rollout (:func:`~grpo_tutorial.tools.generate_tool_rollouts`, pausing at each call,
-    continuing from token ids), and its log-probs of the tool's tokens are 0.0, as
-    TRL's are (nobody sampled them); the correction and its diagnostics read the
-    sampled tokens only (:func:`sampler_correction`). The float16 copy's fallback
-    makes the rollout again with the calls it already answered (``answered``), so no
-    tool runs twice for the same call.
-    """
-
-    def __init__(self, policy: torch.nn.Module, tokenizer: Any, config: Any, kind: str) -> None:
-        check_choice(None, "kind", kind, SAMPLERS[1:])
-        self.policy, self.tokenizer, self.config, self.kind = policy, tokenizer, config, kind
-        self.staleness = config.sampler_staleness if kind == "stale" else 0
-        self.snapshots: deque[dict[str, torch.Tensor]] = deque()  # "stale": the policy after each of the last k updates
-        self.engine: FastSampler | None = None  # "float16": generates from the merged float16 copy
-        if kind == "float16":
-            self.engine = FastSampler(policy, tokenizer, config, merge=True, static=use_static_cache(config, policy),
-                                      dtype=torch.float16)
-            self.model = self.engine.model
-        else:
-            self.model = policy if kind == "top_p" else copy.deepcopy(policy)
-        if kind in ("bfloat16", "stale"):
-            self.model.requires_grad_(False)
-            if kind == "bfloat16":
-                self.model.to(torch.bfloat16)
-        self.updates = 0  # optimizer updates seen since the copy was made (or reset)
-        self.fallbacks = 0  # "float16": rollouts made again in float32
-        self._toolbox: Any = None  # the step's tools (grpo_tutorial.tools.ToolBox), if it has any
-
-    @property
-    def toolbox(self) -> Any:
-        """The step's tools (:class:`~grpo_tutorial.tools.ToolBox`), or None; the float16 copy's engine has them too."""
-        return self._toolbox
-
-    @toolbox.setter
-    def toolbox(self, box: Any) -> None:
-        self._toolbox = box
-        if self.engine is not None:
-            self.engine.toolbox = box
-
-    def __call__(self, prompts: list, generator_seed: int) -> Rollout:
-        cfg = self.config
-        if self.kind == "float16":
-            return self._guarded(prompts, generator_seed)
-        rollout = sample_with(self.model, self.tokenizer, prompts, self.toolbox, **sampling_kwargs(
-            cfg, generator_seed=generator_seed, top_p=cfg.top_p if self.kind == "top_p" else 1.0,
-            onednn=None if self.kind == "bfloat16" else cfg.onednn_generation,  # None: off for a bfloat16 model
-        ))
-        if self.kind == "top_p":
-            logp = top_p_logprobs(self.model, rollout, temperature=cfg.temperature, top_p=float(cfg.top_p),
-                                  chunk=cfg.micro_size)
-        else:
-            logp = score_rollout(self.model, rollout, temperature=cfg.temperature, chunk=cfg.micro_size)
-        rollout.sampler_logprobs = sampled_only(logp, rollout)  # [N, Tc], 0 on padding and on a tool's tokens
-        return rollout
-
-    def _guarded(self, prompts: list, generator_seed: int) -> Rollout:
-        """The float16 copy's rollout, or (non-finite logits or log-probs) the float32 policy's, with the same seed."""
-        cfg, guard, answered = self.config, NonFiniteGuard(), {}  # answered: the calls made, not made again
-        rollout = self.engine.rollout(self.model, prompts, generator_seed, guard=guard, answered=answered)
-        logp = score_rollout(self.model, rollout, temperature=cfg.temperature, chunk=cfg.micro_size)  # [N, Tc]
-        finite = not guard.tripped() and bool(torch.isfinite(logp[rollout.loss_mask.bool()]).all())
-        stats = {**rollout.sampler_stats, FALLBACKS: 0.0}
-        if not finite:
-            self.fallbacks += 1
-            self.engine.warn("float16", "the float16 sampler copy gave non-finite logits or log-probs (a float16 "
-                             "overflow); that rollout was made again by the float32 policy. The history's "
-                             f"{FALLBACKS!r} counts each; if it is often 1, set GRPOConfig.sampler='policy'")
-            rollout = sample_with(self.policy, self.tokenizer, prompts, self.toolbox, answered=answered,
-                                  **sampling_kwargs(cfg, generator_seed=generator_seed))
-            logp = score_rollout(self.policy, rollout, temperature=cfg.temperature, chunk=cfg.micro_size)
-            stats[FALLBACKS] = 1.0
-        rollout.sampler_logprobs = sampled_only(logp, rollout)  # [N, Tc], 0 on padding and on a tool's tokens
-        rollout.sampler_stats = stats
-        return rollout
-
-    def sync(self) -> None:
-        """After an optimizer update: the copy follows the policy (bfloat16: at once; stale: k updates later)."""
-        self.updates += 1
-        if self.kind == "float16":
-            self.engine.sync()
-        elif self.kind == "bfloat16":
-            self.model.load_state_dict(self.policy.state_dict())
-        elif self.kind == "stale":
-            self.snapshots.append({k: v.detach().clone() for k, v in self.policy.state_dict().items()})
-            if len(self.snapshots) > self.staleness:
-                self.model.load_state_dict(self.snapshots.popleft())
-
-    def reset(self) -> None:
-        """The copy becomes the policy as it is now, with no snapshots (after a checkpoint is loaded).
-
-        A resumed ``"stale"`` run therefore samples from fresher weights for its
-        first k updates than the run that was interrupted did.
-        """
-        self.snapshots.clear()
-        self.updates = 0
-        if self.kind == "float16":
-            self.engine.sync()
-        elif self.kind != "top_p":
-            self.model.load_state_dict(self.policy.state_dict())
-
-
-def build_sampler(given: Any, policy: torch.nn.Module, tokenizer: Any, config: Any) -> Any:
-    """The step's sampler: ``given`` (a ``sampler=`` function), or ``config.sampler``'s copy of ``policy``.
-
-    For the default ``"policy"``: a :class:`~grpo_tutorial.fast_sampler.FastSampler`
-    where merging adapters or the static cache is on (on a CUDA GPU, by default),
-    else None (the step's own ``generate``). A given
-    sampler and a ``config.sampler`` other than ``"policy"`` are refused together,
-    and so is the correction with neither (the policy reports no log-probs of its own).
-    """
-    if given is not None and config.sampler != "policy":
-        raise ValueError(
-            f"sampler= was given and GRPOConfig.sampler={config.sampler!r} too; choose the sampler one way "
-            "(GRPOConfig.sampler='policy' with sampler=, or no sampler= with a sampler copy)"
-        )
-    if given is not None:
-        return given
-    if config.sampler == "policy":
-        if config.vllm_importance_sampling_correction:
-            raise ValueError(
-                "GRPOConfig.vllm_importance_sampling_correction=True needs a sampler that is not the learner: set "
-                "GRPOConfig.sampler ('bfloat16', 'stale', 'top_p' or 'float16'), or pass sampler= a function whose "
-                "rollouts carry sampler_logprobs"
-            )
-        return build_fast_sampler(policy, tokenizer, config)
-    return SamplerCopy(policy, tokenizer, config, config.sampler)

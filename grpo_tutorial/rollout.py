@@ -60,7 +60,7 @@ class Rollout:
             trained (a sampler copy of :mod:`grpo_tutorial.mismatch`; 0 on
             padding, NaN where the sampler could not give one). None (the
             default sampler): the policy sampled, and stage 4 scores it.
-        sampler_stats: what a fast sampler (:mod:`grpo_tutorial.fast_sampler`)
+        sampler_stats: what a fast sampler (:mod:`grpo_tutorial.sampling.fast`)
             measured while it wrote this rollout, for the history row
             (``sampler/decode_ms``, ``sampler/compile_seconds``,
             ``sampler/fallbacks``); None for the plain ``generate`` call.
@@ -417,7 +417,7 @@ def generate_rollouts(
         prompt_width: see ``static_cache`` (ignored without it).
         logits_processor: extra ``transformers`` logits processors for
             ``generate`` (the float16 sampler's non-finite guard,
-            :class:`~grpo_tutorial.fast_sampler.NonFiniteGuard`).
+            :class:`~grpo_tutorial.sampling.fast.NonFiniteGuard`).
         stopping_criteria: extra ``transformers`` stopping criteria, per row
             (:mod:`grpo_tutorial.tools` stops a row at a tool call; the rest of the
             row is padding, which the caller cuts off).

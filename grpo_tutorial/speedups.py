@@ -65,7 +65,7 @@ bit), and the stages call them with today's defaults:
    is reused from step to step. On the CPU transformers does not compile, and
    the static cache is only another way to store the same numbers.
    :func:`~grpo_tutorial.rollout.generate_rollouts` takes it as ``static_cache``;
-   :mod:`grpo_tutorial.fast_sampler` decides when to use it.
+   :mod:`grpo_tutorial.sampling.fast` decides when to use it.
 
 This module imports no stage: the stages import it.
 """

@@ -16,9 +16,10 @@ checkpoints, history file and progress bar are
 :class:`~grpo_tutorial.trainer.GRPOTrainer`'s. Two extension points let new
 pieces plug in without growing the step: :class:`~grpo_tutorial.models.Policies` supplies the policy
 and its reference (:class:`~grpo_tutorial.lora.AdapterPolicies`: the policy
-with its LoRA adapters switched off, no copy), and ``sampler``, ``(prompts, seed) -> Rollout``,
-writes the completions (default: the policy itself, :meth:`GRPOStep.generate`; a sampler
-that is not the learner, ``config.sampler``, is :mod:`grpo_tutorial.mismatch`'s).
+with its LoRA adapters switched off, no copy), and ``sampler``, a
+:class:`~grpo_tutorial.sampling.Sampler` (``(prompts, seed) -> Rollout``, synced after
+every update), writes the completions (default: the policy itself; on a GPU, sampled fast;
+a sampler that is not the learner, ``config.sampler``: all of them :mod:`grpo_tutorial.sampling`'s).
 """
 
 from __future__ import annotations
@@ -34,20 +35,18 @@ from .dynamic_sampling import more_rounds
 from .logprobs import rollout_logprobs, score_rollout
 from .loss import grpo_loss, update_normalisers
 from .metrics import StageClock, history_row, timed
-from .mismatch import build_sampler, loss_inputs, sampler_correction
+from .mismatch import loss_inputs, sampler_correction
 from .models import Policies, disable_dropout
 from .objectives import EntropyControl
 from .optim import finish_update, make_optimizer, trainable_parameters
 from .rewards import check_unscorable, compute_rewards, extra_columns, judge_correct, reward_function_list
-from .rollout import Rollout, generate_rollouts, pad_token_id, sampling_kwargs
-from .tools import generate_tool_rollouts, tool_box
+from .rollout import Rollout, pad_token_id
+from .sampling import FunctionSampler, Sampler, as_sampler, build_sampler
+from .tools import NO_TOOLS_FOR_A_FUNCTION, tool_box
 from .seeding import minibatches, sampling_seed
 from .tasks import check_rows
 
 __all__ = ["GRPOStep", "Policies", "Sampler"]
-
-#: ``(prompts, generator_seed) -> Rollout``: what writes a step's completions (extension point).
-Sampler = Callable[[list, int], Rollout]
 
 
 class GRPOStep:
@@ -61,7 +60,7 @@ class GRPOStep:
     """
 
     def __init__(self, model, tokenizer, reward_fns, config: GRPOConfig | None = None, ref_model=None, *,
-                 accuracy_fn: Callable | None = None, sampler: Sampler | None = None,
+                 accuracy_fn: Callable | None = None, sampler: Sampler | Callable[[list, int], Rollout] | None = None,
                  policies: Policies | None = None, tools: Sequence[Callable] | None = None) -> None:
         config = GRPOConfig() if config is None else config
         if not isinstance(config, GRPOConfig):
@@ -69,9 +68,8 @@ class GRPOStep:
         self.reward_fns = list(reward_function_list(reward_fns, config.reward_weights))
         if getattr(tokenizer, "eos_token_id", None) is None:
             raise ValueError("tokenizer.eos_token_id is None; the trainer needs an EOS token")
-        for name, fn in (("accuracy_fn", accuracy_fn), ("sampler", sampler)):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"{name} must be None or a function, got {type(fn).__name__}")
+        if accuracy_fn is not None and not callable(accuracy_fn):
+            raise TypeError(f"accuracy_fn must be None or a function, got {type(accuracy_fn).__name__}")
         if ref_model is not None and ref_model is model:
             raise ValueError("ref_model is the policy itself; the reference must be a separate, frozen copy "
                              "(pass ref_model=None to let the trainer make one, or copy.deepcopy(model))")
@@ -79,10 +77,8 @@ class GRPOStep:
         if config.disable_dropout:
             disable_dropout(model)
         self.policies = Policies.default(model, ref_model, config) if policies is None else policies
-        self.toolbox = tool_box(tools, tokenizer, config, sampler)  # None: no tools
-        self.sampler = build_sampler(sampler, self.policies.policy, tokenizer, config)  # None: the policy (generate)
-        if self.toolbox is not None and self.sampler is not None:  # a fast sampler or a copy: it pauses for the tools
-            self.sampler.toolbox = self.toolbox
+        self.toolbox = tool_box(tools, tokenizer, config)  # None: no tools
+        self.sampler = build_sampler(sampler, self.policies.policy, tokenizer, config)  # the setter hands it the tools
         self.entropy_control = EntropyControl.from_config(config)  # the entropy bonus's coefficient (adaptive: it moves)
         self.params = trainable_parameters(model)
         self.optimizer, self.scheduler = make_optimizer(self.params, config)
@@ -98,6 +94,21 @@ class GRPOStep:
     @property
     def model(self) -> torch.nn.Module:
         return self.policies.policy
+
+    @property
+    def sampler(self) -> Sampler:
+        """What writes the step's completions (stage 1), a :class:`~grpo_tutorial.sampling.Sampler`; the step's tools
+        are its. Set it to a sampler, or to a plain ``(prompts, seed) -> Rollout`` function (wrapped)."""
+        return self._sampler
+
+    @sampler.setter
+    def sampler(self, given: Any) -> None:
+        sampler = as_sampler(given, self.policies.policy)
+        if self.toolbox is not None:
+            if isinstance(sampler, FunctionSampler):  # it writes whole completions: it cannot pause for a call
+                raise ValueError(NO_TOOLS_FOR_A_FUNCTION)
+            sampler.toolbox = self.toolbox
+        self._sampler = sampler
 
     # ------------------------------------------------------------------ what a checkpoint keeps of the step
     def extra_state(self) -> dict:
@@ -146,16 +157,9 @@ class GRPOStep:
 
     # ------------------------------------------------------------------ 1. sample
     def sample(self, batch: Sequence[dict], step: int, round_: int = 0) -> Rollout:
-        """Stage 1: G completions for each prompt of ``batch``, written by the sampler (default: :meth:`generate`)."""
+        """Stage 1: G completions for each prompt of ``batch``, written by the sampler (default: the policy)."""
         seed = sampling_seed(self.config.seed, step, round_)  # round 0: the SAMPLING stream; later ones: RESAMPLING
-        return (self.sampler or self.generate)([row["prompt"] for row in batch], seed)  # N = B*G completions
-
-    def generate(self, prompts: list, generator_seed: int) -> Rollout:
-        """The default sampler: the policy itself, with the config's sampling settings (and the tools, if any)."""
-        kwargs = sampling_kwargs(self.config, generator_seed=generator_seed)
-        if self.toolbox is not None:
-            return generate_tool_rollouts(self.model, self.tokenizer, prompts, self.toolbox, **kwargs)
-        return generate_rollouts(self.model, self.tokenizer, prompts, **kwargs)
+        return self.sampler([row["prompt"] for row in batch], seed)  # N = B*G completions
 
     # ------------------------------------------------------------------ 2. reward
     def reward(self, batch: Sequence[dict], rollout: Rollout, state: Any) -> dict:
@@ -242,8 +246,7 @@ class GRPOStep:
                 loss = self.accumulate(rollout, rows, old_logp, ref_logp, advantages, out, weights)
                 with timed(out["seconds"], "optimizer_seconds"):  # a non-finite loss or norm: no update
                     norm, skipped = finish_update(self.params, self.optimizer, self.scheduler, cfg.max_grad_norm, loss)
-                if hasattr(self.sampler, "sync"):  # a sampler copy follows the policy (mismatch.SamplerCopy)
-                    self.sampler.sync()
+                self.sampler.sync()  # a copy follows the policy (the policy itself: nothing to do)
                 out["losses"].append(loss)
                 out["grad_norms"].append(norm)
                 if skipped is not None:  # history['skipped_updates'] counts it; the warning comes once per run

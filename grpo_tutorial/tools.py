@@ -74,7 +74,7 @@ from ._checks import check_int
 from .calculator import check_time_limit, run_tool_call, safe_text
 from .rollout import Rollout, generate_from_ids, generate_rollouts, pad_token_id, stop_token_ids, uses_chat_template
 
-__all__ = ["ChatCalls", "InlineCalls", "ToolBox", "generate_tool_rollouts", "tool_box"]
+__all__ = ["NO_TOOLS_FOR_A_FUNCTION", "ChatCalls", "InlineCalls", "ToolBox", "generate_tool_rollouts", "tool_box"]
 
 
 @dataclass(frozen=True)
@@ -259,22 +259,25 @@ class ToolBox:
         return cls(named, syntax, max_tool_calling_iterations, time_limit, rollout_time_limit, max(1, longest))
 
 
-def tool_box(tools: Sequence[Callable] | None, tokenizer: Any, config: Any, given_sampler: Any = None) -> ToolBox | None:
+#: Why a ``sampler=`` function cannot take the step's tools (the step raises it as a ValueError).
+NO_TOOLS_FOR_A_FUNCTION = (
+    "tools= cannot be used with a sampler= function: a tool rollout pauses at each call and continues from "
+    "the token ids, and a sampler function writes whole completions from the prompts. Leave sampler= out "
+    "(the policy samples, or GRPOConfig.sampler's copy), pass a grpo_tutorial.sampling.Sampler (which the step "
+    "hands the tools), or run the tools inside your sampler")
+
+
+def tool_box(tools: Sequence[Callable] | None, tokenizer: Any, config: Any) -> ToolBox | None:
     """The step's :class:`ToolBox` for ``tools`` under ``config`` (None without tools).
 
     Every sampler the package builds can pause for a call and continue from token ids: the
     policy (eager, with merged adapters, with the static cache) and chapter 15's copies
-    (``config.sampler``); the step hands each the tool box. A ``sampler=`` function of the
-    user's (``given_sampler``) writes whole completions its own way, from prompts, so it
-    is refused with tools.
+    (``config.sampler``); the step hands each the tool box (:attr:`~grpo_tutorial.sampling.Sampler.toolbox`).
+    A ``sampler=`` function of the user's writes whole completions its own way, from
+    prompts, so the step refuses it with tools (:data:`NO_TOOLS_FOR_A_FUNCTION`).
     """
     if tools is None:
         return None
-    if given_sampler is not None:
-        raise ValueError(
-            "tools= cannot be used with a sampler= function: a tool rollout pauses at each call and continues from "
-            "the token ids, and a sampler function writes whole completions from the prompts. Leave sampler= out "
-            "(the policy samples, or GRPOConfig.sampler's copy) or run the tools inside your sampler")
     chat = uses_chat_template(tokenizer, config.use_chat_template)
     return ToolBox.build(tools, tokenizer, chat=chat, max_tool_calling_iterations=config.max_tool_calling_iterations,
                          time_limit=config.tool_time_limit, rollout_time_limit=config.tool_rollout_time_limit)

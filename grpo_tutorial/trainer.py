@@ -112,8 +112,9 @@ class GRPOTrainer:
             completion. Default: the answer ``extract_answer`` finds equals the
             row's ``answer`` (``answers_match``). Pass ``countdown_reward`` for
             Countdown, whose answer is an expression, not a number.
-        sampler: what writes each step's completions, ``(prompts, seed) ->
-            Rollout`` (default: the policy itself; see :mod:`grpo_tutorial.step`).
+        sampler: what writes each step's completions: a plain function
+            ``(prompts, seed) -> Rollout`` or a :class:`~grpo_tutorial.sampling.Sampler`
+            (default: the policy itself, or ``GRPOConfig.sampler``'s; see :mod:`grpo_tutorial.sampling`).
         tools: plain Python functions the policy may call between turns
             (TRL's ``tools=``; :mod:`grpo_tutorial.tools`): a chat model calls them
             through its chat template, a model without one writes ``<<expression=``
@@ -153,7 +154,7 @@ class GRPOTrainer:
         ref_model: torch.nn.Module | None = None,
         *,
         accuracy_fn: Callable | None = None,
-        sampler: Sampler | None = None,
+        sampler: Sampler | Callable[[list, int], Any] | None = None,
         tools: Sequence[Callable] | None = None,
         step: GRPOStep | None = None,
     ) -> None:
@@ -254,8 +255,7 @@ class GRPOTrainer:
         if meta is None:
             return False
         self.state = RunState.from_meta(meta)
-        if hasattr(self.grpo_step.sampler, "reset"):  # a sampler copy restarts from the loaded policy (mismatch.py)
-            self.grpo_step.sampler.reset()
+        self.grpo_step.sampler.reset()  # a sampler copy restarts from the loaded policy (sampling/copies.py)
         self.grpo_step.entropy_control = EntropyControl.from_config(self.config, meta.get("entropy_control"))
         self.history = history_until(root, meta)
         self.completions = [r for r in read_completions(root / COMPLETIONS_FILE) if r["step"] <= self.state.step]
@@ -411,9 +411,9 @@ class GRPOTrainer:
         ``correct`` and ``completions`` (one per row), ``records`` and
         ``samples`` (the first ``num_samples`` prompt/completion/answer dicts).
         With merged adapters it generates from the sampler's merged copy
-        (:class:`~grpo_tutorial.fast_sampler.FastSampler`), which is the policy as it is now.
+        (:class:`~grpo_tutorial.sampling.fast.FastSampler`), which is the policy as it is now.
         """
-        model = getattr(self.grpo_step.sampler, "evaluation_model", self.model)  # no second merged copy
+        model = self.grpo_step.sampler.evaluation_model  # a fast sampler's merged copy: no second one is made
         return evaluate_policy(
             model, self.tokenizer, dataset, self.config, reward_fns=self.reward_fns,
             accuracy_fn=self.accuracy_fn, batch_size=batch_size, num_samples=num_samples,

@@ -155,7 +155,7 @@ class Recorder:
 
 
 def test_the_static_cache_compiles_once_and_samples_from_the_dynamic_caches_logits():
-    from grpo_tutorial.fast_sampler import COMPILE_SECONDS, DECODE_MS, FastSampler
+    from grpo_tutorial.sampling.fast import COMPILE_SECONDS, DECODE_MS, FastSampler
 
     model, tokenizer = tiny_on_gpu()
     fast = FastSampler(model, tokenizer, config(), merge=False, static=True)
@@ -174,7 +174,7 @@ def test_the_static_cache_compiles_once_and_samples_from_the_dynamic_caches_logi
 
 def test_a_float16_sampler_step_keeps_the_learner_in_float32_and_reports_its_mismatch():
     pytest.importorskip("peft")
-    from grpo_tutorial.fast_sampler import FALLBACKS
+    from grpo_tutorial.sampling.fast import FALLBACKS
 
     model, tokenizer = tiny_on_gpu()
     trainer = GRPOTrainer(model, tokenizer, reward, config(sampler="float16", use_peft=True, lora_r=4))

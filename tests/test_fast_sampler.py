@@ -1,4 +1,4 @@
-"""Issue 43's fast sampler (grpo_tutorial/fast_sampler.py), on the CPU with the tiny models.
+"""Issue 43's fast sampler (grpo_tutorial/sampling/fast.py), on the CPU with the tiny models.
 
 Merged adapters sample what the unmerged ones sample (the same logits to float
 tolerance, the same tokens on a seed) from a copy that follows every update, while
@@ -19,8 +19,9 @@ import torch
 pytest.importorskip("peft")
 
 from grpo_tutorial import GRPOConfig, GRPOTrainer, evaluate_policy  # noqa: E402
-from grpo_tutorial import fast_sampler  # noqa: E402
-from grpo_tutorial.fast_sampler import (  # noqa: E402
+from grpo_tutorial.sampling import PolicySampler  # noqa: E402
+from grpo_tutorial.sampling import fast as fast_sampler  # noqa: E402
+from grpo_tutorial.sampling.fast import (  # noqa: E402
     COMPILE_SECONDS, DECODE_MS, FALLBACKS, FastSampler, NonFiniteGuard, build_fast_sampler, has_adapters,
     merged_copy, sampling_model,
 )
@@ -285,7 +286,7 @@ def test_on_the_cpu_the_defaults_build_no_fast_sampler_and_change_nothing(small_
     model, tokenizer = small_policy
     assert build_fast_sampler(model, tokenizer, GRPOConfig()) is None
     trainer = GRPOTrainer(model, tokenizer, reward, config(use_peft=True, lora_r=4))
-    assert trainer.grpo_step.sampler is None  # the step's own generate, as before issue 43
+    assert type(trainer.grpo_step.sampler) is PolicySampler  # the policy as it is, as before issue 43
     row = quiet(trainer.train_step, rows(4))
     assert not [key for key in row if key.startswith("sampler/")]
 

@@ -491,14 +491,16 @@ _FAST_ROWS = [{"prompt": "12+34=", "answer": "46"}, {"prompt": "7+5=", "answer":
 @pytest.fixture()
 def on_gpu(monkeypatch):
     """The models count as being on a CUDA GPU (their weights stay on this CPU)."""
-    from grpo_tutorial import fast_sampler
+    from grpo_tutorial.sampling import fast as fast_sampler
 
     monkeypatch.setattr(fast_sampler, "on_cuda", lambda model: True)
 
 
 def test_on_a_gpu_the_defaults_sample_from_merged_adapters_with_a_static_cache(on_gpu, small_policy):
     pytest.importorskip("peft")
-    from grpo_tutorial import GRPOTrainer, fast_sampler
+    from grpo_tutorial import GRPOTrainer
+    from grpo_tutorial.sampling import PolicySampler
+    from grpo_tutorial.sampling import fast as fast_sampler
     from grpo_tutorial.trainer import GRPOWarning
 
     model, tokenizer = small_policy
@@ -515,7 +517,7 @@ def test_on_a_gpu_the_defaults_sample_from_merged_adapters_with_a_static_cache(o
     assert first[fast_sampler.DECODE_MS] > 0 and "ratio_mean" in first
     off = GRPOTrainer(copy.deepcopy(full.model), tokenizer, _length_reward,
                       _fast_config(static_cache=False))
-    assert off.grpo_step.sampler is None  # switched off: the step's own generate
+    assert type(off.grpo_step.sampler) is PolicySampler  # switched off: the policy as it is
 
 
 def test_a_static_cache_that_fails_on_a_gpu_is_replaced_by_the_dynamic_one_with_a_warning(on_gpu, small_policy):

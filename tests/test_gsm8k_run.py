@@ -321,7 +321,7 @@ def test_the_roofline_counts_the_tokens_the_trainer_runs(settings, checkpointing
     trainer = GRPOTrainer(model, tok, partial_credit_reward, config)  # its reference copy stays uncounted
     mlp.forward, head.forward, model.generate = count(0, mlp_forward), count(1, head_forward), generating
     rollouts = []
-    real_rollout = trainer.grpo_step.generate
+    real_rollout = trainer.grpo_step.sampler  # the policy itself
     trainer.grpo_step.sampler = lambda *a: rollouts.append(real_rollout(*a)) or rollouts[-1]
     # the shared prompt cache of generation runs outside generate(): count it as generation
     import grpo_tutorial.rollout as rollout_module

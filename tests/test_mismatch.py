@@ -32,10 +32,9 @@ import grpo_tutorial.step as step_module
 from grpo_tutorial import GRPOConfig, GRPOTrainer, GRPOWarning, make_arithmetic_dataset
 from grpo_tutorial.logprobs import score_rollout
 from grpo_tutorial.loss import grpo_loss
-from grpo_tutorial.mismatch import (
-    IS_MODES, SamplerCopy, build_sampler, mismatch_diagnostics, sampler_weights, top_p_logprobs,
-)
+from grpo_tutorial.mismatch import IS_MODES, mismatch_diagnostics, sampler_weights
 from grpo_tutorial.rollout import concat_groups
+from grpo_tutorial.sampling import PolicySampler, SamplerCopy, build_sampler, top_p_logprobs
 
 import helpers
 from helpers import small_model
@@ -438,7 +437,7 @@ def test_a_stale_sampler_is_measured_off_policy_and_the_default_is_not():
     assert first["mismatch/kl"] <= first["mismatch/logp_diff_max"] ** 2 < 1e-10
     assert stale[-1]["mismatch/kl"] > 1e-4 and stale[-1]["mismatch/ess"] < 1.0
     default = trainer_for()
-    assert default.grpo_step.sampler is None
+    assert type(default.grpo_step.sampler) is PolicySampler and default.grpo_step.sampler.is_learner
     history = train(default, 1)
     assert not [key for key in history[0] if key.startswith("mismatch/")]
 
@@ -550,7 +549,7 @@ def test_the_sampler_is_chosen_one_way_and_the_correction_needs_sampler_logprobs
     model, tokenizer = small_policy
     with pytest.raises(ValueError, match=r"sampler= was given and GRPOConfig.sampler='bfloat16' too"):
         GRPOTrainer(model, tokenizer, length_reward, small_config(sampler="bfloat16"), sampler=lambda p, s: None)
-    assert build_sampler(None, model, tokenizer, small_config()) is None
+    assert type(build_sampler(None, model, tokenizer, small_config())) is PolicySampler  # the policy as it is
     correcting = small_config(vllm_importance_sampling_correction=True)
     with pytest.raises(ValueError, match=r"vllm_importance_sampling_correction=True needs a sampler that is not the "
                                          r"learner: set GRPOConfig.sampler \('bfloat16', 'stale', 'top_p' or "

@@ -1,7 +1,7 @@
 """Tools with every sampler that can pause, and the GPU's defaults forced on the CPU (issue 54, items 1 and 4).
 
 On a CUDA model ``static_cache=None`` and ``merge_adapters_for_sampling=None`` resolve to on, so the step builds a
-:class:`~grpo_tutorial.fast_sampler.FastSampler`; ``tools=`` used to refuse it ("tools= needs the policy as its
+:class:`~grpo_tutorial.sampling.fast.FastSampler`; ``tools=`` used to refuse it ("tools= needs the policy as its
 sampler"), blaming a sampler the user never chose. Each setting that resolves differently on CUDA is forced here on
 the CPU, with tools and without, and so is each of chapter 15's sampler copies: every combination takes a training
 step, the tool's tokens are masked, and a copy's own log-probs of the tool's tokens are 0.0, as TRL stores them,
@@ -18,8 +18,9 @@ import torch
 
 from grpo_tutorial import GRPOConfig, GRPOTrainer
 from grpo_tutorial.calculator import calculator
-from grpo_tutorial.fast_sampler import FastSampler
-from grpo_tutorial.mismatch import SamplerCopy, mismatch_diagnostics
+from grpo_tutorial.sampling.fast import FastSampler
+from grpo_tutorial.mismatch import mismatch_diagnostics
+from grpo_tutorial.sampling import SamplerCopy
 from grpo_tutorial.models import TINY_TOOL_CHARS
 from grpo_tutorial.trainer import GRPOWarning
 
@@ -53,7 +54,7 @@ def one_step(model, tok, monkeypatch, *, tools=True, **settings):
         kwargs["logits_processor"] = (*kwargs.get("logits_processor", ()), script)
         return kwargs
 
-    for module in ("grpo_tutorial.step", "grpo_tutorial.mismatch", "grpo_tutorial.fast_sampler"):
+    for module in ("grpo_tutorial.sampling.base", "grpo_tutorial.sampling.fast"):
         monkeypatch.setattr(f"{module}.sampling_kwargs", scripted)
     config = GRPOConfig(group_size=2, prompts_per_step=4, max_new_tokens=24, learning_rate=1e-3, seed=0, **settings)
     trainer = GRPOTrainer(model, tok, right, config, tools=[calculator] if tools else None)
@@ -133,7 +134,7 @@ def test_a_sampler_function_is_still_refused_with_tools_and_says_why(tool_policy
 def test_the_float16_copys_fallback_runs_no_tool_twice(tool_policy, monkeypatch):
     """A planted float16 overflow: the rollout is made again by the float32 policy, and the calls the float16
     copy already answered are not run again."""
-    from grpo_tutorial.fast_sampler import NonFiniteGuard
+    from grpo_tutorial.sampling.fast import NonFiniteGuard
 
     model, tok = tool_policy
     runs = []

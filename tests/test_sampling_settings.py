@@ -99,7 +99,7 @@ def run_audit(model, tok, cfg):
 
 
 def run_fast_sampler(model, tok, cfg):
-    from grpo_tutorial.fast_sampler import FastSampler
+    from grpo_tutorial.sampling.fast import FastSampler
 
     FastSampler(model, tok, cfg, merge=False, static=False)([row["prompt"] for row in ROWS], 0)
 

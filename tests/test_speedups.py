@@ -158,12 +158,12 @@ def test_rows_must_be_positive(tiny):
 
 def test_the_trainer_passes_its_setting_to_sampling_and_evaluation(monkeypatch, make_small_policy):
     import grpo_tutorial.evaluation as evaluation_module
-    import grpo_tutorial.step as step_module
+    import grpo_tutorial.sampling.base as sampling_module
     from grpo_tutorial import GRPOConfig, GRPOTrainer, correctness_reward
 
     model, tok = make_small_policy(num_layers=1)
     seen = []
-    for module in (step_module, evaluation_module):
+    for module in (sampling_module, evaluation_module):  # the policy's sampler, then the evaluation
         real = module.generate_rollouts
         monkeypatch.setattr(module, "generate_rollouts",
                             lambda *a, _real=real, **kw: seen.append(kw["onednn"]) or _real(*a, **kw))

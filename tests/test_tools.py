@@ -17,6 +17,7 @@ from grpo_tutorial import GRPOConfig
 from grpo_tutorial.calculator import calculator
 from grpo_tutorial.metrics import tool_metrics
 from grpo_tutorial.models import TINY_CHARS, TINY_TOOL_CHARS
+from grpo_tutorial.sampling import PolicySampler
 from grpo_tutorial.step import GRPOStep
 from grpo_tutorial.tools import InlineCalls, ToolBox, generate_tool_rollouts
 from helpers import StepState
@@ -170,17 +171,16 @@ def test_the_tool_vocabulary_keeps_every_earlier_id(make_small_policy):
     assert len(tools) == len(plain) + 3
 
 
-def _step_with_script(model, tok, config, targets, monkeypatch):
+def _step_with_script(model, tok, config, targets):
     """A GRPO step whose sampler writes the script's completions (with the real tool loop)."""
     step = GRPOStep(model, tok, [lambda completions, **kw: [float(len(c) % 3) for c in completions]], config,
                     tools=[calculator])
 
-    def generate(prompts, seed):
-        return generate_tool_rollouts(step.model, tok, prompts, step.toolbox, group_size=config.group_size,
-                                      max_new_tokens=config.max_new_tokens, generator_seed=seed,
-                                      logits_processor=[Script(tok, targets)])
+    class Scripted(PolicySampler):  # the policy, its logits overruled by the script; the step hands it the tools
+        def __call__(self, prompts, seed):
+            return self.generate(self.model, prompts, seed, logits_processor=[Script(tok, targets)])
 
-    monkeypatch.setattr(step, "generate", generate)
+    step.sampler = Scripted(step.model, tok, config)
     return step
 
 
@@ -189,7 +189,7 @@ def test_the_step_trains_on_the_policys_tokens_only(tool_policy, monkeypatch, ma
     model, tok = tool_policy
     targets = {"12*34=": "<<12*34=408>>408", "5*6=": "30"}
     config = GRPOConfig(group_size=2, prompts_per_step=2, max_new_tokens=24, mask_tool_tokens=mask_tool_tokens)
-    step = _step_with_script(model, tok, config, targets, monkeypatch)
+    step = _step_with_script(model, tok, config, targets)
     seen = []
     real_loss = step.loss
 

@@ -23,6 +23,8 @@ from grpo_tutorial.trainer import (
     find_checkpoint,
     read_history,
 )
+import grpo_tutorial.sampling.base as sampling_base
+from grpo_tutorial.sampling import FunctionSampler
 from grpo_tutorial.seeding import derive_seed, epoch_permutation
 
 from conftest import SMALL_SHAPE
@@ -195,7 +197,7 @@ def test_accuracy_counts_correct_completions(monkeypatch, small_policy):
         r.completions = list(scripted)
         return r
 
-    monkeypatch.setattr(step_module, "generate_rollouts", fake_rollout)
+    monkeypatch.setattr(sampling_base, "generate_rollouts", fake_rollout)
     trainer = GRPOTrainer(model, tok, step_module.compute_rewards.__globals__["correctness_reward"], small_config())
     row = quiet(trainer.train_step, rows)
     # prompt 0: "3","3","03" match 3; prompt 1: "4","4" match 4 -> 5 of 8
@@ -733,7 +735,7 @@ def test_a_sampler_writes_the_completions_and_row_listeners_get_every_row(tmp_pa
     model, tok = make_small_policy()
     trainer = GRPOTrainer(model, tok, length_reward, small_config(output_dir=str(tmp_path)))
     calls, rows = [], []
-    real = trainer.grpo_step.generate
+    real = trainer.grpo_step.sampler  # the policy itself
     trainer.grpo_step.sampler = lambda prompts, seed: calls.append(seed) or real(prompts, seed)
     trainer.row_listeners.append(rows.append)
     history = quiet(trainer.train, data(), 3, progress=False)
@@ -742,6 +744,6 @@ def test_a_sampler_writes_the_completions_and_row_listeners_get_every_row(tmp_pa
     assert [json.loads(line)["step"] for line in (tmp_path / "history.jsonl").read_text().splitlines()] == [1, 2, 3]
     mine = lambda p, s: real(p, s)  # noqa: E731
     trainer = GRPOTrainer(make_small_policy()[0], tok, length_reward, small_config(), sampler=mine)
-    assert trainer.grpo_step.sampler is mine
+    assert isinstance(trainer.grpo_step.sampler, FunctionSampler) and trainer.grpo_step.sampler.fn is mine
     with pytest.raises(TypeError, match="sampler must be None or a function"):
         GRPOTrainer(make_small_policy()[0], tok, length_reward, small_config(), sampler="vllm")

@@ -656,7 +656,7 @@ def test_the_troubleshooting_page_quotes_the_current_messages(small_policy, make
 
     # issue 43: a float16 sampler copy that overflows (planted), a static cache that cannot be compiled (a stub GPU)
     pytest.importorskip("peft")
-    from grpo_tutorial import fast_sampler
+    from grpo_tutorial.sampling import fast as fast_sampler
 
     half = GRPOTrainer(make_tiny_policy(seed=1)[0], tok, length_reward, small_config(sampler="float16"))
     with torch.no_grad():

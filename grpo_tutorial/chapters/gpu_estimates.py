@@ -297,7 +297,7 @@ def sampler_name(config: GRPOConfig, on_gpu: bool) -> str:
     """The name (:data:`SAMPLER_LABELS`) of what ``config`` samples with, on a CUDA GPU or not.
 
     ``merge_adapters_for_sampling`` and ``static_cache`` of None are on on a GPU
-    only (:mod:`grpo_tutorial.fast_sampler`). A sampler copy of chapter 15 other
+    only (:mod:`grpo_tutorial.sampling.fast`). A sampler copy of chapter 15 other
     than float16 is named by ``GRPOConfig.sampler`` itself.
 
     >>> sampler_name(GRPOConfig(use_peft=True), on_gpu=True), sampler_name(GRPOConfig(use_peft=True), on_gpu=False)

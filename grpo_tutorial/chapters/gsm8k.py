@@ -66,7 +66,7 @@ from .gpu_estimates import (  # noqa: F401  (chapter 9 and the benchmarks import
 from .._checks import check_flag, check_int
 from ..answers import answer_readings, answers_match, completion_to_text, extract_answer, last_boxed, last_number
 from ..rewards import compute_rewards, correctness_reward
-from ..fast_sampler import use_static_cache
+from ..sampling.fast import use_static_cache
 from ..rollout import generate_rollouts, sampling_kwargs
 from ..tasks import DatasetUnavailableError, gsm8k_rows, load_gsm8k, train_test_split_arithmetic
 from ..run import dataset_fingerprint, disk_errors, find_checkpoint, read_meta

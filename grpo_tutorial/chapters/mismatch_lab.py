@@ -152,7 +152,7 @@ def nucleus_mass(model: torch.nn.Module, rollout: Any, *, temperature: float, to
 
     Computed from the full softmax of ``model`` at temperature ``temperature``:
     the likeliest tokens, in order, while the mass before them is below ``top_p``
-    (``generate``'s rule). Written apart from :func:`grpo_tutorial.mismatch.top_p_logprobs`,
+    (``generate``'s rule). Written apart from :func:`grpo_tutorial.sampling.copies.top_p_logprobs`,
     so that the chapter can check the identity "the ratio pi / mu of a sampled
     token is the mass of its nucleus" against an independent computation.
     """
@@ -193,7 +193,7 @@ def measure_mismatch(trainer: GRPOTrainer, rows: Sequence[dict], *, batches: int
     """
     step = trainer.grpo_step
     sampler, cfg = step.sampler, trainer.config
-    if sampler is None:
+    if sampler.is_learner:
         raise ValueError("the trainer's sampler is the policy itself: there is no mismatch to measure")
     check_int(None, "batches", batches, 1)
     b = cfg.prompts_per_step
@@ -264,7 +264,7 @@ def _mismatch_fields(measure_batches: int, keep_tokens: bool, seed: int, data: d
             "min_accuracy": min(p[1] for p in curve),
             "collapsed": final["accuracy"] < COLLAPSE_SHARE * first["accuracy"],
         }
-        if measure_batches and trainer.grpo_step.sampler is not None:
+        if measure_batches and not trainer.grpo_step.sampler.is_learner:
             t0 = time.perf_counter()
             out["measurement"] = measure_mismatch(trainer, data["train"], batches=measure_batches, seed=seed,
                                                   keep_tokens=keep_tokens)

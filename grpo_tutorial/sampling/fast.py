@@ -24,7 +24,7 @@ weights' bytes. Three things make it faster without changing the method:
   within a sampler) so the compiled graph is reused from step to step; the first
   call at a new shape pays the compile, which the history row reports;
 - **a float16 copy** (``GRPOConfig.sampler="float16"``, built on
-  :class:`~grpo_tutorial.mismatch.SamplerCopy`): half the bytes to read, with the
+  :class:`~grpo_tutorial.sampling.copies.SamplerCopy`): half the bytes to read, with the
   learner kept in float32. It is a sampler that is not the learner (chapter 15),
   so its rollouts carry its own log-probs and the history its mismatch. Qwen2 in
   float16 is known to overflow, which random weights cannot show:
@@ -54,9 +54,10 @@ from typing import Any
 
 import torch
 
-from .rollout import Rollout, generate_rollouts, sampling_kwargs
-from .speedups import bucket_width
-from .warn import WarnOnce
+from ..rollout import Rollout, generate_rollouts, sampling_kwargs
+from ..speedups import bucket_width
+from ..warn import WarnOnce
+from .base import PolicySampler
 
 __all__ = [
     "COMPILE_SECONDS",
@@ -223,7 +224,7 @@ def _synchronize() -> None:
         torch.cuda.synchronize()
 
 
-class FastSampler:
+class FastSampler(PolicySampler):
     """The step's sampler ``(prompts, seed) -> Rollout`` for the policy itself, sampled fast (see the module docs).
 
     It generates from :attr:`model`: a :func:`merged_copy` of the policy (with
@@ -249,12 +250,12 @@ class FastSampler:
 
     def __init__(self, policy: torch.nn.Module, tokenizer: Any, config: Any, *, merge: bool, static: bool,
                  dtype: torch.dtype | None = None) -> None:
-        self.policy, self.tokenizer, self.config, self.static = policy, tokenizer, config, static
+        super().__init__(policy, tokenizer, config)
+        self.static = static
         self.model = merged_copy(policy, dtype) if merge or dtype is not None else policy
         self.width = 0  # the prompt width the compiled step was made for; it only grows
         self.shapes: set[tuple] = set()  # (rows, width, budget, dtype) of the compiled steps met so far
         self.warn = WarnOnce()  # GRPOWarning, once per kind and sampler
-        self.toolbox: Any = None  # the step's tools (grpo_tutorial.tools.ToolBox), if it has any
 
     @property
     def evaluation_model(self) -> torch.nn.Module:
@@ -269,19 +270,17 @@ class FastSampler:
         """One ``generate`` call of ``model`` with the config's sampling settings, timed; ``guard``: a logits processor.
         With tools, one call per round (``answered``: calls already answered, not run again)."""
         cfg = self.config
-        kwargs = sampling_kwargs(cfg, generator_seed=generator_seed,
-                                 onednn=cfg.onednn_generation if model.dtype == torch.float32 else None,
-                                 logits_processor=() if guard is None else (guard,))
+        settings = dict(onednn=cfg.onednn_generation if model.dtype == torch.float32 else None,
+                        logits_processor=() if guard is None else (guard,))
         if self.toolbox is not None:
-            from .tools import generate_tool_rollouts
-
             _synchronize()
             start = time.perf_counter()
-            rollout = generate_tool_rollouts(model, self.tokenizer, prompts, self.toolbox, answered=answered, **kwargs)
+            rollout = self.generate(model, prompts, generator_seed, answered=answered, **settings)
             _synchronize()
             seconds = time.perf_counter() - start
             rollout.sampler_stats = {DECODE_MS: 1000 * seconds / max(1, rollout.completion_ids.shape[1])}
             return rollout
+        kwargs = sampling_kwargs(cfg, generator_seed=generator_seed, **settings)
         _synchronize()
         start = time.perf_counter()
         try:
@@ -319,7 +318,8 @@ class FastSampler:
 
 def build_fast_sampler(policy: torch.nn.Module, tokenizer: Any, config: Any) -> FastSampler | None:
     """The step's sampler for ``config.sampler="policy"``: a :class:`FastSampler` when merging or the static cache
-    is on for ``policy``; None otherwise (the step's own ``generate``, as before)."""
+    is on for ``policy``; None otherwise (then the policy samples as it is, a
+    :class:`~grpo_tutorial.sampling.base.PolicySampler`)."""
     merge, static = use_merged_sampling(config, policy), use_static_cache(config, policy)
     if not (merge or static):
         return None
