@@ -131,6 +131,51 @@ def test_a_new_temporary_folder_removes_those_nobody_owns(tmp_path, monkeypatch)
     assert [p.name for p in alive.iterdir()] == [OWNER_FILE]
 
 
+def _no_locks(monkeypatch):
+    """flock fails as on a file system without locks (some network mounts)."""
+    import errno
+
+    import fcntl
+
+    def flock(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+
+
+def test_one_lock_helper_says_locked_held_or_no_locks(tmp_path, monkeypatch):
+    from grpo_tutorial.run.lock import try_lock
+
+    path = tmp_path / "owner.pid"
+    path.write_text("1\n")
+    with open(path) as first, open(path) as second:
+        assert try_lock(first.fileno()) is True
+        assert try_lock(second.fileno()) is False  # another open file holds it
+    _no_locks(monkeypatch)
+    with open(path) as third:
+        assert try_lock(third.fileno()) is None
+
+
+def test_without_locks_a_run_warns_and_a_temporary_folder_goes_by_its_age(tmp_path, monkeypatch):
+    import tempfile
+    import time
+
+    from grpo_tutorial.chapters.colab import OWNER_FILE, STALE_SECONDS, remove_stale_roots, temporary_root
+    from grpo_tutorial.run.lock import run_lock
+
+    _no_locks(monkeypatch)
+    with pytest.warns(UserWarning, match="cannot be locked .its file system has no locks.: nothing stops a second"):
+        with run_lock(tmp_path / "run"):
+            pass
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    root = temporary_root()
+    assert list(root.iterdir()) == []  # no owner file: no lock could say it is owned
+    assert remove_stale_roots(tmp_path) == []  # new: kept
+    old = time.time() - STALE_SECONDS - 60
+    os.utime(root, (old, old))
+    assert remove_stale_roots(tmp_path) == [root]
+
+
 def _short_run(policy, tokenizer, run_dir, steps, **overrides):
     from grpo_tutorial import correctness_reward
     from grpo_tutorial.tasks import make_arithmetic_dataset

@@ -392,7 +392,8 @@ ALLOWED = {
     ("rewards.py", "_find_failing_index"): "a reward function's error pins down the failing row; the caller re-raises it",
     ("run/layout.py", "what_was_kept"): "the read error goes into the message of the error being raised",
     ("run/lock.py", "_holder"): "the lock is held either way; the message says the holder is unknown and why",
-    ("run/lock.py", "_try_flock"): "BlockingIOError is the answer 'held by another file': the caller raises RunLockedError",
+    ("run/lock.py", "try_lock"): "BlockingIOError is the answer 'held by another file' (the run's lock raises "
+                                 "RunLockedError; a temporary folder is kept), and no locks at all is None",
     ("__main__.py", "main"): "the command line's top level prints the error as one line and exits 2",
     ("pretrained.py", "_http_status"): "a response without its request (requests builds it lazily): its own url is used",
     ("env.py", "gpu_name"): "nvidia-smi did not answer: the name says so, instead of starting CUDA to ask",
@@ -406,10 +407,6 @@ ALLOWED = {
     ("chapters/colab.py", "remove_stale_roots"): "a run folder that vanished or cannot be read while scanned "
                                                  "(another run's, another user's) is left alone: only a folder "
                                                  "known to be stale is deleted",
-    ("chapters/colab.py", "temporary_root"): "a file system without locks: the folder gets no owner file and is "
-                                              "judged by its age, as on Windows",
-    ("chapters/colab.py", "_unlocked"): "the lock cannot be taken: its owner still runs (BlockingIOError), or it "
-                                        "cannot be told, and the folder is kept either way",
     ("calculator.py", "work"): "a tool call's worker thread hands the tool's exception to call_with_time_limit, "
                                "which raises it in the caller",
     ("calculator.py", "run_tool_call"): "TRL's rule: a tool that raises gives the model an {'error': ...} result, "

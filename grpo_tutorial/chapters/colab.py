@@ -44,6 +44,7 @@ from .._checks import check_int
 from ..run import find_checkpoint, read_meta
 from ..lora import is_peft_model
 from ..run.checkpoint import RESUME_FREE_FIELDS
+from ..run.lock import try_lock
 
 __all__ = [
     "DRIVE_FOLDER",
@@ -195,12 +196,10 @@ def temporary_root() -> Path:
     path = Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX))
     if fcntl is not None:  # locked before it has its name, so no scan ever sees it unlocked
         handle = open(path / (OWNER_FILE + ".new"), "w")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # a file system without locks (some network mounts): no owner file, judged by age
+        if try_lock(handle.fileno()) is None:  # a file system without locks (network mounts): judged by its age
             handle.close()
             os.remove(path / (OWNER_FILE + ".new"))
-        else:
+        else:  # a new file: nobody else holds it
             handle.write(f"{os.getpid()}\n")
             handle.flush()
             os.replace(path / (OWNER_FILE + ".new"), path / OWNER_FILE)
@@ -239,11 +238,10 @@ def remove_stale_roots(folder: Path, *, now: float | None = None) -> list[Path]:
 
 
 def _unlocked(owner: Path) -> bool:
-    """Whether nobody holds ``owner`` locked (then it is ours for a moment, and released)."""
+    """Whether nobody holds ``owner`` locked (then it is ours for a moment, and released); False where it cannot be
+    told (a file system without locks): the folder is kept."""
     with open(owner) as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held: its owner runs
+        if not try_lock(handle.fileno()):  # held: its owner runs
             return False
         fcntl.flock(handle, fcntl.LOCK_UN)
         return True

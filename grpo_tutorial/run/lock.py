@@ -38,7 +38,7 @@ try:
 except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LOCK_FILE", "RunLockedError", "run_lock"]
+__all__ = ["LOCK_FILE", "RunLockedError", "run_lock", "try_lock"]
 
 
 class RunLockedError(RunDirectoryError):
@@ -66,18 +66,35 @@ def _holder(fd: int) -> str:
     return "another process"
 
 
-def _try_flock(fd: int, root: Path) -> bool | None:
-    """True: locked now; False: another open file holds it; None: this file system has no locks."""
+#: The errors of ``flock`` on a file system that has no locks (some network mounts).
+NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
+
+
+def try_lock(fd: int) -> bool | None:
+    """An exclusive ``flock`` on ``fd``, without waiting (POSIX only: ``fcntl``).
+
+    True: locked now; False: another open file holds it; None: this file system
+    has no locks (:data:`NO_LOCKS`). Any other error is raised. The run's lock and
+    chapter 9's temporary folders (:mod:`grpo_tutorial.chapters.colab`) both ask this.
+    """
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
-    except OSError as err:  # a file system without locks (some network mounts): say so, run unlocked
-        if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+    except OSError as err:
+        if err.errno not in NO_LOCKS:
             raise
-        warnings.warn(f"{root} cannot be locked ({reason(err)}): nothing stops a second run there", stacklevel=4)
         return None
     return True
+
+
+def _try_flock(fd: int, root: Path) -> bool | None:
+    """:func:`try_lock`, with a warning where the file system has no locks (the run goes on unlocked)."""
+    locked = try_lock(fd)
+    if locked is None:
+        warnings.warn(f"{root} cannot be locked (its file system has no locks): nothing stops a second run there",
+                      stacklevel=4)
+    return locked
 
 
 @contextmanager
