@@ -600,7 +600,7 @@ def tools_step(device: torch.device, *, dry_run: bool) -> dict[str, Any]:
         "recipe": "chapter 16's ToolRecipe(), seed 0",
         "config_changes": changes,
         "static_cache": config.static_cache,
-        "sampler": None if sampler is None else type(sampler).__name__,
+        "sampler": type(sampler).__name__,
         "rows": size * config.group_size,
         "warm_start": warm,
         "steps": steps,

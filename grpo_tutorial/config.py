@@ -129,7 +129,7 @@ class GRPOConfig:
             moves); True: also on the CPU, where nothing is compiled and a
             decoding step was slower on the book's machine; False: never (TRL's
             ``generate`` path compiles nothing either).
-        sampler: what writes the completions (:mod:`grpo_tutorial.mismatch`).
+        sampler: what writes the completions (:mod:`grpo_tutorial.sampling`).
             ``"policy"`` (default): the policy itself, so sampler and learner
             are one model and the step is exactly on-policy. The others are a
             sampler that is not the learner, as when a real run generates in

@@ -57,7 +57,7 @@ class Rollout:
         group_size: G.
         sampler_logprobs: [N, Tc] float, or None: the sampler's own log-probs of
             the tokens it sampled, when the sampler is not the policy being
-            trained (a sampler copy of :mod:`grpo_tutorial.mismatch`; 0 on
+            trained (a sampler copy of :mod:`grpo_tutorial.sampling.copies`; 0 on
             padding, NaN where the sampler could not give one). None (the
             default sampler): the policy sampled, and stage 4 scores it.
         sampler_stats: what a fast sampler (:mod:`grpo_tutorial.sampling.fast`)

@@ -98,16 +98,18 @@ class GRPOStep:
     @property
     def sampler(self) -> Sampler:
         """What writes the step's completions (stage 1), a :class:`~grpo_tutorial.sampling.Sampler`; the step's tools
-        are its. Set it to a sampler, or to a plain ``(prompts, seed) -> Rollout`` function (wrapped)."""
+        are its. Set it to a sampler, a plain ``(prompts, seed) -> Rollout`` function, or None (the default)."""
         return self._sampler
 
     @sampler.setter
     def sampler(self, given: Any) -> None:
-        sampler = as_sampler(given, self.policies.policy)
-        if self.toolbox is not None:
-            if isinstance(sampler, FunctionSampler):  # it writes whole completions: it cannot pause for a call
+        policy = self.policies.policy
+        sampler = build_sampler(None, policy, self.tokenizer, self.config) if given is None else as_sampler(given, policy)
+        if isinstance(sampler, FunctionSampler):  # it writes whole completions: it cannot pause for a call
+            if self.toolbox is not None:
                 raise ValueError(NO_TOOLS_FOR_A_FUNCTION)
-            sampler.toolbox = self.toolbox
+        else:
+            sampler.toolbox = self.toolbox  # None: this step has no tools (whatever the sampler held before)
         self._sampler = sampler
 
     # ------------------------------------------------------------------ what a checkpoint keeps of the step

@@ -86,9 +86,15 @@ def _checked_step(step: Any, model: Any, tokenizer: Any, config: Any, **not_with
     return step
 
 
-def _step_attribute(name: str) -> property:
-    """The trainer's ``name`` is its step's (read and written there)."""
-    return property(lambda self: getattr(self.grpo_step, name), lambda self, value: setattr(self.grpo_step, name, value),
+def _step_attribute(name: str, writable: bool = True) -> property:
+    """The trainer's ``name`` is its step's (read and written there; ``writable=False``: read only, with a reason)."""
+
+    def refuse(self: Any, value: Any) -> None:
+        raise AttributeError(f"GRPOTrainer.{name} cannot be replaced: the step's sampler, optimizer and reference were "
+                             f"built with it; build a new GRPOTrainer with the {name} you want")
+
+    setter = (lambda self, value: setattr(self.grpo_step, name, value)) if writable else refuse
+    return property(lambda self: getattr(self.grpo_step, name), setter,
                     doc=f"The step's ``{name}`` (:class:`~grpo_tutorial.step.GRPOStep`).")
 
 
@@ -181,8 +187,8 @@ class GRPOTrainer:
     model = property(lambda self: self.grpo_step.model, doc="The policy, trained in place.")
     ref_model = property(lambda self: self.grpo_step.policies.reference_model,
                          doc="The reference (None: beta = 0, or LoRA, whose reference is the base).")
-    tokenizer = _step_attribute("tokenizer")
-    config = _step_attribute("config")
+    tokenizer = _step_attribute("tokenizer", writable=False)
+    config = _step_attribute("config", writable=False)
     reward_fns = _step_attribute("reward_fns")
     accuracy_fn = _step_attribute("accuracy_fn")
     optimizer = _step_attribute("optimizer")

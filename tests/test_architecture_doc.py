@@ -59,7 +59,7 @@ def test_the_page_names_every_module_of_the_package():
     missing += [f"run/{s}.py" for s in sorted(stems(PACKAGE / "run")) if not names_module(text, s, "run/")]
     missing += [f"chapters/{s}.py" for s in sorted(stems(PACKAGE / "chapters")) if not names_module(text, s, "chapters/")]
     for sub in ("sampling", "doctor"):  # a subpackage's section names its modules, as `base` or `sampling/base`
-        section = text[text.index(f"`grpo_tutorial/{sub}/`"):]
+        section = text[text.index(f"\n`grpo_tutorial/{sub}/`"):]  # the paragraph that opens its section
         section = section[:section.index("\n### ")]
         missing += [f"{sub}/{s}.py" for s in sorted(stems(PACKAGE / sub)) if not names_module(section, s, f"{sub}/")]
     assert missing == [], f"book/architecture.md does not name {missing}: add them where they belong"

@@ -391,7 +391,7 @@ def test_all_bugs_are_listed():
 
 #: GRPOStep's methods, by the stage whose work they do (issue 44: the gallery's bugs override one stage each).
 STEP_METHODS = {
-    1: {"sample", "generate"}, 2: {"reward"}, 3: {"advantages"}, 4: {"score", "logprobs"},
+    1: {"sample"}, 2: {"reward"}, 3: {"advantages"}, 4: {"score", "logprobs"},
     5: {"update", "accumulate", "policy_logprobs", "loss"},
 }
 

@@ -152,3 +152,28 @@ def test_the_question_detector_finds_each_kind():
         "1: getattr(step.sampler, 'evaluation_model', None)"]
     assert questions_to_a_sampler("x = self.grpo_step.sampler.engine\n") == ["1: self.grpo_step.sampler.engine"]
     assert questions_to_a_sampler("self.sampler.sync()\nm = trainer.grpo_step.sampler.evaluation_model\n") == []
+
+
+def test_none_brings_back_the_default_and_a_step_without_tools_takes_them_away(tool_policy):
+    model, tok = tool_policy
+    config = GRPOConfig(group_size=2, prompts_per_step=2, max_new_tokens=8)
+    with_tools = GRPOStep(model, tok, [length_reward], config, tools=[calculator])
+    given = with_tools.sampler
+    assert given.toolbox is with_tools.toolbox is not None
+    without = GRPOStep(model, tok, [length_reward], config, sampler=given)
+    assert without.sampler is given and given.toolbox is None  # no tools here: it no longer calls any
+    without.sampler = None
+    assert type(without.sampler) is PolicySampler and without.sampler is not given
+    with_tools.sampler = None  # the default again, and it has the step's tools
+    assert with_tools.sampler.toolbox is with_tools.toolbox
+
+
+def test_the_trainers_config_and_tokenizer_cannot_be_replaced_under_its_sampler(small_policy):
+    model, tok = small_policy
+    trainer = GRPOTrainer(model, tok, length_reward, small_config())
+    for name in ("config", "tokenizer"):
+        with pytest.raises(AttributeError, match=f"GRPOTrainer.{name} cannot be replaced: the step's sampler"):
+            setattr(trainer, name, getattr(trainer, name))
+    assert trainer.grpo_step.sampler.config is trainer.config  # one config, built once
+    trainer.reuse_on_policy_logprobs = False  # the step's other settings are still the trainer's to set
+    assert trainer.grpo_step.reuse_on_policy_logprobs is False

@@ -2,9 +2,9 @@
 
 The completions of a real GRPO run come from a generation engine that is not the
 trainer's model: a bfloat16 copy, a copy some optimizer updates stale, or the
-same weights sampled with top-p. :mod:`grpo_tutorial.mismatch` holds those
-samplers (``GRPOConfig.sampler``) and TRL's importance-sampling correction
-(``vllm_importance_sampling_*``). This module runs them on the tiny model and the
+same weights sampled with top-p. :mod:`grpo_tutorial.sampling.copies` holds those
+samplers (``GRPOConfig.sampler``) and :mod:`grpo_tutorial.mismatch` TRL's
+importance-sampling correction (``vllm_importance_sampling_*``). This module runs them on the tiny model and the
 2-digit addition of chapter 8 (:mod:`grpo_tutorial.chapters.recipes`):
 
 - one warm start per seed, shared by every setting of that seed (so the
