@@ -75,6 +75,7 @@ from grpo_tutorial._checks import one_of, require_tensor
 from grpo_tutorial.config import GRPOConfig
 from grpo_tutorial.loss import LOSS_TYPES, grpo_loss
 from grpo_tutorial.models import Policies, disable_dropout
+from grpo_tutorial.run.state import RunState
 from grpo_tutorial.seeding import next_batch
 from grpo_tutorial.step import GRPOStep
 
@@ -362,14 +363,13 @@ def _gallery(model, tokenizer, reward_fns, config: GRPOConfig, bug: str, ref_mod
     return GALLERY_BUGS[bug](model, tokenizer, reward_fns, config, ref_model)
 
 
-class _State:
-    """Where the gallery's run stands (as the trainer's RunState): steps taken, updates skipped, no warnings."""
+def _quiet(kind: str, message: str) -> None:
+    """The gallery's runs' ``warn``: it shows its rows; the failure-mode warnings its bugs would trip stay quiet."""
 
-    def __init__(self, step: int) -> None:
-        self.step, self.skipped_updates = step, 0
 
-    def warn(self, kind: str, message: str) -> None:
-        """The gallery shows its rows; the failure-mode warnings its bugs would trip stay quiet."""
+def _state(step: int) -> RunState:
+    """Where the gallery's run stands: the trainer's own :class:`~grpo_tutorial.run.state.RunState`, kept quiet."""
+    return RunState(step=step, warn=_quiet)
 
 
 def gallery_step(
@@ -412,7 +412,7 @@ def gallery_step(
         raise ValueError(f"step must be an int >= 0, got {step!r}")
     grpo = _gallery(model, tokenizer, reward_fns, config, bug, ref_model)
     grpo.optimizer, grpo.scheduler = optimizer, scheduler
-    return grpo.history(batch, _State(step))
+    return grpo.history(batch, _state(step))
 
 
 def train_with_bug(
@@ -440,7 +440,7 @@ def train_with_bug(
     if isinstance(dataset, (str, dict)) or not isinstance(dataset, Sequence) or len(dataset) == 0:
         raise ValueError(f"dataset must be a non-empty list of rows, got {type(dataset).__name__}")
     grpo = _gallery(model, tokenizer, reward_fns, config, bug, ref_model)
-    state, epoch, index = _State(0), 0, 0
+    state, epoch, index = _state(0), 0, 0
     history = []
     for _ in range(steps):
         batch, epoch, index = next_batch(dataset, config.prompts_per_step, config.seed, epoch, index)
