@@ -12,13 +12,15 @@ from __future__ import annotations
 import math
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 
-from .advantages import zero_std_groups
 from .rewards import reward_function_means
 from .stages import STAGES
+
+if TYPE_CHECKING:
+    from .stage_results import Rewards, Scores, Updates
 
 __all__ = [
     "STAGE_SECONDS",
@@ -250,26 +252,28 @@ def step_row(
     return row
 
 
-def history_row(config: Any, sample: dict, update: dict, entropy: torch.Tensor, seconds: dict[str, float], state: Any,
+def history_row(config: Any, rewards: Rewards, scores: Scores, updates: Updates, seconds: dict[str, float], state: Any,
                 history: Sequence[dict], entropy_coef: float | None = None) -> dict[str, Any]:
-    """A step's history row from what its stages returned (:class:`~grpo_tutorial.step.GRPOStep`'s). (The trainer
+    """A step's history row from what its stages returned (:mod:`grpo_tutorial.stage_results`). (The trainer
     reads the rows for failure modes as they come: chapter 18's doctor, :mod:`grpo_tutorial.doctor`.)
 
-    ``sample``: stages 1-2's ``rollout``, ``rewards``, ``per_fn``, ``correct``, ``groups_drawn`` and the
-    ``mismatch`` fields; ``update``: stage 5's; ``entropy``: ``[N, Tc]``; ``entropy_coef``: the entropy
-    bonus's coefficient after the step's last update (logged with an entropy bonus, as TRL logs it).
+    ``rewards``: stage 2's :class:`~grpo_tutorial.stage_results.Rewards`; ``scores``: stage 4's ``Scores`` (its
+    entropy, and a sampler copy's ``mismatch`` fields); ``updates``: stage 5's ``Updates``; the entropy is stage 4's
+    pass's, or on-policy the update's own; ``entropy_coef``: the entropy bonus's coefficient after the step's last
+    update (logged with an entropy bonus, as TRL logs it).
     """
-    rollout, rewards = sample["rollout"], sample["rewards"]
+    rollout = rewards.rollout
+    entropy = updates.entropy if scores.entropy is None else scores.entropy  # [N, Tc]
     row = step_row(
-        step=state.step, rewards=rewards, per_function=reward_function_means(sample["per_fn"]),
-        correct=sample["correct"], update_stats=update["stats"], losses=update["losses"],
-        grad_norms=update["grad_norms"], entropy=entropy, mask=rollout.loss_mask,  # the policy's tokens
-        zero_std=zero_std_groups(rewards, config.group_size), truncated=rollout.truncated, lr=update["lr"],
+        step=state.step, rewards=rewards.rewards, per_function=reward_function_means(rewards.per_fn),
+        correct=rewards.correct, update_stats=updates.stats, losses=updates.losses,
+        grad_norms=updates.grad_norms, entropy=entropy, mask=rollout.loss_mask,  # the policy's tokens
+        zero_std=rewards.zero_std, truncated=rollout.truncated, lr=updates.lr,
         skipped_updates=state.skipped_updates, seconds=seconds,
     )
-    row["groups_drawn"] = sample["groups_drawn"]
+    row["groups_drawn"] = rewards.groups_drawn
     row.update(tool_metrics(rollout))  # with tools: the calls, failures and share (tools.py)
-    row.update(sample["mismatch"])  # a sampler that is not the learner: how far apart they are (mismatch.py)
+    row.update(scores.mismatch)  # a sampler that is not the learner: how far apart they are (mismatch.py)
     if config.use_adaptive_entropy or config.entropy_coef != 0.0:
         row["entropy_coef"] = entropy_coef
     return row

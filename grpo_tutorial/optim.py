@@ -70,12 +70,13 @@ def make_optimizer(
 def clip_and_step(
     params: list[torch.nn.Parameter],
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     max_grad_norm: float | None,
 ) -> float:
     """One optimizer update from the accumulated gradients; returns their norm before clipping.
 
-    The gradients are clipped to ``max_grad_norm`` (None: measured, not clipped).
+    The gradients are clipped to ``max_grad_norm`` (None: measured, not clipped); ``scheduler``
+    (None: a constant learning rate, PPO's value model) steps with the optimizer.
     A non-finite norm skips the update (the weights stay as they are): the caller
     counts the skip. The gradients are zeroed either way.
     """
@@ -83,7 +84,8 @@ def clip_and_step(
     norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
     if math.isfinite(norm):
         optimizer.step()
-        scheduler.step()
+        if scheduler is not None:
+            scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return norm
 

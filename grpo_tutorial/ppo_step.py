@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -43,10 +43,22 @@ from .config import GRPOConfig
 from .critic import ValueModel, build_value_model
 from .kl import kl_estimate
 from .ppo import PPOSettings, check_critic_config, explained_variance, gae, token_rewards, value_loss, whiten
+from .optim import clip_and_step
 from .seeding import minibatches
+from .stage_results import Advantages, Rewards, Scores, Updates
 from .step import GRPOStep
 
-__all__ = ["PPOStep"]
+__all__ = ["CriticAdvantages", "PPOStep"]
+
+
+@dataclasses.dataclass(kw_only=True)
+class CriticAdvantages(Advantages):
+    """PPO's stage 3 result: GAE's per-token advantages (``values``, ``[N, T]``; ``mask``: the tokens that learn,
+    those of completions with a reward), and what stage 5 trains the value model on: its values at sampling time
+    (``old_values``, the clipping's anchor) and the ``returns`` (its targets), ``[N, T]`` each."""
+
+    old_values: torch.Tensor
+    returns: torch.Tensor
 
 
 class PPOStep(GRPOStep):
@@ -76,19 +88,6 @@ class PPOStep(GRPOStep):
                                                  weight_decay=0.0)
         if settings.kl_in_reward:  # the reward needs the sampling policy's log-probs at stage 3: no on-policy shortcut
             self.reuse_on_policy_logprobs = False
-        self._scores: dict | None = None  # stage 4's pass, when stage 3 ran it (kl_in_reward)
-        self._critic: dict[str, Any] = {}  # stage 3's values, returns and mask, for stage 5 and the row
-
-    def __call__(self, batch: Sequence[dict], state: Any, history: Sequence[dict],
-                 more_rows: Callable[[], list[dict]] | None = None) -> dict:
-        """One step; its history row, with the value model's fields."""
-        row = super().__call__(batch, state, history, more_rows)
-        prompts, completions, rewards, per_fn, advantages = self.last_batch
-        mask = self._critic["mask"]
-        per_completion = (advantages * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # [N]: each one's mean
-        self.last_batch = (prompts, completions, rewards, per_fn, per_completion)
-        row.update(self._critic["row"])
-        return row
 
     # ------------------------------------------------------------------ the checkpoint
     def extra_state(self) -> dict:
@@ -105,27 +104,25 @@ class PPOStep(GRPOStep):
         self.value_optimizer.load_state_dict(state["value_optimizer"])
 
     # ------------------------------------------------------------------ 3. advantages
-    def advantages(self, scored: dict) -> torch.Tensor:
-        """Stage 3: GAE's per-token advantages ``[N, T]`` from the value model's values (whitened)."""
-        cfg, s, rollout = self.config, self.settings, scored["rollout"]
+    def advantages(self, rewards: Rewards) -> CriticAdvantages:
+        """Stage 3: GAE's per-token advantages ``[N, T]`` from the value model's values (whitened), with the values
+        and returns stage 5 trains the value model on."""
+        cfg, s, rollout = self.config, self.settings, rewards.rollout
         mask = rollout.completion_mask  # [N, T]
-        rewards = scored["rewards"].to(mask.device)  # [N]; NaN: no reward function could score it
-        live = mask * (~torch.isnan(rewards)).to(mask.dtype)[:, None]  # [N, T]: the tokens that learn
-        kl = None
+        scored = rewards.rewards.to(mask.device)  # [N]; NaN: no reward function could score it
+        live = mask * (~torch.isnan(scored)).to(mask.dtype)[:, None]  # [N, T]: the tokens that learn
+        kl = scores = None
         if s.kl_in_reward:  # stage 4's pass, here: the reward needs the policy's and the reference's log-probs
-            self._scores = super().score(rollout)
-            kl = kl_estimate(self._scores["old_logp"], self._scores["ref_logp"], kind=cfg.kl_kind)  # [N, T]
+            scores = self.score(rollout)  # handed on: stage 4 does not run again
+            kl = kl_estimate(scores.old_logp, scores.ref_logp, kind=cfg.kl_kind)  # [N, T]
         values = self.value_pass(rollout)  # [N, T], no gradient
-        per_token = token_rewards(torch.nan_to_num(rewards, nan=0.0), mask, kl, cfg.beta)  # [N, T]
+        per_token = token_rewards(torch.nan_to_num(scored, nan=0.0), mask, kl, cfg.beta)  # [N, T]
         raw, returns = gae(per_token, values, mask, s.gamma, s.lam)  # [N, T] x2
         advantages = whiten(raw, live) if s.whiten and live.sum() >= 2 else raw * live  # [N, T]
         n = live.sum().clamp(min=1)
-        self._critic = {"values": values, "returns": returns, "mask": live, "row": {
-            "explained_variance": explained_variance(values, returns, live),
-            "advantage_var": token_variance(raw, live),
-            "value_mean": float((values * live).sum() / n),
-        }}
-        return advantages
+        row = {"explained_variance": explained_variance(values, returns, live),
+               "advantage_var": token_variance(raw, live), "value_mean": float((values * live).sum() / n)}
+        return CriticAdvantages(advantages, live, row, scores, old_values=values, returns=returns)
 
     @torch.no_grad()
     def value_pass(self, rollout) -> torch.Tensor:
@@ -140,31 +137,24 @@ class PPOStep(GRPOStep):
             self.critic.train(was_training)
         return torch.cat(chunks).float() * rollout.completion_mask
 
-    # ------------------------------------------------------------------ 4. score
-    def score(self, rollout) -> dict:
-        """Stage 4: GRPO's, or (``kl_in_reward``) the pass stage 3 already ran."""
-        if self._scores is not None:
-            scores, self._scores = self._scores, None
-            return scores
-        return super().score(rollout)
-
     # ------------------------------------------------------------------ 5. update
-    def update(self, rollout, old_logp, ref_logp, advantages: torch.Tensor, state: Any, weights=None) -> dict:
+    def update(self, rollout, scores: Scores, advantages: CriticAdvantages, state: Any) -> Updates:
         """Stage 5: the value model's updates, then the policy's (none during the value warm-up)."""
         start = time.perf_counter()
-        self._critic["row"].update(self.train_value_model(rollout, state))
+        value_row = self.train_value_model(rollout, advantages, state)
         value_seconds = time.perf_counter() - start
         if state.step < self.settings.value_warmup_steps:
-            out = self.hold_policy(rollout, old_logp)
+            out = self.hold_policy(rollout, scores)
         else:
-            out = super().update(rollout, old_logp, ref_logp, advantages, state, weights)
-        out["seconds"]["value_seconds"] = value_seconds
+            out = super().update(rollout, scores, advantages, state)
+        out.seconds["value_seconds"] = value_seconds
+        out.row.update(value_row)
         return out
 
-    def train_value_model(self, rollout, state: Any) -> dict[str, float]:
-        """The value model's updates on the step's minibatches (as the policy's): its loss, clip fraction, grad norm."""
-        cfg, critic = self.config, self._critic
-        mask, micro = critic["mask"], cfg.micro_size
+    def train_value_model(self, rollout, advantages: CriticAdvantages, state: Any) -> dict[str, float]:
+        """The value model's updates on the step's minibatches (as the policy's), against stage 3's returns: its
+        loss, clip fraction and grad norm (means over the updates)."""
+        cfg, mask, micro = self.config, advantages.mask, self.config.micro_size
         params = self.critic.trainable_parameters()
         losses, norms, clipfracs = [], [], []
         self.critic.train()
@@ -177,26 +167,20 @@ class PPOStep(GRPOStep):
             for start in range(0, len(rows), micro):
                 part = rows[start : start + micro]
                 values = self.critic.values(rollout, part).float()  # [m, T], with gradient
-                loss, stats = value_loss(values, critic["values"][part], critic["returns"][part], mask[part],
+                loss, stats = value_loss(values, advantages.old_values[part], advantages.returns[part], mask[part],
                                          self.settings.cliprange_value, num_tokens=tokens)
                 loss.backward()
                 total += float(loss.detach())
                 clipfracs.append(stats["value_clipfrac"])
-            norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf))
-            if math.isfinite(norm):
-                self.value_optimizer.step()
-            self.value_optimizer.zero_grad(set_to_none=True)
+            norms.append(clip_and_step(params, self.value_optimizer, None, cfg.max_grad_norm))  # as the policy's
             losses.append(total)
-            norms.append(norm)
         mean = lambda xs: float(sum(xs) / len(xs)) if xs else math.nan  # noqa: E731
         return {"value_loss": mean(losses), "value_clipfrac": mean(clipfracs), "value_grad_norm": mean(norms)}
 
-    def hold_policy(self, rollout, old_logp) -> dict:
+    def hold_policy(self, rollout, scores: Scores) -> Updates:
         """The value warm-up's stage 5 for the policy: no update; the entropy from a no-grad pass when on-policy."""
-        entropy = self.logprobs(self.model, rollout, entropy=True)[1] if old_logp is None else None
-        return {"stats": [], "losses": [], "grad_norms": [], "entropy": entropy,
-                "lr": float(self.optimizer.param_groups[0]["lr"]),
-                "seconds": {"forward_seconds": 0.0, "backward_seconds": 0.0, "optimizer_seconds": 0.0}}
+        entropy = self.logprobs(self.model, rollout, entropy=True)[1] if scores.old_logp is None else None
+        return Updates(lr=float(self.optimizer.param_groups[0]["lr"]), entropy=entropy)
 
     def loss(self, logp, old_logp, advantages, mask, **inputs: Any) -> tuple[torch.Tensor, dict]:
         """GRPO's loss on the per-token advantages; with ``kl_in_reward`` its KL term is off (the reward has it)."""

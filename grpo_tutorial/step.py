@@ -44,6 +44,7 @@ from .rollout import Rollout, pad_token_id
 from .sampling import FunctionSampler, Sampler, as_sampler, build_sampler
 from .tools import NO_TOOLS_FOR_A_FUNCTION, tool_box
 from .seeding import minibatches, sampling_seed
+from .stage_results import Advantages, Rewards, Scores, Updates
 from .tasks import check_rows
 
 __all__ = ["GRPOStep", "Policies", "Sampler"]
@@ -131,31 +132,31 @@ class GRPOStep:
         rollout = self.sample(batch, state.step)
         clock.lap("sample")
         # 2. reward: [N] (NaN: no reward function could score the completion), and the groups without a signal
-        scored = self.reward(batch, rollout, state)
+        rewards = self.reward(batch, rollout, state)
         clock.lap("reward")
         if cfg.dynamic_sampling and more_rows is not None:  # DAPO: 1 and 2 again, on more prompts, for more signal
-            scored = more_rounds(scored, lambda k: self.again(k, more_rows, state, clock), cfg,
-                                 pad_token_id(self.tokenizer))
-        rollout = scored["rollout"]
+            rewards = more_rounds(rewards, lambda k: self.again(k, more_rows, state, clock), cfg,
+                                  pad_token_id(self.tokenizer))
+        rollout = rewards.rollout
         # 3. advantages: each reward against its group (by default a z-score), [N]
-        advantages = self.advantages(scored).to(rollout.completion_ids.device)
+        advantages = self.advantages(rewards).to(rollout.completion_ids.device)
         clock.lap("advantages")
         # 4. score: the sampling policy's log-probs (unless exactly on-policy), a sampler copy's, the reference's
-        scores = self.score(rollout)
+        scores = self.score(rollout) if advantages.scores is None else advantages.scores  # PPO's KL reward: at 3
         clock.lap("score")
         # 5. update: mu passes over shuffled minibatches, one optimizer update each
-        update = self.update(rollout, scores["old_logp"], scores["ref_logp"], advantages, state, scores["weights"])
+        updates = self.update(rollout, scores, advantages, state)
         state.step += 1  # completed steps: the step that ran was number state.step
         if cfg.beta > 0 and cfg.ref_sync_every and state.step % cfg.ref_sync_every == 0:
             self.policies.sync_reference()
         clock.lap("update")
-        self.last_batch = (rollout.prompts, rollout.completions, scored["rewards"], scored["per_fn"], advantages)
-        self.last_details = completion_details(rollout, scored["answers"])
+        self.last_batch = (rollout.prompts, rollout.completions, rewards.rewards, rewards.per_fn,
+                           advantages.per_completion())
+        self.last_details = completion_details(rollout, rewards.answers)
         # after the step: the history row (its entropy: stage 4's pass, or on-policy the update's own) and warnings
-        entropy = update["entropy"] if scores["entropy"] is None else scores["entropy"]  # [N, Tc]
-        seconds = {**clock.done(), **scores["seconds"], **update["seconds"]}
-        return history_row(cfg, {**scored, "mismatch": scores["mismatch"]}, update, entropy, seconds, state, history,
-                           entropy_coef=self.entropy_control.coef)
+        seconds = {**clock.done(), **scores.seconds, **updates.seconds}
+        row = history_row(cfg, rewards, scores, updates, seconds, state, history, entropy_coef=self.entropy_control.coef)
+        return {**row, **advantages.row, **updates.row}  # what a stage of its own adds (PPO's value model, say)
 
     # ------------------------------------------------------------------ 1. sample
     def sample(self, batch: Sequence[dict], step: int, round_: int = 0) -> Rollout:
@@ -164,7 +165,7 @@ class GRPOStep:
         return self.sampler([row["prompt"] for row in batch], seed)  # N = B*G completions
 
     # ------------------------------------------------------------------ 2. reward
-    def reward(self, batch: Sequence[dict], rollout: Rollout, state: Any) -> dict:
+    def reward(self, batch: Sequence[dict], rollout: Rollout, state: Any) -> Rewards:
         """Stage 2: the rollout's rewards ``[N]`` (and each function's), whether each is right, the zero-std groups."""
         cfg, G = self.config, self.config.group_size
         answers = [row.get("answer") for row in batch for _ in range(G)]
@@ -176,31 +177,30 @@ class GRPOStep:
         correct = judge_correct(self.accuracy_fn, rollout.prompts, rollout.completions, answers, columns)
         check_unscorable(rewards, state.warn)
         zero_std = zero_std_groups(rewards, G)  # [B]
-        return {"rollout": rollout, "rewards": rewards, "per_fn": per_fn, "correct": correct, "zero_std": zero_std,
-                "groups_drawn": len(zero_std), "answers": answers}
+        return Rewards(rollout, rewards, per_fn, correct, answers, zero_std, len(zero_std), columns, state.step)
 
-    def again(self, round_: int, more_rows: Callable[[], list[dict]], state: Any, clock: StageClock) -> dict:
+    def again(self, round_: int, more_rows: Callable[[], list[dict]], state: Any, clock: StageClock) -> Rewards:
         """Dynamic sampling's round ``round_``: stages 1 and 2 on ``more_rows()``."""
         batch = more_rows()
         check_rows(batch, "more_rows()")
         rollout = self.sample(batch, state.step, round_)
         clock.lap("sample")
-        scored = self.reward(batch, rollout, state)
+        rewards = self.reward(batch, rollout, state)
         clock.lap("reward")
-        return scored
+        return rewards
 
     # ------------------------------------------------------------------ 3. advantages
-    def advantages(self, scored: dict) -> torch.Tensor:
+    def advantages(self, rewards: Rewards) -> Advantages:
         """Stage 3: group-relative advantages, [N] (GDPO: of each reward function, then of their weighted sum)."""
         cfg = self.config
         if cfg.multi_objective_aggregation == "normalize_then_sum":
-            per_function = torch.stack(list(scored["per_fn"].values()), dim=1)  # [N, K]
-            return normalize_then_sum(per_function, cfg.group_size, cfg.reward_weights, std=cfg.std)  # [N]
-        return group_advantages(scored["rewards"], cfg.group_size, scale=cfg.scale_rewards, std=cfg.std, nan="skip",
-                                baseline=cfg.advantage_baseline)  # [N]
+            per_function = torch.stack(list(rewards.per_fn.values()), dim=1)  # [N, K]
+            return Advantages(normalize_then_sum(per_function, cfg.group_size, cfg.reward_weights, std=cfg.std))  # [N]
+        return Advantages(group_advantages(rewards.rewards, cfg.group_size, scale=cfg.scale_rewards, std=cfg.std,
+                                           nan="skip", baseline=cfg.advantage_baseline))  # [N]
 
     # ------------------------------------------------------------------ 4. score
-    def score(self, rollout: Rollout) -> dict:
+    def score(self, rollout: Rollout) -> Scores:
         """Stage 4, no gradient: the sampling policy's log-probs and entropy (``old_logp``, ``entropy``, [N, Tc];
         None when the step is exactly on-policy: the update's own pass gives them), a sampler copy's importance
         ``weights`` and ``mismatch`` fields (:mod:`~grpo_tutorial.mismatch`), the reference's ``ref_logp``
@@ -211,8 +211,7 @@ class GRPOStep:
         weights, mismatch = sampler_correction(old_logp, rollout, cfg)  # [N, T] or [N, 1], or None
         with timed(seconds, "reference_seconds"), self.policies.reference() as reference:
             ref_logp = None if reference is None else self.logprobs(reference, rollout, entropy=False)  # [N, Tc]
-        return {"old_logp": old_logp, "entropy": entropy, "weights": weights, "mismatch": mismatch,
-                "ref_logp": ref_logp, "seconds": seconds}
+        return Scores(old_logp, entropy, weights, mismatch, ref_logp, seconds)
 
     def logprobs(self, model: torch.nn.Module, rollout: Rollout, *, entropy: bool) -> Any:
         """Log-probs (and entropy) of all N completions under ``model``, eval mode, no gradient."""
@@ -221,36 +220,34 @@ class GRPOStep:
                              share_prompts=cfg.share_prompt_cache)
 
     # ------------------------------------------------------------------ 5. update
-    def update(self, rollout: Rollout, old_logp, ref_logp, advantages: torch.Tensor, state: Any, weights=None) -> dict:
+    def update(self, rollout: Rollout, scores: Scores, advantages: Advantages, state: Any) -> Updates:
         """Stage 5: mu passes of optimizer updates over shuffled minibatches.
 
         Each update's gradient is accumulated over micro-batches of
         ``micro_batch_size`` completions, with the loss type's normaliser for the
-        whole update (see :mod:`grpo_tutorial.objectives`). With ``old_logp`` None
+        whole update (see :mod:`grpo_tutorial.objectives`). With ``scores.old_logp`` None
         (an on-policy step: one update) the old log-probs are the gradient pass's
-        own, detached, and the entropy comes from the same pass. ``weights``: a sampler copy's
+        own, detached, and the entropy comes from the same pass. ``scores.weights``: a sampler copy's
         importance weights (:mod:`~grpo_tutorial.mismatch`); a sampler's ``sync()`` runs after every update.
         """
-        cfg, mask = self.config, rollout.completion_mask
-        out: dict[str, Any] = {"stats": [], "losses": [], "grad_norms": [], "entropy": None}  # entropy: every token
-        out["seconds"] = {"forward_seconds": 0.0, "backward_seconds": 0.0, "optimizer_seconds": 0.0}
-        out["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        cfg, mask, old_logp = self.config, rollout.completion_mask, scores.old_logp
+        out = Updates(lr=float(self.optimizer.param_groups[0]["lr"]))
         if old_logp is None:  # filled by each micro-batch's pass; NaN: a row no pass reached (skipped update)
-            out["entropy"] = torch.full(mask.shape, math.nan, dtype=torch.float32, device=mask.device)  # [N, Tc]
+            out.entropy = torch.full(mask.shape, math.nan, dtype=torch.float32, device=mask.device)  # [N, Tc]
         # mu passes (num_iterations), each cut into shuffled minibatches: one optimizer update per minibatch
-        updates = minibatches(len(rollout), cfg.update_size, cfg.num_iterations, cfg.seed, state.step, advantages.device)
+        updates = minibatches(len(rollout), cfg.update_size, cfg.num_iterations, cfg.seed, state.step, advantages.values.device)
         was_training = self.model.training
         self.model.train()
         try:
             for rows in updates:  # [M] the completions of one optimizer update
-                out["lr"] = float(self.optimizer.param_groups[0]["lr"])
+                out.lr = float(self.optimizer.param_groups[0]["lr"])
                 self.optimizer.zero_grad(set_to_none=True)
-                loss = self.accumulate(rollout, rows, old_logp, ref_logp, advantages, out, weights)
-                with timed(out["seconds"], "optimizer_seconds"):  # a non-finite loss or norm: no update
+                loss = self.accumulate(rollout, rows, scores, advantages.values, out)
+                with timed(out.seconds, "optimizer_seconds"):  # a non-finite loss or norm: no update
                     norm, skipped = finish_update(self.params, self.optimizer, self.scheduler, cfg.max_grad_norm, loss)
                 self.sampler.sync()  # a copy follows the policy (the policy itself: nothing to do)
-                out["losses"].append(loss)
-                out["grad_norms"].append(norm)
+                out.losses.append(loss)
+                out.grad_norms.append(norm)
                 if skipped is not None:  # history['skipped_updates'] counts it; the warning comes once per run
                     state.skipped_updates += 1
                     state.warn("nonfinite", f"step {state.step + 1}: {skipped}")
@@ -258,7 +255,8 @@ class GRPOStep:
             self.model.train(was_training)
         return out
 
-    def accumulate(self, rollout, rows, old_logp, ref_logp, advantages, out, weights=None) -> float:
+    def accumulate(self, rollout: Rollout, rows: torch.Tensor, scores: Scores, advantages: torch.Tensor,
+                   out: Updates) -> float:
         """Backward over the micro-batches of one update; return the update's loss.
 
         Stops at the first non-finite micro-batch loss (the caller then skips
@@ -266,7 +264,8 @@ class GRPOStep:
         the entropy (``top_entropy_quantile``, ``entropy_coef``), it is the
         current policy's, from this gradient pass, with its gradient (as TRL).
         """
-        cfg, micro, first = self.config, self.config.micro_size, len(out["stats"])  # this update's stats start at first
+        cfg, micro, first = self.config, self.config.micro_size, len(out.stats)  # this update's stats start at first
+        old_logp, ref_logp = scores.old_logp, scores.ref_logp
         mask = rollout.loss_mask if cfg.mask_tool_tokens else rollout.completion_mask  # the policy's tokens (tools.py)
         options = self.entropy_control.loss_options(cfg.loss_options())  # the loss's settings, this update's coef
         measure = options.needs_entropy or cfg.use_adaptive_entropy  # grpo_loss gets (and sums) the entropies
@@ -276,25 +275,25 @@ class GRPOStep:
         total = 0.0
         for start in range(0, len(rows), micro):
             part = rows[start : start + micro]  # [m]
-            with timed(out["seconds"], "forward_seconds"):
+            with timed(out.seconds, "forward_seconds"):
                 logp, entropies = self.policy_logprobs(rollout, part, entropy=with_entropy,
                                                        entropy_grad=options.needs_entropy)  # [m, Tc] x2
                 if old_logp is None:
-                    out["entropy"][part] = entropies.detach().float()
+                    out.entropy[part] = entropies.detach().float()
                 loss, stats = self.loss(
                     logp, logp.detach() if old_logp is None else old_logp[part], advantages[part], mask[part],
                     options=options, ref_logp=None if ref_logp is None else ref_logp[part], truncated=truncated[part],
-                    entropies=entropies if measure else None, **loss_inputs(rollout, weights, part),  # mismatch.py
+                    entropies=entropies if measure else None, **loss_inputs(rollout, scores.weights, part),  # mismatch.py
                     **normalisers,
                 )
-                out["stats"].append(stats)
+                out.stats.append(stats)
                 value = float(loss.detach())
             total += value
             if not math.isfinite(value):
                 return value
-            with timed(out["seconds"], "backward_seconds"):
+            with timed(out.seconds, "backward_seconds"):
                 loss.backward()
-        self.entropy_control.measured(out["stats"][first:])  # adaptive: the update's entropy sets the next coefficient
+        self.entropy_control.measured(out.stats[first:])  # adaptive: the update's entropy sets the next coefficient
         return total
 
     def policy_logprobs(self, rollout: Rollout, rows: torch.Tensor, *, entropy: bool, entropy_grad: bool) -> tuple:

@@ -43,9 +43,10 @@ import torch
 from ._checks import check_int
 from .advantages import token_variance
 from .ppo import PPOSettings, check_critic_config
-from .rewards import compute_rewards, extra_columns
+from .rewards import compute_rewards
 from .rollout import encode_prompts, generate_rollouts, render_prompts, sampling_kwargs
 from .seeding import derive_seed
+from .stage_results import Advantages, Rewards
 from .step import GRPOStep
 
 __all__ = ["MONTE_CARLO", "MonteCarloSettings", "MonteCarloStep", "cut_points", "monte_carlo_advantages"]
@@ -177,26 +178,14 @@ class MonteCarloStep(GRPOStep):
         self.settings = MonteCarloSettings() if settings is None else settings
         if not isinstance(self.settings, MonteCarloSettings):
             raise TypeError(f"settings must be a MonteCarloSettings, got {type(self.settings).__name__}")
-        self._batch: dict[str, Any] = {}
-        self._row: dict[str, float] = {}
 
-    def __call__(self, batch, state, history, more_rows=None) -> dict:
-        self._batch = {"answers": [row.get("answer") for row in batch for _ in range(self.config.group_size)],
-                       "columns": extra_columns(batch, self.config.group_size), "step": state.step}
-        row = super().__call__(batch, state, history, more_rows)
-        prompts, completions, rewards, per_fn, advantages = self.last_batch
-        mask = self._batch["mask"]  # [N, T]
-        self.last_batch = (prompts, completions, rewards, per_fn, advantages.sum(1) / mask.sum(1).clamp(min=1))
-        row.update(self._row)
-        return row
-
-    def advantages(self, scored: dict) -> torch.Tensor:
+    def advantages(self, rewards: Rewards) -> Advantages:
         """Stage 3: the Monte Carlo values' per-token advantages, ``[N, T]``."""
-        out = monte_carlo_advantages(self.model, self.tokenizer, scored["rollout"], scored["rewards"],
-                                     self.reward_fns, self.config, self.settings, answers=self._batch["answers"],
-                                     columns=self._batch["columns"], step=self._batch["step"])
-        mask = self._batch["mask"] = scored["rollout"].completion_mask
-        adv = out["advantages"]
-        self._row = {"mc_extra_tokens": float(out["extra_tokens"]), "mc_extra_rollouts": float(out["extra_rollouts"]),
-                     "advantage_var": token_variance(adv, mask)}
-        return adv
+        rollout = rewards.rollout
+        out = monte_carlo_advantages(self.model, self.tokenizer, rollout, rewards.rewards, self.reward_fns, self.config,
+                                     self.settings, answers=rewards.answers, columns=rewards.columns,
+                                     step=rewards.step)
+        mask = rollout.completion_mask
+        row = {"mc_extra_tokens": float(out["extra_tokens"]), "mc_extra_rollouts": float(out["extra_rollouts"]),
+               "advantage_var": token_variance(out["advantages"], mask)}
+        return Advantages(out["advantages"], mask, row)

@@ -125,7 +125,7 @@ RUN_MODULES = sorted((PACKAGE / "run").glob("*.py"))
 NO_RUN_IMPORTS = {
     "tasks", "rollout", "speedups", "rewards", "answers", "advantages", "logprobs", "kl", "objectives", "loss",
     "config", "metrics", "evaluation", "seeding", "models", "presets", "_checks", "env", "chat", "chat_tools",
-    "pretrained", "long_addition", "step", "stages", "optim", "warn", "lora", "mismatch", "stats",
+    "pretrained", "long_addition", "step", "stages", "stage_results", "optim", "warn", "lora", "mismatch", "stats",
     "cli", "calculator", "tools", "ppo", "critic", "ppo_step", "vine", "dynamic_sampling",
 }
 #: Leaves: top-level modules that import nothing from the package, so that both the stages and run/ may import

@@ -112,16 +112,16 @@ def test_grpos_advantage_variance_is_what_the_baseline_leaves(small_policy, base
     from grpo_tutorial.chapters.no_critic import MeasuredStep
 
     class Kept(MeasuredStep):
-        def advantages(self, scored):
-            self.scored = scored
-            return super().advantages(scored)
+        def advantages(self, rewards):
+            self.rewards = rewards
+            return super().advantages(rewards)
 
     model, tok = small_policy
     config = GRPOConfig(group_size=4, prompts_per_step=2, max_new_tokens=8, seed=3, advantage_baseline=baseline)
     step = Kept(model, tok, lambda prompts, completions, **kw: [len(c) / 4 for c in completions], config)
     row = step([{"prompt": "12+34=", "answer": "46"}, {"prompt": "7+5=", "answer": "12"}], StepState(), [])
-    rewards = step.scored["rewards"].tolist()
-    lengths = step.scored["rollout"].completion_mask.sum(1).tolist()
+    rewards = step.rewards.rewards.tolist()
+    lengths = step.rewards.rollout.completion_mask.sum(1).tolist()
     tokens = []
     for i, (r, n) in enumerate(zip(rewards, lengths)):
         group = rewards[4 * (i // 4) : 4 * (i // 4) + 4]

@@ -30,10 +30,11 @@ def length_reward(prompts, completions, **kwargs):
 class Watched(PPOStep):
     """The PPO step, keeping what stages 2 to 4 gave (the extension pattern: a stage overridden, the number unchanged)."""
 
-    def advantages(self, scored):
-        self.scored = scored
-        self.adv = super().advantages(scored)
-        return self.adv
+    def advantages(self, rewards):
+        self.rewards = rewards
+        out = super().advantages(rewards)
+        self.adv = out.values  # [N, T]
+        return out
 
     def score(self, rollout):
         self.policy_logp = self.logprobs(self.model, rollout, entropy=False)  # [N, T] before the update
@@ -155,8 +156,8 @@ def test_the_first_update_by_hand(small_policy):
     settings = PPOSettings(gamma=1.0, lam=0.9)
     step = Watched(model, tok, length_reward, GRPOConfig(**CONFIG), settings=settings)
     row = step(ROWS, StepState(), [])
-    mask = step.scored["rollout"].completion_mask.tolist()
-    scores = step.scored["rewards"].tolist()
+    mask = step.rewards.rollout.completion_mask.tolist()
+    scores = step.rewards.rewards.tolist()
     raw = [[0.9 ** (sum(m) - 1 - t) * s if m[t] else None for t in range(len(m))] for m, s in zip(mask, scores)]
     real = [a for row_ in raw for a in row_ if a is not None]
     mean, sd = statistics.mean(real), math.sqrt(statistics.variance(real) + 1e-8)
@@ -199,12 +200,12 @@ def test_the_kl_in_the_reward_or_in_the_loss(small_policy, make_small_policy, kl
     beta, config = 0.1, GRPOConfig(**CONFIG, beta=0.1, kl_kind="k3")
     step = Watched(model, tok, length_reward, config, reference, settings=PPOSettings(kl_in_reward=kl_in_reward))
     row = step(ROWS, StepState(), [])
-    rollout = step.scored["rollout"]
+    rollout = step.rewards.rollout
     mask = rollout.completion_mask
-    kl = kl_estimate(step.policy_logp, step.scores["ref_logp"], kind="k3")  # [N, T]
+    kl = kl_estimate(step.policy_logp, step.scores.ref_logp, kind="k3")  # [N, T]
     assert row["kl"] > 1e-3  # measured in the loss either way (with kl_in_reward its beta is 0)
     folded = kl if kl_in_reward else None
-    raw, _ = gae(token_rewards(step.scored["rewards"], mask, folded, beta), torch.zeros_like(mask), mask, 1.0, 0.95)
+    raw, _ = gae(token_rewards(step.rewards.rewards, mask, folded, beta), torch.zeros_like(mask), mask, 1.0, 0.95)
     torch.testing.assert_close(step.adv, whiten(raw, mask), rtol=1e-4, atol=1e-5)
     policy_term = -((step.adv * mask).sum(1) / mask.sum(1)).mean()  # ratio 1
     kl_term = ((kl * mask).sum(1) / mask.sum(1)).mean()

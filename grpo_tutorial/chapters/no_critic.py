@@ -42,6 +42,7 @@ from ..critic import count_parameters
 from ..ppo import PPOSettings
 from ..ppo_step import PPOStep
 from ..rewards import correctness_reward
+from ..stage_results import Advantages, Rewards
 from ..stats import mean_ci
 from ..step import GRPOStep
 from ..trainer import GRPOTrainer
@@ -92,17 +93,13 @@ class MeasuredStep(GRPOStep):
     PPO's and the Monte Carlo step's: the variance over the real tokens of what the baseline leaves, reward minus
     baseline, before any standard deviation divides it (each token carries its completion's)."""
 
-    def advantages(self, scored: dict) -> torch.Tensor:
-        cfg, mask = self.config, scored["rollout"].completion_mask  # [N, T]
-        raw = group_advantages(scored["rewards"], cfg.group_size, scale="none", std=cfg.std, nan="skip",
+    def advantages(self, rewards: Rewards) -> Advantages:
+        cfg, mask = self.config, rewards.rollout.completion_mask  # [N, T]
+        raw = group_advantages(rewards.rewards, cfg.group_size, scale="none", std=cfg.std, nan="skip",
                                baseline=cfg.advantage_baseline).to(mask.device)  # [N]
-        self._advantage_var = token_variance(raw, mask)  # each token carries its completion's
-        return super().advantages(scored)
-
-    def __call__(self, batch, state, history, more_rows=None) -> dict:
-        row = super().__call__(batch, state, history, more_rows)
-        row["advantage_var"] = self._advantage_var
-        return row
+        advantages = super().advantages(rewards)
+        advantages.row["advantage_var"] = token_variance(raw, mask)  # each token carries its completion's
+        return advantages
 
 
 def _step_for(method: str, model, tokenizer, rewards, config, *, ppo: PPOSettings, monte_carlo: MonteCarloSettings):

@@ -77,6 +77,7 @@ from grpo_tutorial.loss import LOSS_TYPES, grpo_loss
 from grpo_tutorial.models import Policies, disable_dropout
 from grpo_tutorial.run.state import RunState
 from grpo_tutorial.seeding import next_batch
+from grpo_tutorial.stage_results import Rewards, Scores, Updates
 from grpo_tutorial.step import GRPOStep
 
 __all__ = [
@@ -251,13 +252,12 @@ class GalleryStep(GRPOStep):
         self.reuse_on_policy_logprobs = False
         self.passes: list[tuple[torch.Tensor, torch.Tensor]] = []  # (log-probs [m, Tc], their rows) of the update
         self.grad_fn = True  # every micro-batch's loss had a grad_fn
-        self.extra: dict[str, float] = {}  # the last step's EXTRA_KEYS
 
-    def reward(self, batch, rollout, state) -> dict:
-        scored = super().reward(batch, rollout, state)
-        if torch.isnan(scored["rewards"]).any():
+    def reward(self, batch, rollout, state) -> Rewards:
+        rewards = super().reward(batch, rollout, state)
+        if torch.isnan(rewards.rewards).any():
             raise ValueError("a completion got no reward (every function returned None); the gallery step needs one each")
-        return scored
+        return rewards
 
     def policy_logprobs(self, rollout, rows, *, entropy, entropy_grad) -> tuple:
         logp, entropies = super().policy_logprobs(rollout, rows, entropy=entropy, entropy_grad=entropy_grad)
@@ -266,25 +266,20 @@ class GalleryStep(GRPOStep):
         self.passes.append((logp, rows))
         return logp, entropies
 
-    def update(self, rollout, old_logp, ref_logp, advantages, state, weights=None) -> dict:
+    def update(self, rollout, scores, advantages, state) -> Updates:
         self.passes, self.grad_fn = [], True
-        out = super().update(rollout, old_logp, ref_logp, advantages, state, weights)
+        out = super().update(rollout, scores, advantages, state)
         after_eos = rollout.completion_mask == 0  # [N, Tc]: after the first EOS
-        first = out["stats"][0]
-        self.extra = {
+        first = out.stats[0]
+        out.row.update({
             "ratio_first_mean": first["ratio_mean"],
             "ratio_first_max": first["ratio_max"],
             "clip_frac_first": first["clip_frac"],
             "grad_after_eos": float(sum(int((logp.grad[after_eos[rows]] != 0).sum())
                                         for logp, rows in self.passes if logp.grad is not None)),
             "loss_has_grad_fn": float(self.grad_fn),
-        }
+        })  # the row's EXTRA_KEYS
         return out
-
-    def history(self, batch: Sequence[dict], state: Any) -> dict:
-        """One step: the trainer's history row, and the gallery's :data:`EXTRA_KEYS`."""
-        row = self(batch, state, [])
-        return {**row, **self.extra}
 
 
 class NoGrad(GalleryStep):
@@ -305,10 +300,9 @@ class NoGrad(GalleryStep):
 class RefAsOld(GalleryStep):
     """Stage 4 broken: the reference's log-probs stand in for the sampling policy's."""
 
-    def score(self, rollout) -> dict:
+    def score(self, rollout) -> Scores:
         scores = super().score(rollout)
-        scores["old_logp"] = scores["ref_logp"]  # WRONG: the reference did not sample this batch
-        return scores
+        return dataclasses.replace(scores, old_logp=scores.ref_logp)  # WRONG: the reference did not sample this batch
 
 
 class SequenceRatio(GalleryStep):
@@ -330,8 +324,8 @@ class NoEosMask(GalleryStep):
         inputs.pop("num_items_in_batch", None)  # the tokens the loss counts: those of its own mask
         return super().loss(logp, old_logp, advantages, torch.ones_like(mask), **inputs)  # WRONG: padding counts
 
-    def update(self, rollout, old_logp, ref_logp, advantages, state, weights=None) -> dict:
-        out = super().update(rollout, old_logp, ref_logp, advantages, state, weights)
+    def update(self, rollout, scores, advantages, state) -> Updates:
+        out = super().update(rollout, scores, advantages, state)
         rollout.completion_mask = torch.ones_like(rollout.completion_mask)  # WRONG, for the row: the same mask
         return out
 
@@ -339,10 +333,9 @@ class NoEosMask(GalleryStep):
 class OldLogpRecomputed(GalleryStep):
     """Stage 4 broken: no old log-probs are kept, so every pass of the update takes its own (ratio 1 throughout)."""
 
-    def score(self, rollout) -> dict:
+    def score(self, rollout) -> Scores:
         scores = super().score(rollout)
-        scores["old_logp"] = None  # WRONG: the update recomputes them from the current weights at every pass
-        return scores
+        return dataclasses.replace(scores, old_logp=None)  # WRONG: the update recomputes them from the current weights at every pass
 
 
 #: Each bug of :data:`BUGS`: the step that plants it, an override of the one stage it breaks.
@@ -412,7 +405,7 @@ def gallery_step(
         raise ValueError(f"step must be an int >= 0, got {step!r}")
     grpo = _gallery(model, tokenizer, reward_fns, config, bug, ref_model)
     grpo.optimizer, grpo.scheduler = optimizer, scheduler
-    return grpo.history(batch, _state(step))
+    return grpo(batch, _state(step), [])  # the trainer's row, with the gallery's EXTRA_KEYS
 
 
 def train_with_bug(
@@ -444,7 +437,7 @@ def train_with_bug(
     history = []
     for _ in range(steps):
         batch, epoch, index = next_batch(dataset, config.prompts_per_step, config.seed, epoch, index)
-        history.append(grpo.history(batch, state))
+        history.append(grpo(batch, state, []))
     return history
 
 
