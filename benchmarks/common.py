@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures as futures
 import contextlib
 import datetime as dt
+import gzip
 import json
 import os
 import platform
@@ -203,11 +204,14 @@ class LoadSampler:
         return summarize(self.samples) | {"every_seconds": self.every}
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename, so that an interrupted
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write ``data`` (text, or bytes) to ``path`` through a temporary file and a rename, so that an interrupted
     run never leaves half a file (in the cache, or a record in the package data)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data)
     tmp.replace(path)
 
 
@@ -268,11 +272,16 @@ class RecordRun:
         }
 
     def write(self, path: Path, record: dict[str, Any], indent: int | None = 1) -> None:
-        """``record`` as JSON (numbers only: no NaN) at ``path``, atomically."""
+        """``record`` as JSON (numbers only: no NaN) at ``path``, atomically; a ``.gz`` path gets compact JSON,
+        gzipped with no time stamp (the same record, the same bytes)."""
         from grpo_tutorial.chapters.run_record import json_safe
 
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(json_safe(record), indent=indent, allow_nan=False) + "\n")
+        if path.name.endswith(".gz"):
+            text = json.dumps(json_safe(record), separators=(",", ":"), allow_nan=False) + "\n"
+            write_atomic(path, gzip.compress(text.encode("utf-8"), mtime=0))
+        else:
+            write_atomic(path, json.dumps(json_safe(record), indent=indent, allow_nan=False) + "\n")
 
 
 def add_record_arguments(parser: Any, out: Path, jobs: int = 2,

@@ -30,24 +30,18 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as futures
 import contextlib
-import datetime as dt
-import gzip
 import json
 import math
-import os
-import shlex
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import LoadSampler, load_average, machine, write_atomic  # noqa: E402
-from grpo_tutorial.chapters.run_record import json_safe, package_commit  # noqa: E402
-from benchmarks.common import uptime  # noqa: E402
+from benchmarks.common import RecordRun, write_atomic  # noqa: E402
+from grpo_tutorial.chapters.run_record import json_safe  # noqa: E402
 from grpo_tutorial.chapters.doctor_zoo import CASES, Starts, ZooSettings, as_run, run_case  # noqa: E402
 from grpo_tutorial.doctor import DOCTOR_VERSION, FAULTS, diagnose, live_findings, trl_rows  # noqa: E402
 from grpo_tutorial.doctor.reading import run_from_trl  # noqa: E402
@@ -300,29 +294,15 @@ def _stamp(settings: ZooSettings, quick: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
-    code = package_commit()
     settings = ZooSettings.quick() if args.quick else ZooSettings()
     seeds = tuple(args.seeds or (QUICK_SEEDS if args.quick else SEEDS))
     tuning = tuple(args.tuning_seeds if args.tuning_seeds is not None else (
         QUICK_SEEDS[:1] if args.quick else TUNING_SEEDS))
-    command = "python -m benchmarks.doctor_zoo " + " ".join(
-        shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-    started = dt.datetime.now(dt.timezone.utc)
-    uptime_start = uptime()
-    print(f"{command.strip()}: {len(seeds)} seeds x {len(args.cases)} cases, jobs={args.jobs}\n  {uptime_start}",
-          flush=True)
-    t0 = time.perf_counter()
-    runs: list[dict] = []
-    with contextlib.ExitStack() as stack, LoadSampler(every=10.0) as sampler:
-        if args.cache is None:
-            folder = stack.enter_context(tempfile.TemporaryDirectory())
-        else:
-            args.cache.mkdir(parents=True, exist_ok=True)
-            stamp, made = args.cache / "zoo.json", json.dumps(_stamp(settings, args.quick), sort_keys=True)
-            if stamp.exists() and stamp.read_text() != made:
-                raise SystemExit(f"error: {args.cache} holds runs of other settings; give another --cache or empty it")
-            stamp.write_text(made)
-            folder = str(args.cache)
+    with RecordRun("python -m benchmarks.doctor_zoo", argv) as run, contextlib.ExitStack() as stack:
+        print(f"{run.command}: {len(seeds)} seeds x {len(args.cases)} cases, jobs={args.jobs}\n  {run.uptime_start}",
+              flush=True)
+        folder = _zoo_cache(args.cache, settings, args.quick, stack)
+        runs: list[dict] = []
         bar = progress_bar(total=len(seeds), desc="seeds", enabled=not args.no_progress)
         with futures.ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             pending = [pool.submit(_seed_runs, settings, args.cases, seed, folder, args.quick) for seed in seeds]
@@ -330,30 +310,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 runs += done.result()
                 bar.update(1)
         bar.close()
-    train_seconds = time.perf_counter() - t0
-    runs.sort(key=lambda r: (r["seed"], list(CASES).index(r["case"])))
-    made_here = sum(1 for r in runs if r.get("made_here"))
-    for r in runs:
-        r.pop("made_here", None)
-    diagnose_all(runs)
-    load = {"uptime_start": uptime_start, "uptime_end": uptime(), "during": sampler.summary(), "end": load_average()}
-    invocations = _invocations(None if args.cache is None else args.cache, {
-        "started": started.isoformat(timespec="seconds"), "command": command.strip(), **code,
-        "wall_seconds": train_seconds, "runs_made": made_here, "load": load, "jobs": args.jobs})
+        train_seconds = run.elapsed()
+        runs.sort(key=lambda r: (r["seed"], list(CASES).index(r["case"])))
+        made_here = sum(1 for r in runs if r.pop("made_here", False))
+        diagnose_all(runs)
+        header = run.header(quick=args.quick, jobs=args.jobs, threads=1, doctor_version=DOCTOR_VERSION,
+                            rldoctor_version=_rldoctor_version())
+    invocations = _invocations(args.cache, {
+        "started": header["created"], "command": run.command, **run.code, "wall_seconds": train_seconds,
+        "runs_made": made_here, "load": header["load"], "jobs": args.jobs})
     out = {
-        "created": started.isoformat(timespec="seconds"),
-        "command": command.strip(),
-        **code,
-        "quick": args.quick,
-        "doctor_version": DOCTOR_VERSION,
-        "rldoctor_version": _rldoctor_version(),
-        "wall_seconds": time.perf_counter() - t0,
+        **header,
         "train_seconds": train_seconds,
         "run_seconds": sum(r["seconds"] for r in runs),
-        "jobs": args.jobs,
-        "load": load,
         "invocations": invocations,
-        "machine": machine(1),
         "settings": settings.to_dict(),
         "seeds": list(seeds),
         "tuning_seeds": list(tuning),
@@ -363,15 +333,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "simulated": None if args.no_simulated else simulated(),
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(json_safe(out), separators=(",", ":"), allow_nan=False) + "\n"
-    if args.out.name.endswith(".gz"):  # 300 runs' histories and kept completions: 19 MB as text, 2 MB gzipped
-        args.out.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
-    else:
-        args.out.write_text(text)
+    run.write(args.out, out)  # .gz: 300 runs' histories and kept completions, 19 MB as text, 2 MB gzipped
     report(out)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB)")
     return out
+
+
+def _zoo_cache(cache: Path | None, settings: ZooSettings, quick: bool, stack: contextlib.ExitStack) -> str:
+    """The folder for finished runs: ``cache`` (checked against the settings it was made with) or a temporary one."""
+    if cache is None:
+        return stack.enter_context(tempfile.TemporaryDirectory())
+    cache.mkdir(parents=True, exist_ok=True)
+    stamp, made = cache / "zoo.json", json.dumps(_stamp(settings, quick), sort_keys=True)
+    if stamp.exists() and stamp.read_text() != made:
+        raise SystemExit(f"error: {cache} holds runs of other settings; give another --cache or empty it")
+    stamp.write_text(made)
+    return str(cache)
 
 
 def _invocations(cache: Path | None, this: dict) -> list[dict]:

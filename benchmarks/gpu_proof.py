@@ -564,7 +564,7 @@ def tools_step(device: torch.device, *, dry_run: bool) -> dict[str, Any]:
     (continuation rows grow in width, and each width would compile anew), so nothing compiles here.
     """
     from grpo_tutorial import GRPOTrainer
-    from grpo_tutorial.calculator import calculator
+    from grpo_tutorial.tools.calculator import calculator
     from grpo_tutorial.chapters import tool_use
     from grpo_tutorial.sampling.fast import COMPILE_SECONDS, DECODE_MS
 

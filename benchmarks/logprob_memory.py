@@ -206,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
+    from benchmarks.common import write_atomic
     from grpo_tutorial.chapters.run_record import package_commit
 
     args = build_parser().parse_args(argv)
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"(load {result['load_average'][0]:.1f})")
     for path in [args.out] + ([DATA_FILE] if args.publish else []):
         if path is not None:
-            path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+            write_atomic(path, json.dumps(result, indent=1) + "\n")  # an interrupted run leaves the last record
             print(f"wrote {path}")
     return result
 

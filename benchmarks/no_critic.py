@@ -46,7 +46,7 @@ from grpo_tutorial.chapters.thinking import (  # noqa: E402
     ThinkingRecipe, build_thinking_model, load_warm_start, make_thinking_data, warm_start,
 )
 from grpo_tutorial.ppo import PPOSettings  # noqa: E402
-from grpo_tutorial.vine import MonteCarloSettings  # noqa: E402
+from grpo_tutorial.ppo.vine import MonteCarloSettings  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "grpo_tutorial" / "data" / "no_critic_results.json"
 

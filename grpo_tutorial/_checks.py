@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import torch
 
 
@@ -142,3 +145,15 @@ def check_choice(owner: str | None, name: str, value, allowed) -> None:
     """``value`` is one of ``allowed``; anything else (of any type) raises ``ValueError``."""
     if value not in allowed:
         raise config_error(owner, name, value, f"one of {list(allowed)}")
+
+
+def check_time_limit(owner: str | None, name: str, seconds: Any, optional: bool = True,
+                     expected: str = "a finite number > 0") -> None:
+    """A time limit in seconds: a finite number > 0 (``expected`` says so in the caller's words; None where
+    ``optional``) that ``threading`` can wait for: at most ``threading.TIMEOUT_MAX`` (about 292 years on
+    64-bit Linux; a longer limit passes every other check, and then every call fails)."""
+    check_number(owner, name, seconds, lambda v: v > 0, f"{'None or ' if optional else ''}{expected}",
+                 optional=optional)
+    if seconds is not None and seconds > threading.TIMEOUT_MAX:
+        raise config_error(owner, name, seconds, f"at most threading.TIMEOUT_MAX ({threading.TIMEOUT_MAX:.3g} s), "
+                                                 "the longest a thread can be waited for")

@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ._checks import check_choice, check_flag, check_int, check_number, config_error, is_number, type_error
+from ._checks import (
+    check_choice, check_flag, check_int, check_number, check_time_limit, config_error, is_number, type_error,
+)
 from .advantages import BASELINES, MULTI_OBJECTIVE_AGGREGATIONS, SCALES, STDS
 from .loss import LossOptions
 
@@ -492,8 +494,6 @@ class GRPOConfig:
         check_int(o, "max_sampling_rounds", self.max_sampling_rounds, 1)
         check_int(o, "max_tool_calling_iterations", self.max_tool_calling_iterations, 0, optional=True,
                   hint=" (None = no limit, TRL's default)")
-        from .calculator import check_time_limit
-
         check_time_limit(o, "tool_time_limit", self.tool_time_limit, expected="a number of seconds > 0")
         check_time_limit(o, "tool_rollout_time_limit", self.tool_rollout_time_limit, expected="a number of seconds > 0")
         check_flag(o, "mask_tool_tokens", self.mask_tool_tokens)

@@ -14,7 +14,7 @@ stream             number   seeds
 ``MINIBATCHES``    2        the minibatch shuffle of step ``i``
 ``RESAMPLING``     3        round ``r`` >= 1 of dynamic sampling in step ``i``
 ``ADAPTER_INIT``   4        the LoRA adapters' initial A matrices (index 0)
-``MONTE_CARLO``    5        cut point ``j``'s continuations in step ``i`` (``vine.MONTE_CARLO``)
+``MONTE_CARLO``    5        cut point ``j``'s continuations in step ``i`` (``ppo.vine.MONTE_CARLO``)
 =================  =======  ======================================
 
 The numbers are part of the stored results: changing one changes every run.

@@ -12,7 +12,7 @@ bottom as five calls, each taking the results before it::
 A step that changes a stage (PPO's value model, the Monte Carlo values, a
 chapter's measured or broken step) overrides that stage's method and returns the
 same type, or a subclass with what its later stage needs
-(:class:`~grpo_tutorial.ppo_step.CriticAdvantages`); the fields it adds to the
+(:class:`~grpo_tutorial.ppo.step.CriticAdvantages`); the fields it adds to the
 history row go in the result's ``row``. Nothing passes between the stages on the
 step object.
 """

@@ -43,7 +43,7 @@ class Stage(NamedTuple):
 #: The five stages of one step, in order.
 STAGES: tuple[Stage, ...] = (
     Stage(1, "sample", "the policy writes G completions per prompt, B*G in one batched generate call",
-          ("rollout", "calculator", "tools", "chat_tools")),
+          ("rollout", "tools")),
     Stage(2, "reward", "a verifiable reward scores every completion", ("rewards", "answers", "dynamic_sampling")),
     Stage(3, "advantages", "each reward against its own group: a z-score", ("advantages",)),
     Stage(4, "score", "log-probs of the sampled tokens: the sampling policy's and the reference's, no gradient",

@@ -117,7 +117,7 @@ class GRPOStep:
     def extra_state(self) -> dict:
         """What the step holds beyond the policy, its optimizer and schedule (saved in every checkpoint): GRPO's step
         holds nothing more; a step with a value model holds it and its optimizer
-        (:class:`~grpo_tutorial.ppo_step.PPOStep`)."""
+        (:class:`~grpo_tutorial.ppo.step.PPOStep`)."""
         return {}
 
     def load_extra_state(self, state: dict) -> None:

@@ -124,12 +124,12 @@ class GRPOTrainer:
         tools: plain Python functions the policy may call between turns
             (TRL's ``tools=``; :mod:`grpo_tutorial.tools`): a chat model calls them
             through its chat template, a model without one writes ``<<expression=``
-            to the one tool (the calculator, :func:`~grpo_tutorial.calculator.calculator`).
+            to the one tool (the calculator, :func:`~grpo_tutorial.tools.calculator.calculator`).
             The tool's tokens are masked out of the loss.
         step: a built step to run instead of GRPO's own (a
             :class:`~grpo_tutorial.step.GRPOStep` or a subclass: PPO's
-            :class:`~grpo_tutorial.ppo_step.PPOStep`, the Monte Carlo values'
-            :class:`~grpo_tutorial.vine.MonteCarloStep`, a gallery bug's), built on the
+            :class:`~grpo_tutorial.ppo.step.PPOStep`, the Monte Carlo values'
+            :class:`~grpo_tutorial.ppo.vine.MonteCarloStep`, a gallery bug's), built on the
             same ``model``, ``tokenizer`` and ``config``; its ``ref_model``,
             ``accuracy_fn``, ``sampler`` and ``tools`` are its own, so they are not
             passed here too. What it holds beyond the policy (``extra_state``: a value

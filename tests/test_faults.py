@@ -407,9 +407,9 @@ ALLOWED = {
     ("chapters/colab.py", "remove_stale_roots"): "a run folder that vanished or cannot be read while scanned "
                                                  "(another run's, another user's) is left alone: only a folder "
                                                  "known to be stale is deleted",
-    ("calculator.py", "work"): "a tool call's worker thread hands the tool's exception to call_with_time_limit, "
+    ("tools/calculator.py", "work"): "a tool call's worker thread hands the tool's exception to call_with_time_limit, "
                                "which raises it in the caller",
-    ("calculator.py", "run_tool_call"): "TRL's rule: a tool that raises gives the model an {'error': ...} result, "
+    ("tools/calculator.py", "run_tool_call"): "TRL's rule: a tool that raises gives the model an {'error': ...} result, "
                                         "counted as a failure (run_tool_call returns failed=True)",
     ("doctor/__init__.py", "diagnose"): "a rule that cannot read this run is listed among the skipped checks, with "
                                         "the error, and the other rules still speak (the doctor never ends in a "
@@ -425,7 +425,7 @@ ALLOWED = {
     ("run/crash.py", "read_crash"): "no crash.json, or one that cannot be read: None, as for a run that did not crash",
     ("doctor/reading.py", "_read_tensorboard"): "a damaged event file: what was read before it stays, and the "
                                                 "reading says so in its notes",
-    ("calculator.py", "safe_text"): "a tool's object whose str() (and repr()) raises is written as a placeholder "
+    ("tools/calculator.py", "safe_text"): "a tool's object whose str() (and repr()) raises is written as a placeholder "
                                     "the model can read: nothing a tool returns ends the rollout",
 }
 BROAD = {"OSError", "IOError", "EnvironmentError", "Exception", "BaseException", "PermissionError",

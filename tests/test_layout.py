@@ -18,7 +18,7 @@ PACKAGE = Path(grpo_tutorial.__file__).parent
 CORE_MODULES = sorted(PACKAGE.glob("*.py"))
 #: Subpackages of core code that are not the step's stages: an extension each (issue 56), held to the core's rules
 #: (no chapter tool, no run machinery, short functions).
-EXTENSION_PACKAGES = ("sampling",)
+EXTENSION_PACKAGES = ("sampling", "tools", "ppo")
 EXTENSION_MODULES = sorted(path for name in EXTENSION_PACKAGES for path in (PACKAGE / name).glob("*.py"))
 #: Every subpackage, classified: the run machinery, the chapter tools, the doctor, the records, the extensions.
 SUBPACKAGES = {"run", "chapters", "doctor", "data", *EXTENSION_PACKAGES}
@@ -124,9 +124,9 @@ RUN_MODULES = sorted((PACKAGE / "run").glob("*.py"))
 #: (The trainer, the warm start, the optimizer's warning, plotting's history reader and the CLI use it.)
 NO_RUN_IMPORTS = {
     "tasks", "rollout", "speedups", "rewards", "answers", "advantages", "logprobs", "kl", "objectives", "loss",
-    "config", "metrics", "evaluation", "seeding", "models", "presets", "_checks", "env", "chat", "chat_tools",
+    "config", "metrics", "evaluation", "seeding", "models", "presets", "_checks", "env", "chat",
     "pretrained", "long_addition", "step", "stages", "stage_results", "optim", "warn", "lora", "mismatch", "stats",
-    "cli", "calculator", "tools", "ppo", "critic", "ppo_step", "vine", "dynamic_sampling",
+    "cli", "dynamic_sampling",
 }
 #: Leaves: top-level modules that import nothing from the package, so that both the stages and run/ may import
 #: them (``chat.is_chat_messages``: run/completions prints prompts that rollout and tasks also check).
@@ -297,9 +297,9 @@ def test_no_stage_imports_a_later_stage():
     levels = stage_levels()
     assert {"rollout", "rewards", "advantages", "logprobs", "loss", "speedups"} <= set(levels)
     assert all(levels[m] >= 1 for m in levels if m != "speedups")
-    offenders = [
-        hit for path in CORE_MODULES if path.stem in levels
-        for hit in later_stage_imports(path.stem, imported_modules(path), levels)
+    offenders = [  # a subpackage's modules are at its stage (tools/: stage 1)
+        hit for path, module in [(p, p.stem) for p in CORE_MODULES] + [(p, p.parent.name) for p in EXTENSION_MODULES]
+        if module in levels for hit in later_stage_imports(module, imported_modules(path), levels)
     ]
     assert offenders == [], "a stage imports a later stage (move the shared code down): " + "; ".join(offenders)
 

@@ -9,7 +9,7 @@ import torch
 
 from grpo_tutorial.chapters.no_critic import METHODS, compute_per_step, run_method, summarize_methods, training_bytes
 from grpo_tutorial.chapters.thinking import ThinkingRecipe, make_thinking_data
-from grpo_tutorial.vine import MonteCarloSettings
+from grpo_tutorial.ppo.vine import MonteCarloSettings
 from helpers import StepState
 
 #: An untrained quick model: every group's reward is 0 at first, which the trainer warns about.

@@ -1,4 +1,4 @@
-"""PPO's formulas (grpo_tutorial/ppo.py): each checked by hand on a small example and against a plain loop.
+"""PPO's formulas (grpo_tutorial/ppo/formulas.py): each checked by hand on a small example and against a plain loop.
 
 TRL 1.16 ships no PPO helpers to test against (no ``masked_whiten``, ``cliprange_value``,
 ``compute_advantages`` or GAE anywhere in the installed package: its old PPO trainer is gone),
@@ -338,7 +338,7 @@ def test_settings_that_do_not_conflict_are_taken():
 
 def test_the_docs_name_each_refused_combination():
     """architecture.md names the refusals' home; the module says why the value clip is not the PPO paper's."""
-    import grpo_tutorial.ppo as ppo
+    import grpo_tutorial.ppo.formulas as ppo
 
     text = ppo.__doc__ + PPOSettings.__doc__
     assert "eq. 9" in text and "ppo2" in text and "cliprange_value" in text

@@ -1,4 +1,4 @@
-"""PPO's value model (grpo_tutorial/critic.py) and step (grpo_tutorial/ppo_step.py) on the tiny model."""
+"""PPO's value model (grpo_tutorial/ppo/critic.py) and step (grpo_tutorial/ppo/step.py) on the tiny model."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from grpo_tutorial import GRPOConfig
-from grpo_tutorial.critic import ValueModel, build_value_model, count_parameters
+from grpo_tutorial.ppo.critic import ValueModel, build_value_model, count_parameters
 from grpo_tutorial.kl import kl_estimate
 from grpo_tutorial.ppo import PPOSettings, gae, token_rewards, whiten
-from grpo_tutorial.ppo_step import PPOStep
+from grpo_tutorial.ppo.step import PPOStep
 from grpo_tutorial.rollout import generate_rollouts
 from helpers import StepState
 
@@ -224,7 +224,7 @@ def test_the_step_refuses_a_config_that_assumes_no_critic(small_policy):
 
 def test_the_counts_the_docs_give_for_chapter_13s_model():
     """critic.py's docstring: the policy's 791,168 parameters, 791,297 more for a separate critic, 129 for a head."""
-    import grpo_tutorial.critic as critic_module
+    import grpo_tutorial.ppo.critic as critic_module
     from grpo_tutorial.chapters.thinking import ThinkingRecipe, build_thinking_model
 
     model, _ = build_thinking_model(ThinkingRecipe(), 0)

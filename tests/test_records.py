@@ -1026,7 +1026,7 @@ def _tool_step0_nearer_than_untrained(got: dict, record: dict, recipe, data: dic
     beside the seeds' spread. The accuracy is not among them: the record's own seeds sit at 0 to 0.09, too near the
     untrained model's 0 to tell apart from one draw."""
     from allowances import seeds_planted_bound
-    from grpo_tutorial.calculator import calculator
+    from grpo_tutorial.tools.calculator import calculator
     from grpo_tutorial.chapters.tool_use import EVAL_SEED_OFFSET, build_tool_model, heldout_stats
 
     model, tokenizer = build_tool_model(recipe, 0)

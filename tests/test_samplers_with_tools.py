@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from grpo_tutorial import GRPOConfig, GRPOTrainer
-from grpo_tutorial.calculator import calculator
+from grpo_tutorial.tools.calculator import calculator
 from grpo_tutorial.sampling.fast import FastSampler
 from grpo_tutorial.mismatch import mismatch_diagnostics
 from grpo_tutorial.sampling import SamplerCopy

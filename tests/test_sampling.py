@@ -16,7 +16,7 @@ import pytest
 
 import grpo_tutorial
 from grpo_tutorial import GRPOConfig, GRPOTrainer
-from grpo_tutorial.calculator import calculator
+from grpo_tutorial.tools.calculator import calculator
 from grpo_tutorial.models import TINY_TOOL_CHARS
 from grpo_tutorial.sampling import (
     FastSampler, FunctionSampler, PolicySampler, Sampler, SamplerCopy, as_sampler, build_sampler,

@@ -20,7 +20,7 @@ import grpo_tutorial
 from grpo_tutorial import GRPOTrainer
 from grpo_tutorial.advantages import zero_std_groups
 from grpo_tutorial.ppo import PPOSettings
-from grpo_tutorial.ppo_step import CriticAdvantages, PPOStep
+from grpo_tutorial.ppo.step import CriticAdvantages, PPOStep
 from grpo_tutorial.stage_results import Advantages, Rewards, Scores, Updates
 from grpo_tutorial.step import GRPOStep
 
@@ -61,7 +61,7 @@ def _step_classes() -> list[type]:
     """Every step class of the package: GRPOStep and its subclasses, chapters' included."""
     import grpo_tutorial.chapters.no_critic  # noqa: F401  (each module that defines a step)
     import grpo_tutorial.chapters.pitfalls  # noqa: F401
-    import grpo_tutorial.vine  # noqa: F401
+    import grpo_tutorial.ppo.vine  # noqa: F401
 
     found, todo = [], [GRPOStep]
     while todo:

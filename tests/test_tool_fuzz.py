@@ -22,9 +22,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from grpo_tutorial.calculator import calculator
+from grpo_tutorial.tools.calculator import calculator
 from grpo_tutorial.models import TINY_TOOL_CHARS
-from grpo_tutorial.tools import ToolBox, _answer, generate_tool_rollouts
+from grpo_tutorial.tools import ToolBox, generate_tool_rollouts
+from grpo_tutorial.tools.loop import _answer
 
 from test_tools import Script
 

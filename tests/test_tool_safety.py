@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from grpo_tutorial import GRPOConfig
-from grpo_tutorial.calculator import (
+from grpo_tutorial.tools.calculator import (
     MAX_ABANDONED, ToolTimeout, abandoned_calls, calculator, call_with_time_limit, run_tool_call, safe_text,
 )
 from grpo_tutorial.models import TINY_TOOL_CHARS
@@ -171,7 +171,7 @@ def test_a_rollouts_calls_share_one_deadline(tool_policy):
 
 def test_calls_left_running_are_capped(monkeypatch):
     """A thread cannot be killed: a call past its limit runs on. Past MAX_ABANDONED of them, no call is started."""
-    import grpo_tutorial.calculator as calc
+    import grpo_tutorial.tools.calculator as calc
 
     release = threading.Event()
     started = []
@@ -205,7 +205,7 @@ def test_calls_left_running_are_capped(monkeypatch):
 def test_a_continuation_round_never_generates_past_the_models_context(make_small_policy, monkeypatch):
     """Rows of different lengths in one continuation round: each row's positions advance with the longest row's
     budget; the round stops at the model's context and the rows still writing go on in another call."""
-    import grpo_tutorial.tools as tools_module
+    import grpo_tutorial.tools.loop as tools_module
 
     model, tok = make_small_policy(seed=0, vocab=TINY_TOOL_CHARS)
     context = model.config.max_position_embeddings

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from grpo_tutorial.calculator import calculator
+from grpo_tutorial.tools.calculator import calculator
 from grpo_tutorial.chapters import tool_use
 from grpo_tutorial.chapters.recipes import WARM_START_CACHE
 from grpo_tutorial.models import TINY_TOOL_CHARS

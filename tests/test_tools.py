@@ -1,4 +1,4 @@
-"""Rollouts with tools (grpo_tutorial/tools.py): the loop, the tool mask, TRL's rules, the step's loss mask.
+"""Rollouts with tools (grpo_tutorial/tools/loop.py): the loop, the tool mask, TRL's rules, the step's loss mask.
 
 A scripted logits processor makes the tiny model write exactly the text a test
 asks for (one target per prompt), whatever its weights: the model's turns are the
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grpo_tutorial import GRPOConfig
-from grpo_tutorial.calculator import calculator
+from grpo_tutorial.tools.calculator import calculator
 from grpo_tutorial.metrics import tool_metrics
 from grpo_tutorial.models import TINY_CHARS, TINY_TOOL_CHARS
 from grpo_tutorial.sampling import PolicySampler

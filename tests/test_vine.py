@@ -1,4 +1,4 @@
-"""Monte Carlo values (grpo_tutorial/vine.py): K continuations from each of M prefixes value the prefix."""
+"""Monte Carlo values (grpo_tutorial/ppo/vine.py): K continuations from each of M prefixes value the prefix."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from grpo_tutorial import GRPOConfig
 from grpo_tutorial.rollout import generate_rollouts, sampling_kwargs
-from grpo_tutorial.vine import MonteCarloSettings, MonteCarloStep, cut_points, monte_carlo_advantages
+from grpo_tutorial.ppo.vine import MonteCarloSettings, MonteCarloStep, cut_points, monte_carlo_advantages
 from helpers import StepState
 
 CONFIG = GRPOConfig(group_size=2, prompts_per_step=2, max_new_tokens=8, seed=5)

@@ -335,7 +335,7 @@ def _trainer_inputs(case: Case, seed: int, starts: Starts, settings: ZooSettings
         rows = data["train"]
         rewards = reward_functions({"correct": "correct", "format": "format"}[case.reward], config, seed)
     elif case.task == "tool_use":
-        from ..calculator import calculator
+        from ..tools.calculator import calculator
         from .tool_use import tool_answer_reward
 
         model, tokenizer, recipe, data = starts.tool_use(calls=case.start != "no_calls")

@@ -11,9 +11,9 @@ are measured at the same points, with the same sampling seeds.
 
 * ``"grpo"``: each reward against its group (stage 3 as the package does it);
 * ``"rloo"``: against the mean of the other G - 1 (``advantage_baseline="rloo"``);
-* ``"ppo"``: a value model, a copy of the policy with a head (:class:`~grpo_tutorial.ppo_step.PPOStep`);
+* ``"ppo"``: a value model, a copy of the policy with a head (:class:`~grpo_tutorial.ppo.step.PPOStep`);
 * ``"monte_carlo"``: K continuations from each of M prefixes value each prefix
-  (:class:`~grpo_tutorial.vine.MonteCarloStep`).
+  (:class:`~grpo_tutorial.ppo.vine.MonteCarloStep`).
 
 Compute. Every method samples the same completions per step (B*G). The Monte
 Carlo values sample more: their extra tokens are in each step's row
@@ -38,15 +38,15 @@ from typing import Any, Sequence
 import torch
 
 from ..advantages import group_advantages, token_variance
-from ..critic import count_parameters
+from ..ppo.critic import count_parameters
 from ..ppo import PPOSettings
-from ..ppo_step import PPOStep
+from ..ppo.step import PPOStep
 from ..rewards import correctness_reward
 from ..stage_results import Advantages, Rewards
 from ..stats import mean_ci
 from ..step import GRPOStep
 from ..trainer import GRPOTrainer
-from ..vine import MonteCarloSettings, MonteCarloStep
+from ..ppo.vine import MonteCarloSettings, MonteCarloStep
 from .thinking import CURVE_KEYS, EVAL_SEED_OFFSET, ThinkingRecipe, heldout_stats
 
 __all__ = ["HISTORY_KEYS", "METHODS", "MeasuredStep", "compute_per_step", "run_method", "summarize_methods",

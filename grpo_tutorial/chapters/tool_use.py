@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 
 from .._checks import check_int, check_number
-from ..calculator import calculator
+from ..tools.calculator import calculator
 from ..config import GRPOConfig
 from ..models import TINY_TOOL_CHARS, build_tiny_policy
 from ..presets import get_preset

@@ -36,7 +36,7 @@ __all__ = ["QWEN2_5_TEMPLATE_HINT", "chat_call_helpers", "qwen2_5_chat_template"
 #: How to get a template that supports tool calls, for the refusal's message.
 QWEN2_5_TEMPLATE_HINT = (
     "set TRL's bundled Qwen2.5 chat template on the tokenizer "
-    "(tokenizer.chat_template = grpo_tutorial.chat_tools.qwen2_5_chat_template(), which is "
+    "(tokenizer.chat_template = grpo_tutorial.tools.chat.qwen2_5_chat_template(), which is "
     "trl.chat_template_utils.qwen2_5_chat_template, the file trl/chat_templates/qwen2_5.jinja), "
     "or use a model whose own template supports tools (Qwen2.5-Instruct's does)"
 )

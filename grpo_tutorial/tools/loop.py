@@ -36,7 +36,7 @@ Two ways to write a call (a *call syntax*):
 * :class:`ChatCalls`, for chat models whose template supports tools (TRL's route):
   the assistant's turn ends (EOS) with a tool call, which TRL's response parser
   reads; the tool's message, in the chat template's wrapper, is appended and masked,
-  and the assistant writes its next turn (:mod:`~grpo_tutorial.chat_tools`: TRL's
+  and the assistant writes its next turn (:mod:`~grpo_tutorial.tools.chat`: TRL's
   own parser and its own ``_get_tool_suffix_ids``). As in TRL, a turn cut off by
   the budget is parsed too: a whole call in it runs and counts, and its answer,
   which cannot fit, is rolled back. As in TRL, the prompt describes the tools: the
@@ -49,10 +49,10 @@ turn; at the iteration limit the loop stops with the last call unanswered; a res
 that would push the completion past its token budget is rolled back (the row ends
 with its call unanswered). Our additions, where TRL has no rule: a call past its
 time limit (``tool_time_limit``) gives an error result and counts as a failure
-(:func:`~grpo_tutorial.calculator.run_tool_call`), and so does every call after the
+(:func:`~grpo_tutorial.tools.calculator.run_tool_call`), and so does every call after the
 rollout's own deadline (``tool_rollout_time_limit``: all its calls together); a tool that
 returns an error result of its own counts as a failure; a result is turned into text in
-the call's own thread, within its time limit (:func:`~grpo_tutorial.calculator.safe_text`:
+the call's own thread, within its time limit (:func:`~grpo_tutorial.tools.calculator.safe_text`:
 a ``str()`` that raises, or a lone surrogate, becomes safe text); a result longer than the
 completion's remaining budget could hold is rolled back before it is tokenized; a result
 the tokenizer cannot write back as it is (characters outside the vocabulary, which would
@@ -70,9 +70,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ._checks import check_int
+from .._checks import check_int
+from ..rollout import Rollout, generate_from_ids, generate_rollouts, pad_token_id, stop_token_ids, uses_chat_template
 from .calculator import check_time_limit, run_tool_call, safe_text
-from .rollout import Rollout, generate_from_ids, generate_rollouts, pad_token_id, stop_token_ids, uses_chat_template
 
 __all__ = ["NO_TOOLS_FOR_A_FUNCTION", "ChatCalls", "InlineCalls", "ToolBox", "generate_tool_rollouts", "tool_box"]
 
@@ -160,7 +160,7 @@ class ChatCalls:
     """
 
     def __init__(self, tokenizer: Any, tools: Sequence[Callable]) -> None:
-        from .chat_tools import chat_call_helpers  # imports trl
+        from .chat import chat_call_helpers  # imports trl
 
         self.tools = list(tools)
         self._parse, self._suffix = chat_call_helpers(tokenizer, self.tools)
@@ -388,7 +388,7 @@ def _text_result(tool: Callable) -> Callable:
 
 def _run(toolbox: ToolBox, call: Any, deadline: float | None = None) -> tuple[str, Any, bool]:
     """One call: ``(tool name, result, failed)``. TRL's rule for a call type other than ``"function"``
-    (an error result, a failure); the rest is :func:`~grpo_tutorial.calculator.run_tool_call`'s, within
+    (an error result, a failure); the rest is :func:`~grpo_tutorial.tools.calculator.run_tool_call`'s, within
     the call's time limit and what is left of the rollout's (``deadline``, ``time.monotonic()``'s clock)."""
     if not isinstance(call, dict) or call.get("type") != "function":
         kind = call.get("type") if isinstance(call, dict) else type(call).__name__

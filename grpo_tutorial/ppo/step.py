@@ -2,7 +2,7 @@
 
 The step is GRPO's, stage by stage (:mod:`grpo_tutorial.step`), except:
 
-* 3. advantages: a no-grad pass of the value model (:mod:`grpo_tutorial.critic`)
+* 3. advantages: a no-grad pass of the value model (:mod:`grpo_tutorial.ppo.critic`)
   gives V for every completion token; the reward is each completion's score on
   its last real token (and, with ``kl_in_reward``, ``-beta * KL_t`` on every
   token; then stage 4's scoring pass runs here, since the reward needs it); GAE
@@ -38,15 +38,15 @@ from typing import Any
 
 import torch
 
-from .advantages import token_variance
-from .config import GRPOConfig
+from ..advantages import token_variance
+from ..config import GRPOConfig
+from ..kl import kl_estimate
+from ..optim import clip_and_step
+from ..seeding import minibatches
+from ..stage_results import Advantages, Rewards, Scores, Updates
+from ..step import GRPOStep
 from .critic import ValueModel, build_value_model
-from .kl import kl_estimate
-from .ppo import PPOSettings, check_critic_config, explained_variance, gae, token_rewards, value_loss, whiten
-from .optim import clip_and_step
-from .seeding import minibatches
-from .stage_results import Advantages, Rewards, Scores, Updates
-from .step import GRPOStep
+from .formulas import PPOSettings, check_critic_config, explained_variance, gae, token_rewards, value_loss, whiten
 
 __all__ = ["CriticAdvantages", "PPOStep"]
 
@@ -68,7 +68,7 @@ class PPOStep(GRPOStep):
 
     Args:
         settings: :class:`~grpo_tutorial.ppo.PPOSettings` (default: its defaults).
-        value_model: a :class:`~grpo_tutorial.critic.ValueModel` to use (default:
+        value_model: a :class:`~grpo_tutorial.ppo.critic.ValueModel` to use (default:
             ``build_value_model(model, settings.value_model)``).
     """
 
@@ -81,7 +81,7 @@ class PPOStep(GRPOStep):
         check_critic_config(config, settings)
         super().__init__(model, tokenizer, reward_fns, config, ref_model, **kwargs)
         if value_model is not None and not isinstance(value_model, ValueModel):
-            raise TypeError(f"value_model must be a ValueModel (grpo_tutorial.critic), got {type(value_model).__name__}")
+            raise TypeError(f"value_model must be a ValueModel (grpo_tutorial.ppo.critic), got {type(value_model).__name__}")
         self.settings = settings
         self.critic = build_value_model(self.model, settings.value_model) if value_model is None else value_model
         self.value_optimizer = torch.optim.AdamW(self.critic.trainable_parameters(), lr=settings.value_lr,

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
-from ._checks import check_number, config_error
+from .._checks import check_number, check_time_limit, config_error
 
 __all__ = [
     "MAX_ABANDONED", "MAX_DEPTH", "MAX_DIGITS", "MAX_LENGTH", "MAX_VALUE",
@@ -66,18 +66,6 @@ def abandoned_calls() -> int:
         for thread in [t for t in _abandoned if not t.is_alive()]:
             _abandoned.discard(thread)
         return len(_abandoned)
-
-
-def check_time_limit(owner: str | None, name: str, seconds: Any, optional: bool = True,
-                     expected: str = "a finite number > 0") -> None:
-    """A time limit in seconds: a finite number > 0 (``expected`` says so in the caller's words; None where
-    ``optional``) that ``threading`` can wait for: at most ``threading.TIMEOUT_MAX`` (about 292 years on
-    64-bit Linux; a longer limit passes every other check, and then every call fails)."""
-    check_number(owner, name, seconds, lambda v: v > 0, f"{'None or ' if optional else ''}{expected}",
-                 optional=optional)
-    if seconds is not None and seconds > threading.TIMEOUT_MAX:
-        raise config_error(owner, name, seconds, f"at most threading.TIMEOUT_MAX ({threading.TIMEOUT_MAX:.3g} s), "
-                                                 "the longest a thread can be waited for")
 
 
 def safe_text(value: Any) -> str:

@@ -32,7 +32,7 @@ the Monte Carlo return minus the value.
 :class:`PPOSettings` holds PPO's own settings; :func:`check_critic_config`
 refuses the :class:`~grpo_tutorial.config.GRPOConfig` settings that assume there
 is no critic (:data:`NO_CRITIC_SETTINGS` names each, with the reason). The value
-model is :mod:`grpo_tutorial.critic`'s, the step :mod:`grpo_tutorial.ppo_step`'s.
+model is :mod:`grpo_tutorial.ppo.critic`'s, the step :mod:`grpo_tutorial.ppo.step`'s.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from ._checks import check_choice, check_flag, check_int, check_number, config_error, require_tensor, same_shape
+from .._checks import check_choice, check_flag, check_int, check_number, config_error, require_tensor, same_shape
 
 __all__ = [
     "NO_CRITIC_SETTINGS",
@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 #: Where the value model lives: ``"separate"``, a model of its own (a copy of the policy and a head);
-#: ``"head"``, a linear head on the policy's own last hidden state (:mod:`grpo_tutorial.critic`).
+#: ``"head"``, a linear head on the policy's own last hidden state (:mod:`grpo_tutorial.ppo.critic`).
 VALUE_MODELS = ("separate", "head")
 
 

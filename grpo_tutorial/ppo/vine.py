@@ -1,7 +1,7 @@
 """Monte Carlo values without a critic (VinePPO's idea, Kazemnejad et al. 2024), for chapter 17.
 
 Between GRPO (one advantage per completion, no value model) and PPO (a learned
-value model, :mod:`grpo_tutorial.ppo_step`): estimate the value of a prefix of a
+value model, :mod:`grpo_tutorial.ppo.step`): estimate the value of a prefix of a
 completion by sampling. From each of M prefixes, K more continuations are drawn
 with the run's own sampling settings; the prefix's value is the mean reward of
 its K continuations (each scored as the prefix followed by the continuation).
@@ -40,14 +40,14 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from ._checks import check_int
-from .advantages import token_variance
-from .ppo import PPOSettings, check_critic_config
-from .rewards import compute_rewards
-from .rollout import encode_prompts, generate_rollouts, render_prompts, sampling_kwargs
-from .seeding import derive_seed
-from .stage_results import Advantages, Rewards
-from .step import GRPOStep
+from .._checks import check_int
+from ..advantages import token_variance
+from ..rewards import compute_rewards
+from ..rollout import encode_prompts, generate_rollouts, render_prompts, sampling_kwargs
+from ..seeding import derive_seed
+from ..stage_results import Advantages, Rewards
+from ..step import GRPOStep
+from .formulas import PPOSettings, check_critic_config
 
 __all__ = ["MONTE_CARLO", "MonteCarloSettings", "MonteCarloStep", "cut_points", "monte_carlo_advantages"]
 

@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from ._checks import check_choice, require_tensor
-from .models import disable_dropout
+from .._checks import check_choice, require_tensor
+from ..models import disable_dropout
 
 __all__ = ["ValueModel", "build_value_model", "count_parameters", "exposes_hidden_states"]
 
