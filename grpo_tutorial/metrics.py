@@ -272,7 +272,7 @@ def history_row(config: Any, rewards: Rewards, scores: Scores, updates: Updates,
         skipped_updates=state.skipped_updates, seconds=seconds,
     )
     row["groups_drawn"] = rewards.groups_drawn
-    row.update(tool_metrics(rollout))  # with tools: the calls, failures and share (tools.py)
+    row.update(tool_metrics(rollout))  # with tools: the calls, failures and share (tools/loop.py)
     row.update(scores.mismatch)  # a sampler that is not the learner: how far apart they are (mismatch.py)
     if config.use_adaptive_entropy or config.entropy_coef != 0.0:
         row["entropy_coef"] = entropy_coef

@@ -266,7 +266,7 @@ class GRPOStep:
         """
         cfg, micro, first = self.config, self.config.micro_size, len(out.stats)  # this update's stats start at first
         old_logp, ref_logp = scores.old_logp, scores.ref_logp
-        mask = rollout.loss_mask if cfg.mask_tool_tokens else rollout.completion_mask  # the policy's tokens (tools.py)
+        mask = rollout.loss_mask if cfg.mask_tool_tokens else rollout.completion_mask  # the policy's tokens (tools/loop.py)
         options = self.entropy_control.loss_options(cfg.loss_options())  # the loss's settings, this update's coef
         measure = options.needs_entropy or cfg.use_adaptive_entropy  # grpo_loss gets (and sums) the entropies
         with_entropy = old_logp is None or measure  # the scoring pass returns the entropies
