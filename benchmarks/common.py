@@ -271,17 +271,15 @@ class RecordRun:
             "machine": machine(threads),
         }
 
-    def write(self, path: Path, record: dict[str, Any], indent: int | None = 1) -> None:
-        """``record`` as JSON (numbers only: no NaN) at ``path``, atomically; a ``.gz`` path gets compact JSON,
-        gzipped with no time stamp (the same record, the same bytes)."""
+    def write(self, path: Path, record: dict[str, Any], indent: int | None = 1, compact: bool = False) -> None:
+        """``record`` as JSON (numbers only: no NaN) at ``path``, atomically; ``compact``: no spaces, no indent; a
+        ``.gz`` path gets that JSON gzipped with no time stamp (the same record, the same bytes)."""
         from grpo_tutorial.chapters.run_record import json_safe
 
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.name.endswith(".gz"):
-            text = json.dumps(json_safe(record), separators=(",", ":"), allow_nan=False) + "\n"
-            write_atomic(path, gzip.compress(text.encode("utf-8"), mtime=0))
-        else:
-            write_atomic(path, json.dumps(json_safe(record), indent=indent, allow_nan=False) + "\n")
+        shape = {"separators": (",", ":")} if compact else {"indent": indent}
+        text = json.dumps(json_safe(record), allow_nan=False, **shape) + "\n"
+        write_atomic(path, gzip.compress(text.encode("utf-8"), mtime=0) if path.name.endswith(".gz") else text)
 
 
 def add_record_arguments(parser: Any, out: Path, jobs: int = 2,

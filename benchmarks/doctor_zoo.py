@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "simulated": None if args.no_simulated else simulated(),
         "runs": runs,
     }
-    run.write(args.out, out)  # .gz: 300 runs' histories and kept completions, 19 MB as text, 2 MB gzipped
+    run.write(args.out, out, compact=True)  # .gz: 300 runs' histories and kept completions, 19 MB as text, 2 MB gzipped
     report(out)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB)")
     return out

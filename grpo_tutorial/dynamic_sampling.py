@@ -44,7 +44,9 @@ def keep_signal_groups(rounds: Sequence[Rewards], group_size: int, size: int, pa
     if all(r.correct is not None for r in rounds):
         correct = [c for r, g in picked for c in r.correct[g * G : (g + 1) * G]]
     answers = [a for r, g in picked for a in r.answers[g * G : (g + 1) * G]]
-    columns = {name: [v for r, g in picked for v in r.columns[name][g * G : (g + 1) * G]] for name in rounds[0].columns}
+    # the columns every round has (a batch keeps a column only if all its rows have it)
+    shared = [name for name in rounds[0].columns if all(name in r.columns for r in rounds)]
+    columns = {name: [v for r, g in picked for v in r.columns[name][g * G : (g + 1) * G]] for name in shared}
     zero_std = torch.stack([r.zero_std[g] for r, g in picked])  # [size]
     return Rewards(rollout, rewards, per_fn, correct, answers, zero_std, sum(len(r.zero_std) for r in rounds), columns,
                    rounds[0].step)

@@ -13,8 +13,8 @@ A step that changes a stage (PPO's value model, the Monte Carlo values, a
 chapter's measured or broken step) overrides that stage's method and returns the
 same type, or a subclass with what its later stage needs
 (:class:`~grpo_tutorial.ppo.step.CriticAdvantages`); the fields it adds to the
-history row go in the result's ``row``. Nothing passes between the stages on the
-step object.
+history row go in the ``row`` of stage 3's or stage 5's result (the stages the
+package's own steps change). Nothing passes between the stages on the step object.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ class Rewards:
     answers: list
     zero_std: torch.Tensor
     groups_drawn: int
-    columns: dict[str, list] = field(default_factory=dict)
-    step: int = 0
+    columns: dict[str, list]
+    step: int
 
 
 @dataclass

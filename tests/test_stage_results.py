@@ -30,11 +30,14 @@ PACKAGE = Path(grpo_tutorial.__file__).parent
 ROWS = [{"prompt": "12+34=", "answer": "46"}, {"prompt": "7+58=", "answer": "65"}]
 
 #: The stage each method of a step belongs to (its helpers with it): an attribute written in one stage's method and
-#: read in another's is data handed between stages on the step object, which the typed results replace.
+#: read in another's is data handed between stages on the step object, which the typed results replace. A method not
+#: named here (a helper of one's own, a property) is a place of its own; ``__init__`` only sets the step up.
 STAGE_OF = {
     "sample": 1, "again": 1, "reward": 2, "advantages": 3, "value_pass": 3, "score": 4, "logprobs": 4,
     "update": 5, "accumulate": 5, "policy_logprobs": 5, "loss": 5, "train_value_model": 5, "hold_policy": 5,
 }
+#: Calls that change a container in place: ``self.cache.append(x)`` writes ``self.cache`` as ``self.cache = ...`` does.
+MUTATORS = {"append", "extend", "insert", "update", "setdefault", "add", "pop", "popitem", "clear", "remove"}
 
 
 def test_per_completion_is_the_value_or_its_mean_over_the_mask():
@@ -71,18 +74,47 @@ def _step_classes() -> list[type]:
     return [cls for cls in found if cls.__module__.startswith("grpo_tutorial")]
 
 
-def _attributes(cls: type) -> dict[str, tuple[set[int], set[int]]]:
-    """Per ``self.<name>`` in the stage methods of ``cls`` and the package's classes it inherits from: the stages
-    that write it and those that read it."""
-    seen: dict[str, tuple[set[int], set[int]]] = {}
+def _attributes(cls: type) -> dict[str, tuple[set, set]]:
+    """Per ``self.<name>`` in the methods of ``cls`` and the package's classes it inherits from (``__init__`` aside):
+    the places (stage numbers, or a method's own name) that write it, by assignment or in place, and those that
+    read it."""
+    seen: dict[str, tuple[set, set]] = {}
     for klass in [k for k in cls.__mro__ if k.__module__.startswith("grpo_tutorial")]:
         tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        for method in [n for n in tree.body[0].body if isinstance(n, ast.FunctionDef) and n.name in STAGE_OF]:
+        for method in [n for n in tree.body[0].body if isinstance(n, ast.FunctionDef) and n.name != "__init__"]:
+            place = STAGE_OF.get(method.name, method.name)
             for node in ast.walk(method):
-                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-                    writes, reads = seen.setdefault(node.attr, (set(), set()))
-                    (writes if isinstance(node.ctx, ast.Store) else reads).add(STAGE_OF[method.name])
+                name = _self_attribute(node)
+                if name is None:
+                    continue
+                writes, reads = seen.setdefault(name, (set(), set()))
+                (writes if _writes(node, method) else reads).add(place)
     return seen
+
+
+def _self_attribute(node: ast.AST) -> str | None:
+    """``x`` for ``self.x``; None for anything else."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return node.attr
+    return None
+
+
+def _writes(node: ast.Attribute, method: ast.FunctionDef) -> bool:
+    """Whether ``self.x`` is written here: assigned, assigned into (``self.x[k] = v``), or changed by a mutator."""
+    if isinstance(node.ctx, ast.Store):
+        return True
+    for parent in ast.walk(method):
+        if isinstance(parent, ast.Subscript) and parent.value is node and isinstance(parent.ctx, (ast.Store, ast.Del)):
+            return True
+        if (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute) and parent.func.value is node
+                and parent.func.attr in MUTATORS):
+            return True
+    return False
+
+
+def _handed(cls: type) -> dict[str, tuple[set, set]]:
+    """The attributes one place writes and another reads."""
+    return {name: (w, r) for name, (w, r) in _attributes(cls).items() if any(a != b for a in w for b in r)}
 
 
 def test_the_steps_are_found():
@@ -95,8 +127,39 @@ def test_a_step_overrides_stages_only(cls):
     """No step but GRPOStep defines ``__call__``; no attribute is written by one stage and read by another."""
     if cls is not GRPOStep:
         assert "__call__" not in vars(cls), f"{cls.__name__} overrides __call__: override a stage instead"
-    handed = {name: (w, r) for name, (w, r) in _attributes(cls).items() if w and r - w}
+    handed = _handed(cls)
     assert handed == {}, f"{cls.__name__} hands data between stages on self (stages written, read): {handed}"
+
+
+def test_the_scan_finds_data_handed_on_self_however_it_is_written(monkeypatch):
+    """Assigned in stage 3 and read in 5; filled in place in stage 3 (a dict set up in ``__init__``) and read in 5;
+    written by a helper of one's own and read in a stage; and, not handed, written and read within stage 5."""
+    import types
+
+    cases = {
+        "assigned": "def advantages(self, r):\n    self.kept = r\ndef update(self, *a):\n    return self.kept",
+        "also written where read": "def advantages(self, r):\n    self.kept = r\n"
+                                   "def update(self, *a):\n    self.kept = self.kept",
+        "in place": "def __init__(self):\n    self.cache = {}\ndef advantages(self, r):\n    self.cache['v'] = r\n"
+                    "def update(self, *a):\n    return self.cache['v']",
+        "by a mutator": "def advantages(self, r):\n    self.seen.append(r)\n"
+                        "def update(self, *a):\n    return self.seen",
+        "a helper of its own": "def remember(self, r):\n    self.kept = r\ndef score(self, r):\n    return self.kept",
+        "within stage 5": "def update(self, *a):\n    self.passes = []\n"
+                          "def policy_logprobs(self, *a):\n    self.passes.append(a)",
+    }
+    found, sources = {}, {}
+    monkeypatch.setattr(inspect, "getsource", lambda obj: sources[obj])  # the planted classes' source, as written
+    for label, body in cases.items():
+        module = types.ModuleType("grpo_tutorial._planted")
+        source = "class Planted:\n" + textwrap.indent(body, "    ") + "\n"
+        exec(compile(source, "<planted>", "exec"), module.__dict__)  # noqa: S102 - the test's own source
+        cls = module.Planted
+        cls.__module__ = "grpo_tutorial._planted"
+        sources[cls] = source
+        found[label] = sorted(_handed(cls))
+    assert found == {"assigned": ["kept"], "also written where read": ["kept"], "in place": ["cache"],
+                     "by a mutator": ["seen"], "a helper of its own": ["kept"], "within stage 5": []}
 
 
 class Counted(PPOStep):
@@ -150,24 +213,56 @@ def test_a_stage_of_ones_own_adds_row_fields_through_its_result(small_policy):
 
 
 def test_dynamic_samplings_kept_groups_carry_their_own_columns_and_flags(make_small_policy):
-    """The rounds' kept groups: answers, extra columns and zero-std flags follow their groups, as the rewards do."""
+    """The rounds' kept groups: answers, extra columns and zero-std flags follow their groups, as the rewards do; a
+    column some round's batch lacks (a batch keeps a column only if every row has it) is left out, not an error."""
 
     class Kept(GRPOStep):
         def advantages(self, rewards: Rewards) -> Advantages:
-            self.kept = rewards
+            self.kept.append(rewards)
             return super().advantages(rewards)
 
     model, tok = make_small_policy(seed=0)
     config = small_config(dynamic_sampling=True, max_sampling_rounds=4, seed=1)
-    step = Kept(model, tok, lambda completions, tag, **kw: [float(len(c) % 2) for c in completions], config)
-    rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a), "tag": f"t{a}"} for a in range(1, 30)]
+    step = Kept(model, tok, lambda completions, **kw: [float(len(c) % 2) for c in completions], config)
+    step.kept = []
+    rows = [{"prompt": f"{a}+{a}=", "answer": str(2 * a), **({"tag": f"t{a}"} if a % 5 else {})} for a in range(1, 40)]
     trainer = GRPOTrainer(model, tok, step.reward_fns, config, step=step)
-    trainer.train(rows, 3, progress=False)
-    kept, G = step.kept, config.group_size
-    assert trainer.history[-1]["groups_drawn"] == kept.groups_drawn
-    assert any(row["groups_drawn"] > config.prompts_per_step for row in trainer.history)  # more rounds were drawn
-    assert kept.zero_std.tolist() == zero_std_groups(kept.rewards, G).tolist()
-    for i, tag in enumerate(kept.columns["tag"]):
-        assert tag == "t" + str(int(kept.answers[i]) // 2)  # each completion's column is its own prompt's
-        assert kept.rollout.prompts[i] == f"{int(kept.answers[i]) // 2}+{int(kept.answers[i]) // 2}="
-    assert kept.step == 2
+    trainer.train(rows, 6, progress=False)
+    G = config.group_size
+    merged = [(row, kept) for row, kept in zip(trainer.history, step.kept)
+              if row["groups_drawn"] > config.prompts_per_step]
+    assert len(merged) >= 2  # steps that drew more rounds (and kept groups of several)
+    for row, kept in merged:
+        assert row["groups_drawn"] == kept.groups_drawn and kept.step == row["step"] - 1
+        assert kept.zero_std.tolist() == zero_std_groups(kept.rewards, G).tolist()
+        assert len(kept.answers) == len(kept.rollout.prompts) == G * config.prompts_per_step
+        for i, answer in enumerate(kept.answers):
+            assert kept.rollout.prompts[i] == f"{int(answer) // 2}+{int(answer) // 2}="  # each row's own answer
+            if "tag" in kept.columns:
+                assert kept.columns["tag"][i] == f"t{int(answer) // 2}"  # and its own column
+    assert any("tag" not in kept.columns for _, kept in merged)  # a round drew a row without the column
+    assert any("tag" in kept.columns for _, kept in merged)
+
+
+def test_the_kept_groups_columns_are_those_every_round_has(small_policy):
+    """Round 0's batch has a column a later round's lacks; a group of each is kept: the column is left out (it
+    raised a KeyError), the column both have follows the kept groups, as the answers and the flags do."""
+    import dataclasses
+
+    from grpo_tutorial.dynamic_sampling import keep_signal_groups
+    from grpo_tutorial.rollout import pad_token_id
+
+    model, tok = small_policy
+    config = small_config(dynamic_sampling=True, seed=1)
+    step, state, G = GRPOStep(model, tok, length_reward, config), StepState(), config.group_size
+    first = [{"prompt": "12+34=", "answer": "46", "tag": "a", "level": 1},
+             {"prompt": "7+5=", "answer": "12", "tag": "b", "level": 2}]
+    later = [{"prompt": "3+3=", "answer": "6", "level": 3}, {"prompt": "9+1=", "answer": "10", "level": 4}]
+    rounds = [step.reward(first, step.sample(first, 0), state), step.reward(later, step.sample(later, 0, 1), state)]
+    rounds = [dataclasses.replace(rounds[0], zero_std=torch.tensor([True, False])),  # round 0's second group has a
+              dataclasses.replace(rounds[1], zero_std=torch.tensor([False, True]))]  # signal, round 1's first
+    kept = keep_signal_groups(rounds, G, 2, pad_token_id(tok))
+    assert set(kept.columns) == {"level"}
+    assert kept.columns["level"] == [2] * G + [3] * G and kept.answers == ["12"] * G + ["6"] * G
+    assert kept.zero_std.tolist() == [False, False] and kept.groups_drawn == 4 and kept.step == 0
+    assert kept.rollout.prompts == ["7+5="] * G + ["3+3="] * G

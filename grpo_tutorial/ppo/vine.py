@@ -166,9 +166,9 @@ class MonteCarloStep(GRPOStep):
 
     ``settings``: :class:`MonteCarloSettings`. The advantages are used as they
     are (no group, no whitening). The history row gains ``mc_extra_tokens`` and
-    ``mc_extra_rollouts``. Refuses ``dynamic_sampling`` (its groups would be
-    re-sorted away from their rows' answers) and the settings of the group
-    advantages it replaces (as :func:`~grpo_tutorial.ppo.check_critic_config`).
+    ``mc_extra_rollouts``. Refuses the settings of the group advantages it replaces,
+    ``dynamic_sampling`` among them (with per-token values an all-equal group still has a
+    signal), as a critic's step does (:func:`~grpo_tutorial.ppo.check_critic_config`).
     """
 
     def __init__(self, model, tokenizer, reward_fns, config=None, ref_model=None, *,

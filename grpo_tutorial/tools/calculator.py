@@ -29,12 +29,12 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
-from .._checks import check_number, check_time_limit, config_error
+from .._checks import check_time_limit
 
 __all__ = [
     "MAX_ABANDONED", "MAX_DEPTH", "MAX_DIGITS", "MAX_LENGTH", "MAX_VALUE",
-    "CalculatorError", "ToolTimeout", "abandoned_calls", "calculator", "call_with_time_limit", "check_time_limit",
-    "run_tool_call", "safe_text",
+    "CalculatorError", "ToolTimeout", "abandoned_calls", "calculator", "call_with_time_limit", "run_tool_call",
+    "safe_text",
 ]
 
 #: The longest expression, in characters.

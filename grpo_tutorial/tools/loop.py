@@ -70,9 +70,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .._checks import check_int
+from .._checks import check_int, check_time_limit
 from ..rollout import Rollout, generate_from_ids, generate_rollouts, pad_token_id, stop_token_ids, uses_chat_template
-from .calculator import check_time_limit, run_tool_call, safe_text
+from .calculator import run_tool_call, safe_text
 
 __all__ = ["NO_TOOLS_FOR_A_FUNCTION", "ChatCalls", "InlineCalls", "ToolBox", "generate_tool_rollouts", "tool_box"]
 
