@@ -317,13 +317,13 @@ def run_seeds(seeds: Sequence[int], one_seed: Callable[[int, bool], dict], *, jo
     return sorted(results, key=lambda r: r["seed"])
 
 
-def open_cache(cache: Path | None, recipe: Any, stack: contextlib.ExitStack) -> str:
-    """The folder for warm starts and finished runs: ``cache`` (checked against the
-    recipe it was made with) or a temporary one."""
+def open_cache(cache: Path | None, recipe: Any, stack: contextlib.ExitStack, stamp_file: str = "recipe.json") -> str:
+    """The folder for warm starts and finished runs: ``cache`` (checked against the recipe it was made with, whose
+    ``to_dict()`` it keeps in ``stamp_file``) or a temporary one."""
     if cache is None:
         return stack.enter_context(tempfile.TemporaryDirectory())
     cache.mkdir(parents=True, exist_ok=True)
-    stamp, made = cache / "recipe.json", json.dumps(recipe.to_dict(), sort_keys=True)
+    stamp, made = cache / stamp_file, json.dumps(recipe.to_dict(), sort_keys=True)
     if stamp.exists() and stamp.read_text() != made:
         raise SystemExit(f"error: {cache} holds runs of another recipe; give another --cache or empty it")
     stamp.write_text(made)

@@ -35,12 +35,13 @@ import math
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import RecordRun, write_atomic  # noqa: E402
+from benchmarks.common import RecordRun, open_cache, write_atomic  # noqa: E402
 from grpo_tutorial.chapters.run_record import json_safe  # noqa: E402
 from grpo_tutorial.chapters.doctor_zoo import CASES, Starts, ZooSettings, as_run, run_case  # noqa: E402
 from grpo_tutorial.doctor import DOCTOR_VERSION, FAULTS, diagnose, live_findings, trl_rows  # noqa: E402
@@ -301,7 +302,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with RecordRun("python -m benchmarks.doctor_zoo", argv) as run, contextlib.ExitStack() as stack:
         print(f"{run.command}: {len(seeds)} seeds x {len(args.cases)} cases, jobs={args.jobs}\n  {run.uptime_start}",
               flush=True)
-        folder = _zoo_cache(args.cache, settings, args.quick, stack)
+        stamp = SimpleNamespace(to_dict=lambda: _stamp(settings, args.quick))  # zoo.json: the caches made so far
+        folder = open_cache(args.cache, stamp, stack, stamp_file="zoo.json")
         runs: list[dict] = []
         bar = progress_bar(total=len(seeds), desc="seeds", enabled=not args.no_progress)
         with futures.ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -337,18 +339,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report(out)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB)")
     return out
-
-
-def _zoo_cache(cache: Path | None, settings: ZooSettings, quick: bool, stack: contextlib.ExitStack) -> str:
-    """The folder for finished runs: ``cache`` (checked against the settings it was made with) or a temporary one."""
-    if cache is None:
-        return stack.enter_context(tempfile.TemporaryDirectory())
-    cache.mkdir(parents=True, exist_ok=True)
-    stamp, made = cache / "zoo.json", json.dumps(_stamp(settings, quick), sort_keys=True)
-    if stamp.exists() and stamp.read_text() != made:
-        raise SystemExit(f"error: {cache} holds runs of other settings; give another --cache or empty it")
-    stamp.write_text(made)
-    return str(cache)
 
 
 def _invocations(cache: Path | None, this: dict) -> list[dict]:
